@@ -1,0 +1,20 @@
+# The two commands a newcomer needs: `make reproduce` (the main job) and `make test`.
+.PHONY: reproduce reproduce-full test test-slow bench venv
+
+venv:
+	bash scripts/bootstrap.sh
+
+reproduce: venv
+	.venv/bin/sparsenorm reproduce all --quick --out out
+
+reproduce-full: venv
+	.venv/bin/sparsenorm reproduce all --out out-full
+
+test: venv
+	.venv/bin/python -m pytest -q -n 2
+
+test-slow: venv
+	.venv/bin/python -m pytest -q -m slow
+
+bench: venv
+	.venv/bin/python -m sparsenorm.bench

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Create .venv at the repository root and install sparsenorm with its extras.
+# Torch goes in first, pinned to the local CPU wheel, so that no later requirement pulls a CUDA build.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+    "$PY" -m venv .venv
+fi
+if ! .venv/bin/python -c "import torch" 2>/dev/null; then
+    .venv/bin/pip install --quiet "torch==2.13.0"
+fi
+stamp=.venv/.sparsenorm-installed
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+    .venv/bin/pip install --quiet -e ".[test,experiments]"
+    touch "$stamp"
+fi

@@ -1,0 +1,41 @@
+"""sparsenorm: sparse probability-mapping functions for PyTorch.
+
+Functional API at the top level, one ``nn.Module`` per function; losses in ``sparsenorm.losses``
+(re-exported here); every normalizer by name in ``sparsenorm.registry``.
+"""
+from .evidential import (
+    EvSoftmax,
+    EvSoftmaxTrain,
+    LogEvSoftmaxTrain,
+    PosthocEvidential,
+    ev_softmax,
+    ev_softmax_train,
+    log_ev_softmax_train,
+    posthoc_evidential,
+)
+from .hourglass import SparseHourglass, sparsehourglass
+from .rsoftmax import RSoftmax, TSoftmax, r_softmax, t_softmax
+from .sparsemax import (
+    Entmax15,
+    EntmaxBisect,
+    Sparsemax,
+    SparsemaxBisect,
+    entmax15,
+    entmax_bisect,
+    sparsemax,
+    sparsemax_bisect,
+)
+from .losses import *  # noqa: F401,F403  (the loss functions and modules, listed in losses.__all__)
+from .losses import __all__ as _loss_names
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ev_softmax", "ev_softmax_train", "log_ev_softmax_train", "posthoc_evidential",
+    "EvSoftmax", "EvSoftmaxTrain", "LogEvSoftmaxTrain", "PosthocEvidential",
+    "sparsemax", "sparsemax_bisect", "entmax15", "entmax_bisect",
+    "Sparsemax", "SparsemaxBisect", "Entmax15", "EntmaxBisect",
+    "t_softmax", "r_softmax", "TSoftmax", "RSoftmax",
+    "sparsehourglass", "SparseHourglass",
+    *_loss_names,
+]

@@ -1,0 +1,161 @@
+"""The one table of normalizers: experiments, benchmarks and the CLI take a normalizer by name here.
+
+Each entry pairs a normalizer's evaluation-time function with its training-time form, its
+log-probability function (where one exists) and its default losses for single-label (class index)
+and multi-label (target distribution / multi-hot) targets. Nothing else in sparsenorm lists
+normalizers.
+
+All callables take logits first and normalize over ``dim=-1`` (functions) or classes on dim 1
+(losses, as ``torch.nn.CrossEntropyLoss``). Parameters such as ``alpha``, ``t``, ``r`` and ``q``
+are bound to the defaults in ``params``; pass ``**overrides`` to :func:`get` to change them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Callable, Dict, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from . import evidential, hourglass, rsoftmax, sparsemax
+from .losses import evidential as ev_losses
+from .losses import fenchel_young, hourglass as hourglass_losses, rsoftmax as r_losses
+
+
+@dataclass(frozen=True)
+class Normalizer:
+    """A normalizer with everything needed to train and evaluate with it."""
+
+    name: str
+    description: str
+    forward: Callable[..., Tensor]
+    """Evaluation-time mapping ``(logits, dim=-1) -> probabilities``."""
+    train_forward: Callable[..., Tensor]
+    """Training-time mapping (e.g. ev-softmax's full-support Eq. 10); ``forward`` where they agree."""
+    log_prob: Optional[Callable[..., Tensor]]
+    """Log of ``train_forward`` computed in log space, or None where the output has exact zeros."""
+    single_label_loss: Callable[..., Tensor]
+    """``(logits (N, C, ...), target class indices, reduction=..., ignore_index=...) -> loss``."""
+    multi_label_loss: Callable[..., Tensor]
+    """``(logits (N, C), target multi-hot or distribution (N, C), reduction=...) -> loss``."""
+    sparse: bool
+    """Whether ``forward`` can output exact zeros (so its support is a predicted label set)."""
+    params: Dict[str, float] = field(default_factory=dict)
+    posthoc: bool = False
+    """True for post-hoc evidential: trained as softmax, sparsified from the last linear layer."""
+
+    def probs_from_linear(self, features: Tensor, layer: nn.Linear) -> Tensor:
+        """Evaluation-time probabilities of ``layer(features)``.
+
+        The same call for every normalizer; post-hoc evidential needs the layer's weights
+        (Itkina et al., ev-softmax paper Appendix A), the others only its output.
+        """
+        if self.posthoc:
+            return evidential.posthoc_evidential(features, layer.weight, layer.bias)
+        return self.forward(layer(features), dim=-1)
+
+
+def _softmax_multilabel_loss(logits: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
+    """Cross-entropy to the normalized label vector ``y / |y|`` (rows with no label give 0)."""
+    dist = target / target.sum(dim=1, keepdim=True).clamp_min(1)
+    return F.cross_entropy(logits, dist, reduction=reduction)
+
+
+def _build() -> Dict[str, Normalizer]:
+    def bind(fn, **params):
+        return partial(fn, **params) if params else fn
+
+    entries = [
+        Normalizer(
+            "softmax", "Softmax: dense, the baseline.",
+            torch.softmax, torch.softmax, torch.log_softmax,
+            F.cross_entropy, _softmax_multilabel_loss, sparse=False,
+        ),
+        Normalizer(
+            "ev_softmax", "Evidential softmax (Chen et al. 2021, Eq. 7); trained through Eq. 10.",
+            evidential.ev_softmax, bind(evidential.ev_softmax_train, eps=1e-6),
+            bind(evidential.log_ev_softmax_train, eps=1e-6),
+            ev_losses.ev_softmax_nll_loss, ev_losses.ev_softmax_multilabel_loss, sparse=True,
+            params={"eps": 1e-6},
+        ),
+        Normalizer(
+            "posthoc_evidential",
+            "Post-hoc evidential sparsification (Itkina et al. 2020): softmax-trained, sparsified at test time.",
+            torch.softmax, torch.softmax, torch.log_softmax,
+            F.cross_entropy, _softmax_multilabel_loss, sparse=True, posthoc=True,
+        ),
+        Normalizer(
+            "sparsemax", "Sparsemax (Martins & Astudillo 2016): Euclidean projection onto the simplex.",
+            sparsemax.sparsemax, sparsemax.sparsemax, None,
+            fenchel_young.sparsemax_loss, fenchel_young.sparsemax_loss, sparse=True,
+        ),
+        Normalizer(
+            "entmax15", "1.5-entmax (Peters et al. 2019), exact sort-based.",
+            sparsemax.entmax15, sparsemax.entmax15, None,
+            fenchel_young.entmax15_loss, fenchel_young.entmax15_loss, sparse=True,
+        ),
+        Normalizer(
+            "entmax_bisect", "alpha-entmax by bisection (default alpha=1.5).",
+            bind(sparsemax.entmax_bisect, alpha=1.5), bind(sparsemax.entmax_bisect, alpha=1.5), None,
+            bind(fenchel_young.entmax_bisect_loss, alpha=1.5), bind(fenchel_young.entmax_bisect_loss, alpha=1.5),
+            sparse=True, params={"alpha": 1.5},
+        ),
+        Normalizer(
+            "t_softmax", "t-softmax (Bałazy et al., r-softmax paper Eq. 1), temperature-like t.",
+            bind(rsoftmax.t_softmax, t=1.0), bind(rsoftmax.t_softmax, t=1.0), None,
+            bind(r_losses.t_softmax_loss, t=1.0), bind(r_losses.t_softmax_loss, t=1.0),
+            sparse=True, params={"t": 1.0},
+        ),
+        Normalizer(
+            "r_softmax", "r-softmax (Bałazy et al., Eq. 3): a fraction r of the entries is zero.",
+            bind(rsoftmax.r_softmax, r=0.5), bind(rsoftmax.r_softmax, r=0.5), None,
+            bind(r_losses.r_softmax_loss, r=0.5), bind(r_losses.r_softmax_loss, r=0.5),
+            sparse=True, params={"r": 0.5},
+        ),
+        Normalizer(
+            "sparsehourglass", "Sparsehourglass (Laha et al. 2018): sparsemax of a rescaled input.",
+            bind(hourglass.sparsehourglass, q=1.0), bind(hourglass.sparsehourglass, q=1.0), None,
+            bind(hourglass_losses.sparsehourglass_hinge_loss, q=1.0),
+            bind(hourglass_losses.sparsehourglass_multilabel_hinge_loss, q=1.0),
+            sparse=True, params={"q": 1.0},
+        ),
+    ]
+    return {n.name: n for n in entries}
+
+
+NORMALIZERS: Dict[str, Normalizer] = _build()
+
+
+def names() -> list[str]:
+    return list(NORMALIZERS)
+
+
+def get(name: str, **overrides) -> Normalizer:
+    """The normalizer called ``name``; ``overrides`` rebinds its parameters (e.g. ``alpha=1.3``).
+
+    Raises ``ValueError`` listing the known names when ``name`` is unknown.
+    """
+    if name not in NORMALIZERS:
+        raise ValueError(f"unknown normalizer {name!r}; known normalizers: {', '.join(NORMALIZERS)}")
+    entry = NORMALIZERS[name]
+    if not overrides:
+        return entry
+    unknown = set(overrides) - set(entry.params)
+    if unknown:
+        raise ValueError(
+            f"normalizer {name!r} has no parameter(s) {sorted(unknown)}; its parameters: {sorted(entry.params) or 'none'}"
+        )
+    return _rebind(entry, {**entry.params, **overrides})
+
+
+def _rebind(entry: Normalizer, params: Dict[str, float]) -> Normalizer:
+    def rebind(fn):
+        return partial(fn.func, **{k: v for k, v in params.items() if k in fn.keywords}) if isinstance(fn, partial) else fn
+
+    return Normalizer(
+        entry.name, entry.description, rebind(entry.forward), rebind(entry.train_forward),
+        rebind(entry.log_prob) if entry.log_prob else None, rebind(entry.single_label_loss),
+        rebind(entry.multi_label_loss), entry.sparse, params, entry.posthoc,
+    )
