@@ -1,0 +1,106 @@
+"""The ``sparsenorm`` command line: ``sparsenorm reproduce ...`` and ``sparsenorm demo``."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+from . import registry
+from .experiments import EXPERIMENTS, load
+
+
+class CLIError(Exception):
+    """A one-line user error: printed without a traceback, exit status 2."""
+
+
+def _positive_int(flag: str):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{flag} must be a positive integer, got {text!r}") from None
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"{flag} must be a positive integer, got {value}")
+        return value
+
+    return parse
+
+
+def _normalizer_list(text: str) -> List[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in registry.NORMALIZERS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"unknown normalizer(s) {', '.join(unknown) or '(none given)'}; valid: {', '.join(registry.names())}"
+        )
+    return names
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sparsenorm", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    rep = sub.add_parser("reproduce", help="run an experiment (or all) and write results.json, report.md, figures")
+    rep.add_argument("experiment", nargs="?", help=f"one of: {', '.join(EXPERIMENTS)}, all")
+    rep.add_argument("--list", action="store_true", help="list the experiments and exit")
+    rep.add_argument("--quick", action="store_true", help="reduced settings (minutes on 2 CPU cores)")
+    rep.add_argument("--seeds", type=_positive_int("--seeds"), help="number of seeds (default: the experiment's)")
+    rep.add_argument("--epochs", type=_positive_int("--epochs"), help="training epochs (default: the experiment's)")
+    rep.add_argument("--normalizers", type=_normalizer_list, help="comma-separated registry names")
+    rep.add_argument("--out", type=Path, default=Path("out"), help="output folder (one subfolder per experiment)")
+    rep.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda, cuda:N")
+    rep.add_argument("--data-dir", type=Path, help="where data sets are cached, or the user's own copy")
+    rep.add_argument("--max-steps", type=_positive_int("--max-steps"), help=argparse.SUPPRESS)
+
+    sub.add_parser("demo", help="print the worked examples for every normalizer and check the properties table")
+    return parser
+
+
+def _reproduce(args: argparse.Namespace) -> int:
+    from .experiments.common import RunConfig, resolve_device
+
+    if args.list:
+        for name in EXPERIMENTS:
+            module = load(name)
+            print(f"{name:12s} {module.DESCRIPTION}")
+        return 0
+    if not args.experiment:
+        raise CLIError(f"name an experiment: {', '.join(EXPERIMENTS)}, all (or --list)")
+    if args.experiment != "all" and args.experiment not in EXPERIMENTS:
+        raise CLIError(f"unknown experiment {args.experiment!r}; valid: {', '.join(EXPERIMENTS)}, all")
+    try:
+        resolve_device(args.device)
+    except ValueError as exc:
+        raise CLIError(str(exc)) from None
+    names = list(EXPERIMENTS) if args.experiment == "all" else [args.experiment]
+    for name in names:
+        module = load(name)
+        config = RunConfig(
+            out=args.out / name, quick=args.quick, seeds=args.seeds, epochs=args.epochs,
+            normalizers=args.normalizers, device=args.device, data_dir=args.data_dir,
+            max_steps=args.max_steps,
+        )
+        out = module.run(config)
+        print(f"{name}: wrote {out / 'report.md'}")
+    return 0
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "reproduce":
+            return _reproduce(args)
+        if args.command == "demo":
+            from .demo import main as demo_main
+
+            return demo_main()
+    except CLIError as exc:
+        print(f"sparsenorm: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,181 @@
+"""Machinery shared by every experiment: config, seeding, device, progress bars, cache, outputs.
+
+An experiment module defines ``NAME``, ``DESCRIPTION``, ``DEFAULT_NORMALIZERS`` (registry names),
+``FULL_RUNTIME`` (a sentence on how long full mode takes) and ``run(config: RunConfig) -> Path``,
+which writes ``results.json``, ``report.md`` and PNG figures into ``config.out`` (returning it).
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Dict, Iterable, List, Optional, Sequence
+
+import numpy as np
+import torch
+
+
+@dataclass
+class RunConfig:
+    """What the CLI passes to an experiment; ``None`` fields mean "the experiment's default"."""
+
+    out: Path
+    quick: bool = False
+    seeds: Optional[int] = None
+    epochs: Optional[int] = None
+    normalizers: Optional[List[str]] = None
+    device: str = "auto"
+    data_dir: Optional[Path] = None
+    max_steps: Optional[int] = None  # caps optimisation steps per run (smoke tests)
+    extra: Dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> Dict[str, Any]:
+        d = asdict(self)
+        d["out"] = str(self.out)
+        d["data_dir"] = None if self.data_dir is None else str(self.data_dir)
+        return d
+
+
+def seed_everything(seed: int) -> torch.Generator:
+    """Seed python, numpy and torch; return a CPU generator seeded the same way.
+
+    With the same seed, a run on CPU is deterministic (torch's CPU kernels are deterministic for the
+    ops the experiments use).
+    """
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    gen = torch.Generator()
+    gen.manual_seed(seed)
+    return gen
+
+
+def resolve_device(device: str = "auto") -> torch.device:
+    """``auto`` picks CUDA when present, else CPU; anything else must be a valid torch device."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise ValueError(f"--device {device!r} is not a torch device; use auto, cpu, cuda or cuda:N") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {device!r}: CUDA is not available on this machine; use cpu or auto")
+    return dev
+
+
+def cache_dir() -> Path:
+    """Where fetched data sets and trained helper models are cached.
+
+    ``$SPARSENORM_CACHE`` if set, else ``$XDG_CACHE_HOME/sparsenorm`` (``~/.cache/sparsenorm``).
+    """
+    env = os.environ.get("SPARSENORM_CACHE")
+    if env:
+        return Path(env).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base).expanduser() / "sparsenorm"
+
+
+def progress(iterable: Iterable, *, total: Optional[int] = None, desc: str = "", leave: bool = False):
+    """A tqdm progress bar with ETA (on stderr), quiet when ``SPARSENORM_NO_PROGRESS`` is set."""
+    from tqdm.auto import tqdm
+
+    return tqdm(iterable, total=total, desc=desc, leave=leave, dynamic_ncols=True,
+                disable=bool(os.environ.get("SPARSENORM_NO_PROGRESS")))
+
+
+def environment_info() -> Dict[str, Any]:
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "platform": platform.platform(),
+        "threads": torch.get_num_threads(),
+        "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+    }
+
+
+def _jsonable(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, Path):
+        return str(obj)
+    if isinstance(obj, torch.Tensor):
+        return _jsonable(obj.detach().cpu().tolist())
+    if isinstance(obj, np.ndarray):
+        return _jsonable(obj.tolist())
+    if isinstance(obj, (np.floating, np.integer)):
+        return obj.item()
+    if isinstance(obj, float) and obj != obj:
+        return None  # JSON has no NaN
+    return obj
+
+
+def write_results(out: Path, experiment: str, config: RunConfig, results: Dict[str, Any],
+                  wall_time_s: float) -> Path:
+    """Write ``results.json``: experiment name, config, environment, wall time and results."""
+    out.mkdir(parents=True, exist_ok=True)
+    payload = {
+        "experiment": experiment,
+        "config": config.to_json(),
+        "environment": environment_info(),
+        "wall_time_s": round(wall_time_s, 1),
+        "results": results,
+    }
+    path = out / "results.json"
+    path.write_text(json.dumps(_jsonable(payload), indent=2))
+    return path
+
+
+def markdown_table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    """A GitHub-flavoured Markdown table; floats are written with 3 decimals."""
+
+    def fmt(v: Any) -> str:
+        if isinstance(v, float):
+            return "n/a" if v != v else f"{v:.3f}"
+        return str(v)
+
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(fmt(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def mean_std(values: Sequence[float]) -> str:
+    """``mean ± std`` over seeds (population std; one value gives ``± 0``)."""
+    arr = np.asarray(values, dtype=float)
+    if arr.size == 0:
+        return "n/a"
+    return f"{arr.mean():.3f} ± {arr.std():.3f}"
+
+
+def save_figure(fig, path: Path) -> Path:
+    """Save a matplotlib figure as PNG and close it."""
+    import matplotlib.pyplot as plt
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def headless_pyplot():
+    """matplotlib.pyplot on the Agg backend (no display needed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+class Stopwatch:
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+
+    @property
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start
