@@ -8,6 +8,7 @@ from typing import List, Optional
 
 from . import registry
 from .experiments import EXPERIMENTS, load
+from .experiments.common import UserFacingError
 
 
 class CLIError(Exception):
@@ -96,7 +97,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             from .demo import main as demo_main
 
             return demo_main()
-    except CLIError as exc:
+    except (CLIError, UserFacingError) as exc:
         print(f"sparsenorm: error: {exc}", file=sys.stderr)
         return 2
     return 0

@@ -19,6 +19,11 @@ import numpy as np
 import torch
 
 
+class UserFacingError(Exception):
+    """An error the CLI prints as one line (no traceback): bad option values, data that cannot be
+    fetched (the message says which package to get or where to put the files)."""
+
+
 @dataclass
 class RunConfig:
     """What the CLI passes to an experiment; ``None`` fields mean "the experiment's default"."""
