@@ -5,6 +5,7 @@ venv:
 	bash scripts/bootstrap.sh
 
 reproduce: venv
+	.venv/bin/sparsenorm demo
 	.venv/bin/sparsenorm reproduce all --quick --out out
 
 reproduce-full: venv

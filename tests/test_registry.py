@@ -1,0 +1,86 @@
+"""The registry: every name resolves, each entry's pieces fit together, unknown names fail clearly."""
+import pytest
+import torch
+from torch import nn
+
+from sparsenorm import registry
+
+ALL = registry.names()
+
+
+def test_lists_every_normalizer_of_the_issue():
+    assert set(ALL) == {"softmax", "ev_softmax", "sparsemax", "entmax15", "entmax_bisect",
+                        "posthoc_evidential", "t_softmax", "r_softmax", "sparsehourglass"}
+
+
+def test_unknown_name_lists_known_ones():
+    with pytest.raises(ValueError, match="ev_softmax.*sparsemax"):
+        registry.get("softmaxx")
+
+
+def test_unknown_parameter_override_is_rejected():
+    with pytest.raises(ValueError, match="alpha"):
+        registry.get("sparsemax", alpha=1.2)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_forward_and_train_forward_are_distributions(name):
+    norm = registry.get(name)
+    x = torch.randn(5, 7, dtype=torch.float64)
+    for fn in (norm.forward, norm.train_forward):
+        p = fn(x, dim=-1)
+        assert p.shape == x.shape
+        assert (p >= 0).all()
+        torch.testing.assert_close(p.sum(-1), torch.ones(5, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("name", [n for n in ALL if registry.get(n).log_prob is not None])
+def test_log_prob_is_log_of_train_forward(name):
+    norm = registry.get(name)
+    x = torch.randn(4, 9, dtype=torch.float64)
+    torch.testing.assert_close(norm.log_prob(x, dim=-1), norm.train_forward(x, dim=-1).log())
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_losses_are_finite_and_differentiable(name):
+    norm = registry.get(name)
+    x = torch.randn(6, 5, dtype=torch.float64, requires_grad=True)
+    labels = torch.tensor([0, 1, 2, 3, 4, 0])
+    multi_hot = torch.zeros(6, 5, dtype=torch.float64)
+    multi_hot[torch.arange(6), labels] = 1
+    multi_hot[:, 4] = 1
+    for loss in (norm.single_label_loss(x, labels), norm.multi_label_loss(x, multi_hot)):
+        assert loss.dim() == 0 and torch.isfinite(loss)
+        (grad,) = torch.autograd.grad(loss, x)
+        assert torch.isfinite(grad).all() and grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_sparse_flag_matches_behaviour(name):
+    norm = registry.get(name)
+    x = torch.tensor([[3.0, 2.0, -4.0, -5.0, -6.0]], dtype=torch.float64)
+    layer = nn.Linear(5, 5, dtype=torch.float64)
+    with torch.no_grad():
+        layer.weight.copy_(torch.eye(5))
+        layer.bias.zero_()
+    p = norm.probs_from_linear(x, layer)
+    assert bool((p == 0).any()) == norm.sparse
+
+
+def test_posthoc_equals_ev_softmax_of_the_layer_output():
+    torch.manual_seed(0)
+    layer = nn.Linear(8, 10, dtype=torch.float64)
+    h = torch.randn(16, 8, dtype=torch.float64)
+    p = registry.get("posthoc_evidential").probs_from_linear(h, layer)
+    torch.testing.assert_close(p, registry.get("ev_softmax").forward(layer(h), dim=-1))
+
+
+def test_override_rebinds_parameters():
+    x = torch.randn(3, 6, dtype=torch.float64)
+    a13 = registry.get("entmax_bisect", alpha=1.3)
+    assert a13.params["alpha"] == 1.3
+    torch.testing.assert_close(
+        a13.forward(x, dim=-1),
+        registry.get("entmax_bisect").forward.func(x, alpha=1.3, dim=-1),
+    )
+    assert registry.get("entmax_bisect").params["alpha"] == 1.5  # the table itself is unchanged
