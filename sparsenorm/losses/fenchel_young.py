@@ -1,0 +1,333 @@
+"""Fenchel–Young losses of sparsemax and entmax (drop-in for the ``entmax`` package's losses).
+
+For a regularizer given by a generalized entropy ``H`` and its prediction map
+``p*(z) = argmax_{p in simplex} <z, p> + H(p)``, the Fenchel–Young loss of logits ``z`` against a
+target distribution ``q`` is (Blondel, Martins & Niculae 2020; Peters et al. 2019, Sec. 3)
+
+    L(z; q) = H(p*) - H(q) + <p* - q, z>,       gradient  dL/dz = p* - q.
+
+It is >= 0, and 0 exactly when ``p*(z) = q``. With ``H`` the Tsallis entropy
+``H_alpha(p) = (1 - sum p^alpha) / (alpha (alpha - 1))`` (Shannon entropy at ``alpha = 1``):
+
+* ``alpha = 2``: the sparsemax loss (Martins & Astudillo 2016, Eq. 19 multi-class and its
+  multi-label form ``-q^T z + 1/2 sum_{j in S} (z_j^2 - tau^2) + 1/2 ||q||^2``);
+* ``alpha = 1.5``: the 1.5-entmax loss; any ``alpha >= 1`` with the bisection versions.
+
+Targets follow ``torch.nn.CrossEntropyLoss``: logits ``(N, C)`` / ``(N, C, d1, ...)`` / ``(C,)``,
+with either integer class indices (``q = e_y``; ``ignore_index``, default -100 and negative values
+included, drops rows) or a floating target of the logits' shape (multi-label: rows are normalized
+to ``q = y / sum(y)``, as the sparsemax paper does; a row with no mass gives loss 0 and no
+gradient; negative entries raise ``ValueError``). ``weight`` (C,) weights each row by its target
+class (``q @ weight`` for distributions), and ``'mean'`` divides by the total weight, as
+CrossEntropyLoss does. ``reduction`` is ``'mean'`` (``'elementwise_mean'`` is the ``entmax``
+package's name for it), ``'sum'`` or ``'none'``.
+
+Differences from the ``entmax`` package: its functional losses take ``(X, target, k)`` and return
+per-row losses; here the functions take CrossEntropyLoss's keywords and reduce by default (pass
+``reduction='none'`` and ``k=...`` by keyword). The modules keep ``entmax``'s constructor
+arguments and order (``k``/``alpha``/``n_iter``, ``ignore_index``, ``reduction``), plus ``weight``.
+The backward is closed-form, ``p* - q``, from one saved tensor.
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional, Union
+
+import torch
+from torch import Tensor, nn
+from torch.autograd import Function
+
+from .._validation import check_floating, check_param, compute_dtype
+from ..sparsemax import _check_k, _check_n_iter, entmax15, entmax_bisect, sparsemax, sparsemax_bisect
+from ._common import check_reduction, class_weight_per_row, flatten_logits_and_target, reduce_loss
+
+__all__ = [
+    "sparsemax_loss", "sparsemax_bisect_loss", "entmax15_loss", "entmax_bisect_loss",
+    "SparsemaxLoss", "SparsemaxBisectLoss", "Entmax15Loss", "EntmaxBisectLoss",
+]
+
+
+# ----------------------------------------------------------------------------- entropies
+
+def tsallis_entropy(p: Tensor, alpha: Union[float, Tensor]) -> Tensor:
+    """``H_alpha(p) = (1 - sum p^alpha) / (alpha (alpha - 1))`` over the last dim; Shannon at 1.
+
+    ``alpha`` is a float or a tensor of shape ``(M, 1)`` for ``p`` of shape ``(M, C)``.
+    """
+    on = p > 0
+    p_on = torch.where(on, p, torch.ones_like(p))
+    shannon = -torch.where(on, p * torch.log(p_on), torch.zeros_like(p)).sum(-1)
+    if not isinstance(alpha, Tensor):
+        if alpha == 1:
+            return shannon
+        if alpha == 2:
+            return (1 - (p * p).sum(-1)) / 2
+        if alpha == 1.5:
+            return (1 - (p * p.sqrt()).sum(-1)) / 0.75
+        alpha = torch.tensor(float(alpha), dtype=p.dtype, device=p.device)
+    a = alpha.reshape(-1) if alpha.dim() else alpha
+    a_safe = torch.where(a == 1, torch.full_like(a, 2.0), a)
+    powsum = torch.where(on, p_on ** a_safe.unsqueeze(-1) if a.dim() else p_on ** a_safe, torch.zeros_like(p)).sum(-1)
+    tsallis = (1 - powsum) / (a_safe * (a_safe - 1))
+    return torch.where(a == 1, shannon, tsallis)
+
+
+def _tsallis_entropy_dalpha(p: Tensor, a: Tensor) -> Tensor:
+    """``d H_alpha(p) / d alpha`` at fixed ``p`` (rows of ``p``; ``a`` of shape (M,)); 0 at alpha = 1."""
+    on = p > 0
+    p_on = torch.where(on, p, torch.ones_like(p))
+    a_safe = torch.where(a == 1, torch.full_like(a, 2.0), a)
+    pa = torch.where(on, p_on ** a_safe.unsqueeze(-1), torch.zeros_like(p))
+    num_a = 1 - pa.sum(-1)
+    d_num = -(pa * torch.log(p_on)).sum(-1)
+    den = a_safe * (a_safe - 1)
+    d = (d_num * den - num_a * (2 * a_safe - 1)) / den ** 2
+    return torch.where(a == 1, torch.zeros_like(d), d)
+
+
+# ----------------------------------------------------------------------------- the loss
+
+class FenchelYoungLossFunction(Function):
+    """Per-row ``H(p*) - H(q) + <p* - q, z>`` with backward ``p* - q`` (and d/d alpha)."""
+
+    @staticmethod
+    def forward(ctx, z: Tensor, q: Tensor, alpha: Union[float, Tensor], project: Callable[[Tensor], Tensor]) -> Tensor:
+        p = project(z)
+        diff = p - q
+        # Shift by the row max: <p - q, z> is unchanged (both sum to 1) and large logits keep
+        # their precision. 0 * (-inf) for absent classes is 0, not NaN.
+        row_max = z.amax(-1, keepdim=True)
+        row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
+        inner = torch.where(diff != 0, diff * (z - row_max), torch.zeros_like(diff)).sum(-1)
+        loss = tsallis_entropy(p, alpha) - tsallis_entropy(q, alpha) + inner
+        # Rounding can make a perfect prediction give -1e-17; the exact loss is >= 0.
+        loss = loss.clamp_min(0)
+        ctx.alpha_is_tensor = isinstance(alpha, Tensor)
+        if ctx.alpha_is_tensor:
+            ctx.save_for_backward(diff, p, q, alpha)
+        else:
+            ctx.save_for_backward(diff)
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_output: Tensor):
+        diff = ctx.saved_tensors[0]
+        grad_z = grad_output.unsqueeze(-1) * diff
+        grad_alpha = None
+        if ctx.alpha_is_tensor and ctx.needs_input_grad[2]:
+            _, p, q, alpha = ctx.saved_tensors
+            a = alpha.reshape(-1).expand(p.shape[0]) if alpha.dim() else alpha.expand(p.shape[0])
+            # Danskin: only H_alpha's explicit dependence on alpha counts at the optimum p*.
+            d = _tsallis_entropy_dalpha(p, a) - _tsallis_entropy_dalpha(q, a)
+            grad_alpha = (grad_output * d).sum_to_size(alpha.shape) if alpha.dim() else (grad_output * d).sum()
+        return grad_z, None, grad_alpha, None
+
+
+def _check_weight(weight) -> None:
+    if weight is not None and not isinstance(weight, Tensor):
+        raise TypeError(
+            f"weight must be a tensor of per-class weights or None, got {type(weight).__name__} "
+            "(the entmax package's third positional argument is k: pass k=... by keyword here)"
+        )
+
+
+def _alpha_rows(alpha: Union[float, Tensor], logits: Tensor, out_shape, n_rows: int, dtype) -> Union[float, Tensor]:
+    """alpha as a float, or a tensor of shape (M,) matching the flattened rows."""
+    if not isinstance(alpha, Tensor):
+        return float(alpha)
+    a = alpha.to(dtype)
+    if a.dim() == logits.dim() and logits.dim() >= 2 and a.shape[1] == 1:
+        a = a.squeeze(1)  # entmax_bisect's per-row layout (N, 1, ...)
+    try:
+        return a.expand(out_shape).reshape(n_rows)
+    except RuntimeError:
+        raise ValueError(
+            f"alpha of shape {tuple(alpha.shape)} must broadcast to the per-example loss shape {tuple(out_shape)}"
+        ) from None
+
+
+def _fenchel_young_loss(
+    input: Tensor,
+    target: Tensor,
+    make_project: Callable[[Union[float, Tensor]], Callable[[Tensor], Tensor]],
+    alpha: Union[float, Tensor],
+    weight: Optional[Tensor],
+    ignore_index: int,
+    reduction: str,
+) -> Tensor:
+    _check_weight(weight)
+    check_reduction(reduction)
+    check_floating(input, "input")
+    batch = flatten_logits_and_target(input, target, ignore_index=ignore_index)
+    dtype = compute_dtype(input)
+    z = batch.logits.to(dtype)
+    has_mass = None
+    if batch.target_dist is not None:
+        y = batch.target_dist.to(dtype)
+        if bool((y < 0).any()):
+            raise ValueError("target distribution has negative entries")
+        mass = y.sum(-1, keepdim=True)
+        has_mass = mass.squeeze(-1) > 0
+        q = y / torch.where(mass > 0, mass, torch.ones_like(mass))
+        batch.target_dist = q
+    else:
+        q = torch.zeros_like(z).scatter_(1, batch.target_index.unsqueeze(1), 1.0)
+    a = _alpha_rows(alpha, input, batch.out_shape, z.shape[0], dtype)
+    project = make_project(a)
+    if has_mass is not None and not bool(has_mass.all()):
+        # Rows without labels: make the target equal the prediction, so loss and gradient are 0.
+        with torch.no_grad():
+            p_now = project(z)
+        q = torch.where(has_mass.unsqueeze(-1), q, p_now)
+    per_row = FenchelYoungLossFunction.apply(z, q, a, project)
+    row_weight = class_weight_per_row(batch, weight)
+    if row_weight is not None:
+        row_weight = row_weight.to(dtype)
+    loss = reduce_loss(per_row, batch, reduction, row_weight)
+    return loss.to(input.dtype)
+
+
+# ----------------------------------------------------------------------------- functions
+
+def sparsemax_loss(
+    input: Tensor,
+    target: Tensor,
+    weight: Optional[Tensor] = None,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+    k: Optional[int] = None,
+) -> Tensor:
+    """Sparsemax loss (Martins & Astudillo 2016, Eq. 19): ``-z_y + 1/2 sum_{j in S}(z_j^2 - tau^2) + 1/2``.
+
+    For a floating target ``q``: ``-q^T z + 1/2 sum_{j in S} (z_j^2 - tau^2) + 1/2 ||q||^2``.
+    Gradient ``sparsemax(z) - q``. Convex, >= 0, zero iff ``sparsemax(z) = q``; in the binary case
+    with ``z = (t, 0)`` and target class 0 it is the modified Huber loss of the margin ``t``:
+    0 for ``t >= 1``, ``(1 - t)^2 / 4`` for ``-1 < t < 1``, ``-t`` for ``t <= -1``.
+    ``k`` is the partial-sort speed hint of :func:`sparsenorm.sparsemax`. See the module docstring
+    for the target/weight/reduction conventions.
+    """
+    _check_k(k)
+    return _fenchel_young_loss(input, target, lambda a: lambda z: sparsemax(z, dim=-1, k=k), 2.0, weight, ignore_index, reduction)
+
+
+def sparsemax_bisect_loss(
+    input: Tensor,
+    target: Tensor,
+    weight: Optional[Tensor] = None,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+    n_iter: int = 50,
+) -> Tensor:
+    """Sparsemax loss with ``p*`` computed by bisection (:func:`sparsenorm.sparsemax_bisect`)."""
+    _check_n_iter(n_iter)
+    return _fenchel_young_loss(
+        input, target, lambda a: lambda z: sparsemax_bisect(z, dim=-1, n_iter=n_iter), 2.0, weight, ignore_index, reduction
+    )
+
+
+def entmax15_loss(
+    input: Tensor,
+    target: Tensor,
+    weight: Optional[Tensor] = None,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+    k: Optional[int] = None,
+) -> Tensor:
+    """1.5-entmax Fenchel–Young loss ``H_1.5(p*) - H_1.5(q) + <p* - q, z>``,
+    ``H_1.5(p) = (1 - sum p^1.5) / 0.75``; gradient ``entmax15(z) - q``."""
+    _check_k(k)
+    return _fenchel_young_loss(input, target, lambda a: lambda z: entmax15(z, dim=-1, k=k), 1.5, weight, ignore_index, reduction)
+
+
+def entmax_bisect_loss(
+    input: Tensor,
+    target: Tensor,
+    weight: Optional[Tensor] = None,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+    alpha: Union[float, Tensor] = 1.5,
+    n_iter: int = 50,
+) -> Tensor:
+    """alpha-entmax Fenchel–Young loss ``H_alpha(p*) - H_alpha(q) + <p* - q, z>`` with
+    ``H_alpha(p) = (1 - sum p^alpha) / (alpha (alpha - 1))`` (Shannon at ``alpha = 1``, giving
+    cross-entropy/KL); ``p*`` by bisection. Gradient ``p* - q``; with a tensor ``alpha`` (float or
+    broadcastable to the per-example loss shape) also ``dL/dalpha = dH_alpha(p*)/dalpha -
+    dH_alpha(q)/dalpha`` (Danskin), returned as 0 at ``alpha = 1`` where it is 0/0.
+    """
+    _check_n_iter(n_iter)
+    if isinstance(alpha, Tensor):
+        check_floating(alpha, "alpha")
+    check_param(alpha, "alpha", low=1.0)
+
+    def make_project(a: Union[float, Tensor]) -> Callable[[Tensor], Tensor]:
+        a_rows = a.detach().unsqueeze(-1) if isinstance(a, Tensor) else a
+        return lambda z: entmax_bisect(z, alpha=a_rows, dim=-1, n_iter=n_iter)
+
+    return _fenchel_young_loss(input, target, make_project, alpha, weight, ignore_index, reduction)
+
+
+# ----------------------------------------------------------------------------- modules
+
+class _FenchelYoungLoss(nn.Module):
+    def __init__(self, ignore_index: int = -100, reduction: str = "elementwise_mean", weight: Optional[Tensor] = None):
+        super().__init__()
+        check_reduction(reduction)
+        _check_weight(weight)
+        self.ignore_index = ignore_index
+        self.reduction = reduction
+        self.register_buffer("weight", weight)
+
+
+class SparsemaxLoss(_FenchelYoungLoss):
+    """Module form of :func:`sparsemax_loss`; arguments as ``entmax.SparsemaxLoss`` plus ``weight``."""
+
+    def __init__(self, k: Optional[int] = None, ignore_index: int = -100, reduction: str = "elementwise_mean",
+                 weight: Optional[Tensor] = None):
+        _check_k(k)
+        super().__init__(ignore_index, reduction, weight)
+        self.k = k
+
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:
+        return sparsemax_loss(input, target, self.weight, self.ignore_index, self.reduction, k=self.k)
+
+
+class SparsemaxBisectLoss(_FenchelYoungLoss):
+    """Module form of :func:`sparsemax_bisect_loss`; arguments as ``entmax.SparsemaxBisectLoss``."""
+
+    def __init__(self, n_iter: int = 50, ignore_index: int = -100, reduction: str = "elementwise_mean",
+                 weight: Optional[Tensor] = None):
+        _check_n_iter(n_iter)
+        super().__init__(ignore_index, reduction, weight)
+        self.n_iter = n_iter
+
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:
+        return sparsemax_bisect_loss(input, target, self.weight, self.ignore_index, self.reduction, n_iter=self.n_iter)
+
+
+class Entmax15Loss(_FenchelYoungLoss):
+    """Module form of :func:`entmax15_loss`; arguments as ``entmax.Entmax15Loss`` (``k=100`` there
+    too; ``k`` is only a speed hint, the loss is exact) plus ``weight``."""
+
+    def __init__(self, k: Optional[int] = 100, ignore_index: int = -100, reduction: str = "elementwise_mean",
+                 weight: Optional[Tensor] = None):
+        _check_k(k)
+        super().__init__(ignore_index, reduction, weight)
+        self.k = k
+
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:
+        return entmax15_loss(input, target, self.weight, self.ignore_index, self.reduction, k=self.k)
+
+
+class EntmaxBisectLoss(_FenchelYoungLoss):
+    """Module form of :func:`entmax_bisect_loss`; arguments as ``entmax.EntmaxBisectLoss`` plus
+    ``weight``. ``alpha`` may be an ``nn.Parameter`` (it then gets a gradient)."""
+
+    def __init__(self, alpha: Union[float, Tensor] = 1.5, n_iter: int = 50, ignore_index: int = -100,
+                 reduction: str = "elementwise_mean", weight: Optional[Tensor] = None):
+        _check_n_iter(n_iter)
+        super().__init__(ignore_index, reduction, weight)
+        self.alpha = alpha
+        self.n_iter = n_iter
+
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:
+        return entmax_bisect_loss(input, target, self.weight, self.ignore_index, self.reduction,
+                                  alpha=self.alpha, n_iter=self.n_iter)
