@@ -1,0 +1,457 @@
+"""Data for the multi-label experiment: the r-softmax paper's synthetic sets, yeast, and the user's own.
+
+Every loader returns a :class:`MultilabelData`: float32 features and 0/1 int8 label matrices for a
+training part and an evaluation part (the paper's "validation set" for synthetic data, the
+standard test split for yeast), already standardised with the training part's statistics.
+
+User data format (``--data-dir FILE``):
+
+* **NPZ** (``numpy.savez``): ``X`` float array (n, d) and ``Y`` 0/1 array (n, L), L >= 2. Optional
+  ``X_test`` / ``Y_test`` give a fixed evaluation split (otherwise a seeded 80/20 split is drawn),
+  optional ``label_names`` (L,) strings.
+* **CSV**: a header row; columns whose name starts with ``label`` (``label1``, ``label_cat``, ...) are
+  the 0/1 labels, an optional column ``split`` holds ``train``/``test`` per row, every other column is
+  a numeric feature.
+
+Yeast (Elisseeff & Weston 2001; 2,417 genes x 103 features, 14 labels) ships in the Debian package
+``r-cran-mlr`` as the R object ``yeast.task`` inside the lazy-load database ``data/Rdata.rdb``.
+It is read without R: the index ``Rdata.rdx`` (a compressed RDS) gives each object's offset and
+length in the ``.rdb``; an entry is a 4-byte big-endian length followed by zlib data. The task object
+keeps its data frame in an environment, which the database stores as a separate entry referenced
+by name (``env::N``); that entry is an ordinary serialised list whose ``bindings$data`` is the data
+frame, parsed with the ``rdata`` package. The result is cached as ``yeast.npz`` (the NPZ format
+above, with the standard split) in :func:`common.cache_dir` or ``--data-dir DIR``.
+"""
+from __future__ import annotations
+
+import bz2
+import csv
+import gzip
+import lzma
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from .common import UserFacingError, cache_dir
+
+SYNTHETIC_SAMPLES = 5000
+SYNTHETIC_FEATURES = 128
+SYNTHETIC_VALIDATION_FRACTION = 0.2
+FIXED_DOCUMENT_LENGTH = 2000
+CLASS_COUNTS = (10, 20, 30)
+
+MLR_PACKAGE = "r-cran-mlr"
+YEAST_OBJECT = "yeast.task"
+YEAST_SHAPE = (2417, 103, 14)
+# Mulan/LIBSVM's standard split: the first 1,500 rows are the training set, the last 917 the test
+# set. The mlr rows are in that order: row 1,501 is the instance other public code uses as the
+# first yeast test instance (features and labels agree).
+YEAST_TRAIN_SIZE = 1500
+YEAST_CACHE_NAME = "yeast.npz"
+
+
+@dataclass
+class MultilabelData:
+    """One multi-label problem, split into a training part and an evaluation part."""
+
+    name: str
+    x_train: np.ndarray
+    y_train: np.ndarray
+    x_eval: np.ndarray
+    y_eval: np.ndarray
+    split: str
+    """How the evaluation part was chosen, in words (goes into the report)."""
+    label_names: List[str] = field(default_factory=list)
+    meta: Dict[str, float] = field(default_factory=dict)
+
+    @property
+    def n_labels(self) -> int:
+        return int(self.y_train.shape[1])
+
+    @property
+    def n_features(self) -> int:
+        return int(self.x_train.shape[1])
+
+    def summary(self) -> Dict[str, float]:
+        return {
+            "n_train": int(self.x_train.shape[0]), "n_eval": int(self.x_eval.shape[0]),
+            "n_features": self.n_features, "n_labels": self.n_labels,
+            "mean_labels_train": float(self.y_train.sum(1).mean()),
+            "mean_labels_eval": float(self.y_eval.sum(1).mean()),
+            **self.meta,
+        }
+
+
+def _standardise(x_train: np.ndarray, x_eval: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    """z-score with the training part's mean and std (constant features are only centred)."""
+    mean = x_train.mean(0)
+    std = x_train.std(0)
+    std[std == 0] = 1.0
+    return ((x_train - mean) / std).astype(np.float32), ((x_eval - mean) / std).astype(np.float32)
+
+
+def _seeded_split(n: int, eval_fraction: float, seed: int) -> Tuple[np.ndarray, np.ndarray]:
+    order = np.random.default_rng(seed).permutation(n)
+    n_eval = max(1, int(round(n * eval_fraction)))
+    return np.sort(order[n_eval:]), np.sort(order[:n_eval])
+
+
+# --------------------------------------------------------------------------------------------
+# synthetic data (r-softmax paper, "Datasets" paragraph)
+
+
+def make_synthetic(n_classes: int, n_labels: float, length: float, seed: int,
+                   n_samples: int = SYNTHETIC_SAMPLES, n_features: int = SYNTHETIC_FEATURES) -> MultilabelData:
+    """scikit-learn's ``make_multilabel_classification`` as in the r-softmax paper.
+
+    ``n_labels`` (average labels per example) and ``length`` (average document length, the sum of
+    an example's features) are the Poisson means of the generator; 5,000 examples with 128 features,
+    the first 80 % for training and the last 20 % as the validation set. Every example has at least
+    one label (``allow_unlabeled=False``: the normalized label vector y/|y| needs one, and a sparse
+    output always predicts at least one label). Features are word counts, z-scored with the training
+    part's statistics (the paper does not say how it scaled them).
+    """
+    from sklearn.datasets import make_multilabel_classification
+
+    if not 0 < n_labels <= n_classes:
+        raise ValueError(f"n_labels must be in (0, n_classes={n_classes}], got {n_labels}")
+    if length <= 0:
+        raise ValueError(f"length must be positive, got {length}")
+    x, y = make_multilabel_classification(
+        n_samples=n_samples, n_features=n_features, n_classes=n_classes, n_labels=n_labels,
+        length=length, allow_unlabeled=False, random_state=seed,
+    )
+    n_train = int(round(n_samples * (1 - SYNTHETIC_VALIDATION_FRACTION)))
+    x_train, x_eval = _standardise(x[:n_train].astype(np.float64), x[n_train:].astype(np.float64))
+    return MultilabelData(
+        name=f"synthetic-L{n_classes}-labels{n_labels:g}-length{length:g}",
+        x_train=x_train, y_train=y[:n_train].astype(np.int8), x_eval=x_eval, y_eval=y[n_train:].astype(np.int8),
+        split=f"first {n_train} generated examples train, last {n_samples - n_train} validation",
+        meta={"n_classes": n_classes, "n_labels_param": float(n_labels), "length_param": float(length)},
+    )
+
+
+def average_label_sweep(n_classes: int, quick: bool) -> List[int]:
+    """Sweep (a): average number of labels (document length fixed at 2,000).
+
+    The paper does not list its values (Fig. 2 only); we use 1 to 90 % of the classes (full mode:
+    ten points at multiples of 10 % of L, starting at 1 label; quick: three).
+    """
+    if quick:
+        fractions = (0.1, 0.5, 0.9)
+    else:
+        fractions = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+    return sorted({max(1, int(round(f * n_classes))) for f in fractions})
+
+
+def document_length_sweep(quick: bool) -> List[int]:
+    """Sweep (b): average document length (average labels fixed at half the classes).
+
+    The paper does not list its values; we use 100 to 2,000 words (the fixed length of sweep (a)
+    is the top of this range), spaced roughly logarithmically.
+    """
+    return [100, 500, 2000] if quick else [100, 200, 350, 500, 1000, 1500, 2000]
+
+
+# --------------------------------------------------------------------------------------------
+# user data (NPZ / CSV)
+
+
+def _fail(path: Path, problem: str) -> UserFacingError:
+    return UserFacingError(
+        f"{path}: {problem}. Expected an NPZ with X (n, d) float and Y (n, L) 0/1 (optional X_test, "
+        f"Y_test, label_names), or a CSV with a header, 0/1 columns named label*, optional split "
+        f"column (train/test) and numeric feature columns"
+    )
+
+
+def _check_arrays(path: Path, x, y, what: str) -> Tuple[np.ndarray, np.ndarray]:
+    try:
+        x = np.asarray(x, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise _fail(path, f"X{what} is not numeric") from None
+    try:
+        y_float = np.asarray(y, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise _fail(path, f"Y{what} is not numeric") from None
+    if x.ndim != 2 or y_float.ndim != 2:
+        raise _fail(path, f"X{what} and Y{what} must be 2-D, got shapes {x.shape} and {y_float.shape}")
+    if x.shape[0] != y_float.shape[0]:
+        raise _fail(path, f"X{what} has {x.shape[0]} rows but Y{what} has {y_float.shape[0]}")
+    if x.shape[0] == 0 or x.shape[1] == 0:
+        raise _fail(path, f"X{what} is empty (shape {x.shape})")
+    if y_float.shape[1] < 2:
+        raise _fail(path, f"Y{what} needs at least 2 label columns, got {y_float.shape[1]}")
+    if not np.isfinite(x).all():
+        raise _fail(path, f"X{what} contains NaN or infinite values")
+    if not np.isin(y_float, (0.0, 1.0)).all():
+        raise _fail(path, f"Y{what} must contain only 0 and 1")
+    return x, y_float.astype(np.int8)
+
+
+def _load_npz(path: Path) -> Tuple[np.ndarray, np.ndarray, Optional[Tuple[np.ndarray, np.ndarray]], List[str]]:
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            arrays = {k: npz[k] for k in npz.files}
+    except (OSError, ValueError, zlib.error) as exc:
+        raise _fail(path, f"cannot be read as NPZ ({exc})") from None
+    missing = [k for k in ("X", "Y") if k not in arrays]
+    if missing:
+        raise _fail(path, f"missing array(s) {', '.join(missing)} (found: {', '.join(arrays) or 'none'})")
+    x, y = _check_arrays(path, arrays["X"], arrays["Y"], "")
+    test = None
+    if ("X_test" in arrays) != ("Y_test" in arrays):
+        raise _fail(path, "X_test and Y_test must be given together")
+    if "X_test" in arrays:
+        x_test, y_test = _check_arrays(path, arrays["X_test"], arrays["Y_test"], "_test")
+        if x_test.shape[1] != x.shape[1] or y_test.shape[1] != y.shape[1]:
+            raise _fail(path, f"X_test/Y_test have {x_test.shape[1]} features/{y_test.shape[1]} labels, "
+                              f"X/Y have {x.shape[1]}/{y.shape[1]}")
+        test = (x_test, y_test)
+    names = [str(n) for n in arrays.get("label_names", [])]
+    if names and len(names) != y.shape[1]:
+        raise _fail(path, f"label_names has {len(names)} entries for {y.shape[1]} labels")
+    return x, y, test, names
+
+
+def _load_csv(path: Path) -> Tuple[np.ndarray, np.ndarray, Optional[Tuple[np.ndarray, np.ndarray]], List[str]]:
+    try:
+        with open(path, newline="") as handle:
+            rows = list(csv.reader(handle))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise _fail(path, f"cannot be read as CSV ({exc})") from None
+    if len(rows) < 2:
+        raise _fail(path, "needs a header row and at least one data row")
+    header = [h.strip() for h in rows[0]]
+    label_cols = [i for i, h in enumerate(header) if h.lower().startswith("label")]
+    split_cols = [i for i, h in enumerate(header) if h.lower() == "split"]
+    feature_cols = [i for i in range(len(header)) if i not in label_cols and i not in split_cols]
+    if not label_cols:
+        raise _fail(path, "no label columns (their header must start with 'label')")
+    if not feature_cols:
+        raise _fail(path, "no feature columns")
+    body = rows[1:]
+    bad = [n + 2 for n, r in enumerate(body) if len(r) != len(header)]
+    if bad:
+        raise _fail(path, f"line {bad[0]} has a different number of fields than the header ({len(header)})")
+
+    def numeric(cols: Sequence[int], what: str) -> np.ndarray:
+        try:
+            return np.array([[float(r[i]) for i in cols] for r in body], dtype=np.float64)
+        except ValueError as exc:
+            raise _fail(path, f"non-numeric {what} value ({exc})") from None
+
+    x, y = _check_arrays(path, numeric(feature_cols, "feature"), numeric(label_cols, "label"), "")
+    names = [header[i] for i in label_cols]
+    if not split_cols:
+        return x, y, None, names
+    split = np.array([r[split_cols[0]].strip().lower() for r in body])
+    if not np.isin(split, ("train", "test")).all():
+        raise _fail(path, "the split column must hold 'train' or 'test' in every row")
+    train, test = split == "train", split == "test"
+    if not train.any() or not test.any():
+        raise _fail(path, "the split column must mark at least one train and one test row")
+    return x[train], y[train], (x[test], y[test]), names
+
+
+def load_user_data(path: Path, seed: int = 0, eval_fraction: float = 0.2, name: Optional[str] = None) -> MultilabelData:
+    """Load the user's own multi-label data (format in the module docstring).
+
+    Without an explicit test part, a seeded split holds out ``eval_fraction`` of the rows. Raises
+    :class:`UserFacingError` naming the problem for a missing, unreadable or malformed file.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise UserFacingError(f"{path}: no such file (give an .npz or .csv file with your multi-label data)")
+    suffix = path.suffix.lower()
+    if suffix == ".npz":
+        x, y, test, names = _load_npz(path)
+    elif suffix == ".csv":
+        x, y, test, names = _load_csv(path)
+    else:
+        raise _fail(path, f"unknown file type {suffix or '(none)'}; use .npz or .csv")
+    if test is None:
+        train_idx, eval_idx = _seeded_split(x.shape[0], eval_fraction, seed)
+        if len(train_idx) == 0:
+            raise _fail(path, "too few rows to split into train and test")
+        test = (x[eval_idx], y[eval_idx])
+        x, y = x[train_idx], y[train_idx]
+        split = f"seeded split (seed {seed}): {len(train_idx)} train / {len(eval_idx)} test"
+    else:
+        split = f"the file's split: {x.shape[0]} train / {test[0].shape[0]} test"
+    x_train, x_eval = _standardise(x, test[0])
+    return MultilabelData(name=name or path.stem, x_train=x_train, y_train=y, x_eval=x_eval, y_eval=test[1],
+                          split=split, label_names=names or [f"label{i + 1}" for i in range(y.shape[1])])
+
+
+# --------------------------------------------------------------------------------------------
+# yeast from Debian's r-cran-mlr (an R lazy-load database, read without R)
+
+
+def _decompress_rds(raw: bytes) -> bytes:
+    """An RDS file's payload: R writes gzip by default, bzip2 or xz on request."""
+    if raw[:2] == b"\x1f\x8b":
+        return gzip.decompress(raw)
+    if raw[:3] == b"BZh":
+        return bz2.decompress(raw)
+    if raw[:6] == b"\xfd7zXZ\x00":
+        return lzma.decompress(raw)
+    return raw
+
+
+def _lazyload_entry(rdb: bytes, offset: int, length: int, compressed: int) -> bytes:
+    """One serialised object of an R lazy-load database (R's ``lazyLoadDBfetch``).
+
+    Each entry is a 4-byte big-endian uncompressed length, then (compression type 1, the default)
+    zlib data; types 2 and 3 put a byte '2' (bzip2), 'Z' (xz) or '0' (stored) before the data.
+    """
+    blob = rdb[offset:offset + length]
+    if len(blob) != length or length < 5:
+        raise ValueError(f"entry at offset {offset} (length {length}) lies outside the database")
+    size = int.from_bytes(blob[:4], "big")
+    if compressed in (2, 3):
+        kind, body = blob[4:5], blob[5:]
+        data = {b"2": bz2.decompress, b"Z": lzma.decompress, b"0": bytes}[kind](body)
+    else:
+        data = zlib.decompress(blob[4:])
+    if len(data) != size:
+        raise ValueError(f"entry at offset {offset}: expected {size} bytes, got {len(data)}")
+    return data
+
+
+def read_mlr_multilabel_task(rdb_path: Path, rdx_path: Path, name: str = YEAST_OBJECT
+                             ) -> Tuple[np.ndarray, np.ndarray, List[str], List[str]]:
+    """Features, 0/1 labels, feature names and label names of an mlr multi-label task.
+
+    ``rdb_path``/``rdx_path`` are an R package's ``data/Rdata.rdb`` and ``Rdata.rdx``. The task's
+    data frame lives in an environment stored as a separate entry (a persistent reference
+    ``env::N``); its logical columns are the labels, its numeric columns the features.
+    """
+    import warnings
+
+    import rdata
+
+    def parse(data: bytes):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # rdata warns that raw bytes have no file extension
+            return rdata.conversion.convert(rdata.parser.parse_data(data))
+
+    index = parse(_decompress_rds(Path(rdx_path).read_bytes()))
+    rdb = Path(rdb_path).read_bytes()
+    compressed = int(np.asarray(index.get("compressed", [1])).ravel()[0])
+    variables = {str(k): v for k, v in index["variables"].items()}
+    references = {str(k): v for k, v in index["references"].items()}
+    if name not in variables:
+        raise KeyError(f"{name!r} is not in {rdx_path}; it holds {', '.join(sorted(variables))}")
+    task_bytes = _lazyload_entry(rdb, *map(int, variables[name]), compressed)
+    env_names = sorted({m.decode() for m in re.findall(rb"env::\d+", task_bytes)})
+    if len(env_names) != 1 or env_names[0] not in references:
+        raise ValueError(f"{name}: expected one environment reference holding its data, found {env_names}")
+    env = parse(_lazyload_entry(rdb, *map(int, references[env_names[0]]), compressed))
+    frame = env["bindings"]["data"]
+    label_cols = [c for c in frame.columns if str(frame[c].dtype).lower() in ("bool", "boolean")]
+    feature_cols = [c for c in frame.columns if c not in label_cols]
+    if not label_cols or not feature_cols:
+        raise ValueError(f"{name}: expected logical label columns and numeric feature columns")
+    labels = frame[label_cols]
+    if labels.isna().to_numpy().any() or frame[feature_cols].isna().to_numpy().any():
+        raise ValueError(f"{name}: the data frame has missing values")
+    x = frame[feature_cols].to_numpy(dtype=np.float64)
+    y = labels.to_numpy(dtype=np.int8)
+    return x, y, [str(c) for c in feature_cols], [str(c) for c in label_cols]
+
+
+def _download_mlr_deb(workdir: Path) -> Path:
+    """``apt-get download r-cran-mlr`` into ``workdir`` (after ``apt-get update`` when root and the
+    package lists are missing)."""
+    how_to = (f"or download {MLR_PACKAGE}_*.deb by hand (https://packages.debian.org/stable/{MLR_PACKAGE}) "
+              f"into the data folder (--data-dir DIR or $SPARSENORM_CACHE), or pass your own data with "
+              f"--data-dir FILE.npz|FILE.csv")
+    if shutil.which("apt-get") is None:
+        raise UserFacingError(f"yeast comes from the Debian package {MLR_PACKAGE}, but apt-get is not available; {how_to}")
+
+    def download() -> subprocess.CompletedProcess:
+        return subprocess.run(["apt-get", "download", MLR_PACKAGE], cwd=workdir, capture_output=True, text=True)
+
+    result = download()
+    if result.returncode != 0 and hasattr(os, "geteuid") and os.geteuid() == 0:
+        subprocess.run(["apt-get", "update"], capture_output=True, text=True)
+        result = download()
+    debs = sorted(workdir.glob(f"{MLR_PACKAGE}_*.deb"))
+    if result.returncode != 0 or not debs:
+        detail = (result.stderr or result.stdout).strip().splitlines()
+        raise UserFacingError(
+            f"could not fetch yeast: `apt-get download {MLR_PACKAGE}` failed ({detail[-1] if detail else 'no output'}); "
+            f"run `apt-get update` (as root) and retry, {how_to}"
+        )
+    return debs[-1]
+
+
+def _extract_rdata(deb: Path, workdir: Path) -> Tuple[Path, Path]:
+    if shutil.which("dpkg-deb") is None:
+        raise UserFacingError(f"dpkg-deb is needed to unpack {deb.name}; install dpkg, or extract "
+                              f"usr/lib/R/site-library/mlr/data/Rdata.rdb and Rdata.rdx into the data folder yourself")
+    target = workdir / "extracted"
+    result = subprocess.run(["dpkg-deb", "-x", str(deb), str(target)], capture_output=True, text=True)
+    rdbs = sorted(target.glob("**/mlr/data/Rdata.rdb"))
+    if result.returncode != 0 or not rdbs:
+        raise UserFacingError(f"could not unpack {deb}: {result.stderr.strip() or 'no mlr/data/Rdata.rdb inside'}")
+    return rdbs[0], rdbs[0].with_suffix(".rdx")
+
+
+def yeast_npz_from_rdata(rdb: Path, rdx: Path, target: Path) -> Path:
+    """Parse yeast from mlr's lazy-load database and write it as an NPZ with the standard split."""
+    x, y, _, label_names = read_mlr_multilabel_task(rdb, rdx, YEAST_OBJECT)
+    if (x.shape[0], x.shape[1], y.shape[1]) != YEAST_SHAPE:
+        raise UserFacingError(f"{rdb}: yeast.task has shape {x.shape[0]}x{x.shape[1]} with {y.shape[1]} labels, "
+                              f"expected {YEAST_SHAPE[0]}x{YEAST_SHAPE[1]} with {YEAST_SHAPE[2]}")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(target.name + ".part")
+    with open(tmp, "wb") as handle:  # a file handle: np.savez would append .npz to the name
+        np.savez_compressed(handle, X=x[:YEAST_TRAIN_SIZE], Y=y[:YEAST_TRAIN_SIZE], X_test=x[YEAST_TRAIN_SIZE:],
+                            Y_test=y[YEAST_TRAIN_SIZE:], label_names=np.array(label_names))
+    tmp.replace(target)  # atomic: a crash never leaves a half-written cache
+    return target
+
+
+def fetch_yeast(data_dir: Optional[Path] = None) -> Path:
+    """Path of ``yeast.npz`` in ``data_dir`` (default :func:`common.cache_dir`), creating it if needed.
+
+    Looks, in order, for a cached ``yeast.npz``, then for ``Rdata.rdb``/``Rdata.rdx`` or an
+    ``r-cran-mlr_*.deb`` already in the folder (offline use), else runs ``apt-get download``.
+    """
+    folder = Path(data_dir) if data_dir is not None else cache_dir()
+    target = folder / YEAST_CACHE_NAME
+    if target.is_file():
+        return target
+    folder.mkdir(parents=True, exist_ok=True)
+    if (folder / "Rdata.rdb").is_file() and (folder / "Rdata.rdx").is_file():
+        return yeast_npz_from_rdata(folder / "Rdata.rdb", folder / "Rdata.rdx", target)
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        debs = sorted(folder.glob(f"{MLR_PACKAGE}_*.deb"))
+        deb = debs[-1] if debs else _download_mlr_deb(work)
+        rdb, rdx = _extract_rdata(deb, work)
+        return yeast_npz_from_rdata(rdb, rdx, target)
+
+
+def load_yeast(data_dir: Optional[Path] = None) -> MultilabelData:
+    """Yeast with the standard 1,500 / 917 train/test split (fetched and cached on first use)."""
+    data = load_user_data(fetch_yeast(data_dir), name="yeast")
+    data.split = f"standard yeast split: {data.x_train.shape[0]} train / {data.x_eval.shape[0]} test"
+    return data
+
+
+def load_real_data(data_dir: Optional[Path] = None) -> MultilabelData:
+    """``--data-dir FILE`` (.npz/.csv): the user's data; ``--data-dir DIR`` or none: yeast."""
+    if data_dir is not None and Path(data_dir).suffix.lower() in (".npz", ".csv"):
+        return load_user_data(Path(data_dir))
+    return load_yeast(data_dir)
