@@ -1,0 +1,94 @@
+"""Sparsehourglass (Laha, Chemmengath, Agrawal, Khapra, Sankaranarayanan, Ramaswamy,
+"On Controllable Sparse Alternatives to Softmax", NeurIPS 2018).
+
+``sparsehourglass(z) = sparsemax(alpha(z) * z)`` with ``alpha(z) = (1 + q K) / (|sum_i z_i| + q K)``
+(formulas in ``shared/papers/README.md``). The scale ``alpha`` is computed here with plain
+differentiable torch ops, so the gradient through ``alpha(z)`` comes from autograd composed with
+sparsemax's closed-form backward (``sparsenorm.sparsemax``).
+"""
+from __future__ import annotations
+
+from typing import Union
+
+import torch
+from torch import Tensor, nn
+
+from ._validation import check_floating, check_param, compute_dtype, normalize_dim
+from .sparsemax import sparsemax
+
+Param = Union[float, int, Tensor]
+
+
+def hourglass_scale(z: Tensor, q: Param = 1.0, dim: int = -1) -> Tensor:
+    """``alpha(z) = (1 + q K) / (|sum z| + q K)`` over the finite entries of each row (keepdim).
+
+    ``-inf`` entries are "not there": they are left out of both ``sum z`` and ``K``, so padding
+    a row with ``-inf`` does not change the result (counting them would make the sum ``-inf``
+    and ``alpha`` 0). A row with no finite entry gets ``alpha = 1``. ``q`` is a number or a
+    tensor broadcastable to the keepdim row shape.
+    """
+    neg_inf = z == float("-inf")
+    if bool(neg_inf.any()):
+        k = (~neg_inf).sum(dim, keepdim=True).to(z.dtype)
+        total = z.masked_fill(neg_inf, 0.0).sum(dim, keepdim=True)
+    else:
+        k = z.shape[dim]
+        total = z.sum(dim, keepdim=True)
+    qk = q * k
+    denom = total.abs() + qk
+    if isinstance(k, Tensor):
+        denom = denom.masked_fill(k == 0, 1.0)  # then qk = 0 too: alpha = 1, no 1/0 in the graph
+    return (1 + qk) / denom
+
+
+def sparsehourglass(x: Tensor, q: Param = 1.0, dim: int = -1) -> Tensor:
+    r"""Sparsehourglass (Laha et al. 2018): sparsemax of the rescaled scores ``alpha(z) z``.
+
+    .. math:: \mathrm{sparsehg}(z) = \mathrm{sparsemax}(\alpha(z) z), \quad
+              \alpha(z) = \frac{1 + qK}{|\sum_i z_i| + qK}
+
+    ``q > 0`` controls sparsity: ``q -> inf`` gives ``alpha -> 1`` (sparsemax); small ``q``
+    gives a large ``alpha`` (sparser) near ``sum z = 0`` and a small one (denser) for large
+    ``|sum z|``. ``alpha`` uses ``|sum z|``, so the map is **not** translation invariant
+    (sparsemax is); it is permutation equivariant and scale-free only through ``alpha``.
+
+    Args:
+        x: floating tensor of scores.
+        q: ``q > 0``; a number, or a tensor broadcastable to ``x`` with size 1 along ``dim``
+            (per row). A tensor ``q`` with ``requires_grad`` gets a gradient (autograd).
+        dim: dimension to normalize over.
+
+    Edge cases: ``-inf`` entries get exactly 0 and are excluded from ``sum z`` and from ``K``
+    (so ``-inf`` padding/masking leaves the other entries' output unchanged); a row with no
+    finite entry returns zeros with zero gradient; NaN in a row gives NaN in that row;
+    float16/bfloat16 are computed in float32 and returned in the input dtype. ``q <= 0`` raises
+    ``ValueError``; a non-floating ``x`` raises ``TypeError``. Gradient: autograd through
+    ``alpha`` composed with sparsemax's closed-form backward.
+    """
+    check_floating(x, "x")
+    check_param(q, "q", low=0.0, low_inclusive=False)
+    if x.dim() == 0:
+        return sparsehourglass(x.reshape(1), q, 0).reshape(())
+    dim = normalize_dim(x, dim)
+    z = x.to(compute_dtype(x))
+    if isinstance(q, Tensor):
+        q = q.to(device=z.device, dtype=z.dtype)
+    alpha = hourglass_scale(z, q, dim)
+    scaled = z * alpha  # -inf * alpha (> 0) stays -inf
+    return sparsemax(scaled, dim=dim).to(x.dtype)
+
+
+class SparseHourglass(nn.Module):
+    """Sparsehourglass as a module: ``SparseHourglass(q=1.0, dim=-1)``."""
+
+    def __init__(self, q: float = 1.0, dim: int = -1):
+        super().__init__()
+        check_param(q, "q", low=0.0, low_inclusive=False)
+        self.q = float(q)
+        self.dim = dim
+
+    def forward(self, x: Tensor) -> Tensor:
+        return sparsehourglass(x, q=self.q, dim=self.dim)
+
+    def extra_repr(self) -> str:
+        return f"q={self.q}, dim={self.dim}"

@@ -1,0 +1,178 @@
+"""Hinge losses for sparsehourglass (Laha et al., NeurIPS 2018), multi-class and multi-label.
+
+Formulas from ``shared/papers/README.md``, with ``alpha = alpha(z)`` the sparsehourglass scale
+(:func:`sparsenorm.hourglass.hourglass_scale`, a function of the logits, differentiated through):
+
+* multi-class: ``L(z; y) = sum_j max(1{j != y} - alpha z_y + alpha z_j, 0) / alpha``;
+* multi-label, with ``eta = y / |y|_1`` and over ordered pairs ``(i, j)``, ``Delta rho =
+  (eta_i - eta_j) / alpha``, ``Delta z = z_i - z_j``: ``|Delta rho - Delta z| / 2`` when both
+  labels are positive and ``max(Delta rho - Delta z, 0)`` when ``i`` is positive and ``j`` not.
+
+Both are zero exactly when ``sparsehourglass(z)`` equals the target (``e_y``, resp. ``eta``):
+sparsemax's output on its support satisfies ``p_i - p_j = alpha (z_i - z_j)`` and a negative
+``j`` is outside the support iff ``alpha (z_i - z_j) >= p_i``.
+"""
+from __future__ import annotations
+
+from typing import Optional, Union
+
+import torch
+from torch import Tensor, nn
+
+from .._validation import check_param, compute_dtype
+from ..hourglass import hourglass_scale
+from ._common import (
+    check_reduction,
+    class_weight_per_row,
+    flatten_logits_and_target,
+    one_hot_like,
+    reduce_loss,
+)
+
+Param = Union[float, Tensor]
+
+
+def sparsehourglass_hinge_loss(
+    input: Tensor,
+    target: Tensor,
+    q: Param = 1.0,
+    weight: Optional[Tensor] = None,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+) -> Tensor:
+    r"""Multi-class sparsehourglass hinge loss (Laha et al. 2018).
+
+    .. math:: L(z; y) = \frac{1}{\alpha(z)} \sum_j \max(1\{j \ne y\} - \alpha(z) z_y + \alpha(z) z_j, 0)
+
+    Non-negative; zero iff ``sparsehourglass(z, q) = e_y`` (i.e. ``alpha (z_y - z_j) >= 1`` for
+    every ``j != y``).
+
+    Args:
+        input: logits ``(C,)``, ``(N, C)`` or ``(N, C, d1, ...)`` (classes on dim 1).
+        target: class indices (integer), the logits' shape without the class dim.
+        q: the sparsehourglass parameter, ``q > 0``.
+        weight: optional per-class weight ``(C,)``, applied per row as in ``CrossEntropyLoss``.
+        ignore_index: target value whose rows contribute nothing (negative values work).
+        reduction: ``'mean'`` | ``'sum'`` | ``'none'`` (``'elementwise_mean'`` = ``'mean'``).
+
+    A ``-inf`` logit is a class that is "not there": it is left out of ``alpha`` and its term
+    is 0. Gradient by autograd (through ``alpha(z)`` as well).
+    """
+    check_param(q, "q", low=0.0, low_inclusive=False)
+    check_reduction(reduction)
+    batch = flatten_logits_and_target(input, target, ignore_index=ignore_index, allow_dist=False)
+    z = batch.logits.to(compute_dtype(batch.logits))
+    alpha = hourglass_scale(z, q, dim=1)
+    one_hot = one_hot_like(batch).to(z.dtype)
+    z_y = z.gather(1, batch.target_index.unsqueeze(1))
+    margins = (1.0 - one_hot) - alpha * z_y + alpha * z
+    per_row = margins.clamp_min(0).sum(1) / alpha.squeeze(1)
+    loss = reduce_loss(per_row, batch, reduction, class_weight_per_row(batch, weight))
+    return loss.to(input.dtype)
+
+
+def _multilabel_rows(input: Tensor, target: Tensor, ignore_index: int):
+    """Flatten, and return ``(batch, z, positive (M, C) bool, eta (M, C))``.
+
+    ``eta = y / |y|_1`` over the positive labels (``target > 0``; for a 0/1 multi-hot target
+    this is the paper's ``eta``); a row without a positive label has ``eta = 0``.
+    """
+    batch = flatten_logits_and_target(input, target, ignore_index=ignore_index)
+    z = batch.logits.to(compute_dtype(batch.logits))
+    y = one_hot_like(batch).to(z.dtype)
+    if bool((y < 0).any()):
+        raise ValueError("target must be non-negative (a multi-hot vector or a distribution)")
+    positive = y > 0
+    eta = y / y.sum(1, keepdim=True).clamp_min(torch.finfo(z.dtype).tiny)
+    return batch, z, positive, eta
+
+
+def pair_masks(z: Tensor, positive: Tensor):
+    """``(pos_pos, pos_neg, bad_rows)`` over ordered pairs ``(i, j)`` of classes, ``(M, C, C)``.
+
+    ``-inf`` logits (classes "not there") take part in no pair: as negatives their hinge term
+    is exactly 0 in the limit. A positive label on a ``-inf`` logit cannot be fitted: such rows
+    are flagged in ``bad_rows`` (their loss is ``+inf``). Memory is O(C^2) per row.
+    """
+    valid = z > float("-inf")
+    pos = positive & valid
+    neg = ~positive & valid
+    pos_pos = pos.unsqueeze(2) & pos.unsqueeze(1)
+    pos_neg = pos.unsqueeze(2) & neg.unsqueeze(1)
+    bad_rows = (positive & ~valid).any(1)
+    return pos_pos, pos_neg, bad_rows
+
+
+def sparsehourglass_multilabel_hinge_loss(
+    input: Tensor,
+    target: Tensor,
+    q: Param = 1.0,
+    reduction: str = "mean",
+    ignore_index: int = -100,
+) -> Tensor:
+    r"""Multi-label (pairwise) sparsehourglass hinge loss (Laha et al. 2018).
+
+    With ``eta = y / |y|_1``, ``alpha = alpha(z)``, ``Delta rho_ij = (eta_i - eta_j) / alpha``
+    and ``Delta z_ij = z_i - z_j``:
+
+    .. math:: L(z; y) = \sum_{y_i = y_j = 1} \frac{|\Delta\rho_{ij} - \Delta z_{ij}|}{2}
+              + \sum_{y_i = 1, y_j = 0} \max(\Delta\rho_{ij} - \Delta z_{ij}, 0)
+
+    ``rho`` is the output the model should produce, i.e. the target ``eta`` (the README's "the
+    output"): with the model's own output the first sum would vanish on its support. Non-negative;
+    zero iff ``sparsehourglass(z, q) = eta``. A row without a positive label gives 0.
+
+    Args:
+        input: logits ``(C,)``, ``(N, C)`` or ``(N, C, d1, ...)``.
+        target: multi-hot (or any non-negative weights, normalized to ``eta``) of the logits'
+            shape, floating; or class indices (one-hot; ``ignore_index`` applies to them).
+        q: the sparsehourglass parameter, ``q > 0``.
+        reduction: ``'mean'`` | ``'sum'`` | ``'none'``.
+
+    Vectorised over all ordered pairs: O(C^2) memory per row (fine for C up to a few hundred).
+    ``-inf`` logits are left out of ``alpha`` and of every pair; a positive label on a ``-inf``
+    logit gives ``+inf``.
+    """
+    check_param(q, "q", low=0.0, low_inclusive=False)
+    check_reduction(reduction)
+    batch, z, positive, eta = _multilabel_rows(input, target, ignore_index)
+    alpha = hourglass_scale(z, q, dim=1).unsqueeze(2)  # (M, 1, 1)
+    pos_pos, pos_neg, bad_rows = pair_masks(z, positive)
+    z_fin = z.masked_fill(z == float("-inf"), 0.0)  # masked classes are in no pair
+    diff = (eta.unsqueeze(2) - eta.unsqueeze(1)) / alpha - (z_fin.unsqueeze(2) - z_fin.unsqueeze(1))
+    zero = diff.new_zeros(())
+    terms = torch.where(pos_pos, diff.abs() / 2, zero) + torch.where(pos_neg, diff.clamp_min(0), zero)
+    per_row = terms.sum((1, 2)).masked_fill(bad_rows, float("inf"))
+    return reduce_loss(per_row, batch, reduction).to(input.dtype)
+
+
+class SparseHourglassHingeLoss(nn.Module):
+    """Module form of :func:`sparsehourglass_hinge_loss`."""
+
+    def __init__(self, q: float = 1.0, weight: Optional[Tensor] = None, ignore_index: int = -100,
+                 reduction: str = "mean"):
+        super().__init__()
+        check_param(q, "q", low=0.0, low_inclusive=False)
+        check_reduction(reduction)
+        self.q = float(q)
+        self.register_buffer("weight", weight)
+        self.ignore_index = ignore_index
+        self.reduction = reduction
+
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:
+        return sparsehourglass_hinge_loss(input, target, self.q, self.weight, self.ignore_index, self.reduction)
+
+
+class SparseHourglassMultilabelHingeLoss(nn.Module):
+    """Module form of :func:`sparsehourglass_multilabel_hinge_loss`."""
+
+    def __init__(self, q: float = 1.0, reduction: str = "mean", ignore_index: int = -100):
+        super().__init__()
+        check_param(q, "q", low=0.0, low_inclusive=False)
+        check_reduction(reduction)
+        self.q = float(q)
+        self.reduction = reduction
+        self.ignore_index = ignore_index
+
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:
+        return sparsehourglass_multilabel_hinge_loss(input, target, self.q, self.reduction, self.ignore_index)
