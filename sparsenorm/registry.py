@@ -19,7 +19,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from . import evidential, hourglass, rsoftmax, sparsemax
+from . import evidential, hourglass, rsoftmax
+# Imported by name: the attribute ``sparsenorm.sparsemax`` is the function, shadowing its module.
+from .sparsemax import entmax15, entmax_bisect, sparsemax
 from .losses import evidential as ev_losses
 from .losses import fenchel_young, hourglass as hourglass_losses, rsoftmax as r_losses
 
@@ -88,17 +90,17 @@ def _build() -> Dict[str, Normalizer]:
         ),
         Normalizer(
             "sparsemax", "Sparsemax (Martins & Astudillo 2016): Euclidean projection onto the simplex.",
-            sparsemax.sparsemax, sparsemax.sparsemax, None,
+            sparsemax, sparsemax, None,
             fenchel_young.sparsemax_loss, fenchel_young.sparsemax_loss, sparse=True,
         ),
         Normalizer(
             "entmax15", "1.5-entmax (Peters et al. 2019), exact sort-based.",
-            sparsemax.entmax15, sparsemax.entmax15, None,
+            entmax15, entmax15, None,
             fenchel_young.entmax15_loss, fenchel_young.entmax15_loss, sparse=True,
         ),
         Normalizer(
             "entmax_bisect", "alpha-entmax by bisection (default alpha=1.5).",
-            bind(sparsemax.entmax_bisect, alpha=1.5), bind(sparsemax.entmax_bisect, alpha=1.5), None,
+            bind(entmax_bisect, alpha=1.5), bind(entmax_bisect, alpha=1.5), None,
             bind(fenchel_young.entmax_bisect_loss, alpha=1.5), bind(fenchel_young.entmax_bisect_loss, alpha=1.5),
             sparse=True, params={"alpha": 1.5},
         ),
