@@ -27,7 +27,7 @@ import torch
 from torch import Tensor, nn
 from torch.autograd import Function
 
-from ._threshold import entmax15_tau_sort, sparsemax_tau_sort
+from ._threshold import project
 from ._validation import check_floating, check_param, compute_dtype, normalize_dim
 
 __all__ = [
@@ -61,12 +61,6 @@ def _shift_by_max(x: Tensor, dim: int) -> Tensor:
     return x - row_max
 
 
-def _row_threshold(z: Tensor, dim: int, solver, k: Optional[int]) -> Tensor:
-    """Apply a last-dimension threshold solver along ``dim``; returns ``tau`` with ``dim`` kept."""
-    tau = solver(z.movedim(dim, -1), k)
-    return tau.movedim(-1, dim)
-
-
 # ----------------------------------------------------------------------------- sparsemax
 
 class SparsemaxFunction(Function):
@@ -74,26 +68,28 @@ class SparsemaxFunction(Function):
 
     @staticmethod
     def forward(ctx, X: Tensor, dim: int, k: Optional[int]) -> Tensor:
-        z = _shift_by_max(X.to(compute_dtype(X)), dim)
-        tau = _row_threshold(z, dim, sparsemax_tau_sort, k)
-        p = (z - tau).clamp_min_(0)
+        p = project(X.to(compute_dtype(X)), dim, "sparsemax", k)
+        out = p.to(X.dtype)
         ctx.dim = dim
-        ctx.save_for_backward(p)
-        return p.to(X.dtype)
+        ctx.save_for_backward(out)
+        return out
 
     @staticmethod
     def backward(ctx, grad_output: Tensor):
         (p,) = ctx.saved_tensors
-        return _sparsemax_backward(p, grad_output, ctx.dim), None, None
+        return _sparsemax_backward(p, grad_output, ctx.dim).to(p.dtype), None, None
 
 
 def _sparsemax_backward(p: Tensor, g: Tensor, dim: int) -> Tensor:
-    support = p > 0
+    """``s * (g - mean_S g)``; ``s = sign(p)`` is the support indicator as floats (``p >= 0``)."""
+    p = p.to(compute_dtype(p))
     g = g.to(p.dtype)
-    g_on = torch.where(support, g, torch.zeros_like(g))
-    size = support.sum(dim, keepdim=True).clamp_min(1).to(p.dtype)
-    mean_on = g_on.sum(dim, keepdim=True) / size
-    return torch.where(support, g_on - mean_on, torch.zeros_like(g_on))
+    s = torch.sign(p)
+    size = s.sum(dim, keepdim=True).clamp_min_(1)
+    mean_on = torch.linalg.vecdot(g, s, dim=dim).unsqueeze(dim) / size
+    if torch.is_grad_enabled():  # double backward: stay out-of-place
+        return (g - mean_on) * s
+    return (g - mean_on).mul_(s)
 
 
 def sparsemax(X: Tensor, dim: int = -1, k: Optional[int] = None) -> Tensor:
@@ -128,17 +124,16 @@ class Entmax15Function(Function):
 
     @staticmethod
     def forward(ctx, X: Tensor, dim: int, k: Optional[int]) -> Tensor:
-        z = _shift_by_max(X.to(compute_dtype(X)), dim) / 2
-        tau = _row_threshold(z, dim, entmax15_tau_sort, k)
-        p = (z - tau).clamp_min_(0).square_()
+        p = project(X.to(compute_dtype(X)), dim, "entmax15", k)
+        out = p.to(X.dtype)
         ctx.dim = dim
-        ctx.save_for_backward(p)
-        return p.to(X.dtype)
+        ctx.save_for_backward(out)
+        return out
 
     @staticmethod
     def backward(ctx, grad_output: Tensor):
         (p,) = ctx.saved_tensors
-        return _entmax15_backward(p, grad_output, ctx.dim), None, None
+        return _entmax15_backward(p, grad_output, ctx.dim).to(p.dtype), None, None
 
 
 def _safe_sqrt(p: Tensor) -> Tensor:
@@ -151,12 +146,15 @@ def _safe_sqrt(p: Tensor) -> Tensor:
 
 
 def _entmax15_backward(p: Tensor, g: Tensor, dim: int) -> Tensor:
-    gppr = _safe_sqrt(p)
+    """With ``r = sqrt(p)``: ``r * (g - sum(r g) / sum(r))`` (entmax's ``gppr`` form)."""
+    p = p.to(compute_dtype(p))
     g = g.to(p.dtype)
-    dX = g * gppr
-    total = gppr.sum(dim, keepdim=True)
-    q = dX.sum(dim, keepdim=True) / torch.where(total > 0, total, torch.ones_like(total))
-    return dX - q * gppr
+    r = _safe_sqrt(p)
+    total = r.sum(dim, keepdim=True)
+    q = torch.linalg.vecdot(g, r, dim=dim).unsqueeze(dim) / torch.where(total > 0, total, torch.ones_like(total))
+    if torch.is_grad_enabled():
+        return (g - q) * r
+    return (g - q).mul_(r)
 
 
 def entmax15(X: Tensor, dim: int = -1, k: Optional[int] = None) -> Tensor:
