@@ -33,7 +33,6 @@ from typing import Optional, Tuple, Union
 import torch
 from torch import Tensor, nn
 from torch.autograd import Function
-from torch.autograd.function import once_differentiable
 
 from ._validation import check_floating, check_param, compute_dtype, normalize_dim
 
@@ -89,10 +88,13 @@ def _weighted_softmax(x: Tensor, tau: Tensor, m: Tensor) -> Tuple[Tensor, Tensor
     return p, e
 
 
-def _finite_row_max(x: Tensor) -> Tuple[Tensor, Tensor]:
-    """Row max (keepdim) with -inf (row without a valid entry) replaced by 0, and its index."""
-    m, idx = x.max(-1, keepdim=True)
-    return m.masked_fill(m == float("-inf"), 0.0), idx
+def _finite_row_max(x: Tensor) -> Tensor:
+    """Row max (keepdim) with -inf (row without a valid entry) replaced by 0.
+
+    ``amax`` rather than ``max(dim)``: the latter also builds indices and is much slower on CPU.
+    """
+    m = x.amax(-1, keepdim=True)
+    return m.masked_fill(m == float("-inf"), 0.0)
 
 
 def _backward_common(g: Tensor, p: Tensor, e: Tensor) -> Tuple[Tensor, Tensor]:
@@ -104,8 +106,22 @@ def _backward_common(g: Tensor, p: Tensor, e: Tensor) -> Tuple[Tensor, Tensor]:
     return grad, c
 
 
-def _sum_to(grad: Tensor, like: Tensor) -> Tensor:
-    return grad.sum_to_size(like.shape) if grad.shape != like.shape else grad
+def _first_order_only(backward):
+    """Raise a clear error for double backward (``create_graph=True``) instead of a silent wrong answer.
+
+    The closed-form backward uses ``e = p / w``, which is not an output of the forward, so a
+    second derivative through it would miss terms; refusing is the honest option.
+    """
+
+    def wrapped(ctx, *grads):
+        if torch.is_grad_enabled():
+            raise RuntimeError(
+                "t_softmax/r_softmax support first derivatives only: double backward "
+                "(create_graph=True) is not implemented"
+            )
+        return backward(ctx, *grads)
+
+    return wrapped
 
 
 # --------------------------------------------------------------------------------------------
@@ -116,14 +132,15 @@ class TSoftmaxFunction(Function):
 
     @staticmethod
     def forward(ctx, x: Tensor, t: Union[float, Tensor]) -> Tensor:
-        m, argmax = _finite_row_max(x)
+        m = _finite_row_max(x)
+        argmax = x.argmax(-1, keepdim=True)
         p, e = _weighted_softmax(x, m - t, m)
         ctx.t_shape = t.shape if isinstance(t, Tensor) else None
         ctx.save_for_backward(p, e, argmax)
         return p
 
     @staticmethod
-    @once_differentiable
+    @_first_order_only
     def backward(ctx, g: Tensor):
         p, e, argmax = ctx.saved_tensors
         grad, c = _backward_common(g, p, e)
@@ -155,7 +172,7 @@ def t_softmax(x: Tensor, t: Param, dim: int = -1) -> Tensor:
     zero gradient; NaN in a row gives NaN in that row; float16/bfloat16 are computed in float32
     and returned in the input dtype. ``t <= 0`` (or NaN) raises ``ValueError``; a non-floating
     ``x`` raises ``TypeError``. Backward is closed-form (module docstring); double backward
-    raises a clear error (``once_differentiable``).
+    raises a clear ``RuntimeError``.
     """
     check_floating(x, "x")
     check_param(t, "t", low=0.0, low_inclusive=False)
@@ -163,12 +180,11 @@ def t_softmax(x: Tensor, t: Param, dim: int = -1) -> Tensor:
         x_work = x.reshape(1)
         return t_softmax(x_work, t, 0).reshape(())
     dim = normalize_dim(x, dim)
-    t = _move_param(t, x, dim)
-    xl = x.movedim(dim, -1)
-    xc = xl.to(compute_dtype(x))
-    tt = _row_param(t, xc, "t")
-    out = TSoftmaxFunction.apply(xc, tt)
-    return out.to(x.dtype).movedim(-1, dim)
+    last = dim == x.dim() - 1
+    xc = (x if last else x.movedim(dim, -1)).to(compute_dtype(x))
+    tt = _row_param(t if last else _move_param(t, x, dim), xc, "t")
+    out = TSoftmaxFunction.apply(xc, tt).to(x.dtype)
+    return out if last else out.movedim(-1, dim)
 
 
 # --------------------------------------------------------------------------------------------
@@ -226,7 +242,8 @@ def _quantile_threshold(x: Tensor, r: Union[float, Tensor], need_hi: bool):
         above = x > x_lo
         n_le = n - above.sum(-1, keepdim=True)
         tied = n_le >= k_lo + 2
-        x_hi, hi_idx = x.masked_fill(~above, float("inf")).min(-1, keepdim=True)
+        hi_idx = x.masked_fill(~above, float("inf")).argmin(-1, keepdim=True)
+        x_hi = x.gather(-1, hi_idx)
         last = k_lo >= n - 1  # lo is the last rank: hi = lo
         keep_lo = tied | last
         x_hi = torch.where(keep_lo, x_lo, x_hi)
@@ -275,14 +292,14 @@ class RSoftmaxFunction(Function):
     def forward(ctx, x: Tensor, r: Union[float, Tensor]) -> Tensor:
         r_grad = bool(ctx.needs_input_grad[1])
         tau, lo_idx, hi_idx, frac, gap = _quantile_threshold(x, r, need_hi=r_grad)
-        m, _ = _finite_row_max(x)
+        m = _finite_row_max(x)
         p, e = _weighted_softmax(x, tau, m)
         # tau >= max: every weight is 0 (r = 1, n = 1, or the quantile tied with the max).
         # Defined as the r -> 1 limit: uniform over the arg-max entries (one-hot if unique),
         # with zero gradient (the output is locally constant there).
         degenerate = (tau >= m) & torch.isfinite(tau)
         if bool(degenerate.any()):
-            ties = (x == m) & degenerate
+            ties = ((x == m) & degenerate).to(x.dtype)
             p = torch.where(degenerate, ties / ties.sum(-1, keepdim=True).clamp_min(1), p)
         else:
             degenerate = None
@@ -292,7 +309,7 @@ class RSoftmaxFunction(Function):
         return p
 
     @staticmethod
-    @once_differentiable
+    @_first_order_only
     def backward(ctx, g: Tensor):
         p, e, lo_idx, hi_idx, frac, gap, degenerate = ctx.saved_tensors
         grad, c = _backward_common(g, p, e)
@@ -338,19 +355,18 @@ def r_softmax(x: Tensor, r: Param, dim: int = -1) -> Tensor:
     is exact and the gradient flows through the quantile.) A row with no finite entry returns
     zeros with zero gradient; NaN in a row gives NaN in that row; float16/bfloat16 are computed
     in float32 and returned in the input dtype. ``r`` outside ``[0, 1]`` raises ``ValueError``;
-    a non-floating ``x`` raises ``TypeError``. Double backward raises a clear error.
+    a non-floating ``x`` raises ``TypeError``. Double backward (``create_graph=True``) raises a clear ``RuntimeError``.
     """
     check_floating(x, "x")
     check_param(r, "r", low=0.0, high=1.0)
     if x.dim() == 0:
         return r_softmax(x.reshape(1), r, 0).reshape(())
     dim = normalize_dim(x, dim)
-    r = _move_param(r, x, dim)
-    xl = x.movedim(dim, -1)
-    xc = xl.to(compute_dtype(x))
-    rr = _row_param(r, xc, "r")
-    out = RSoftmaxFunction.apply(xc, rr)
-    return out.to(x.dtype).movedim(-1, dim)
+    last = dim == x.dim() - 1
+    xc = (x if last else x.movedim(dim, -1)).to(compute_dtype(x))
+    rr = _row_param(r if last else _move_param(r, x, dim), xc, "r")
+    out = RSoftmaxFunction.apply(xc, rr).to(x.dtype)
+    return out if last else out.movedim(-1, dim)
 
 
 # --------------------------------------------------------------------------------------------
