@@ -204,7 +204,8 @@ class EntmaxBisectFunction(Function):
     def forward(ctx, X: Tensor, alpha: Tensor, dim: int, n_iter: int, ensure_sum_one: bool) -> Tensor:
         dtype = compute_dtype(X)
         a = _expand_alpha(alpha, X, dim, dtype)
-        p = _entmax_bisect_forward(_shift_by_max(X.to(dtype), dim), a, dim, n_iter, ensure_sum_one)
+        z = _shift_by_max(X.to(dtype), dim) if X.numel() else X.to(dtype)
+        p = _entmax_bisect_forward(z, a, dim, n_iter, ensure_sum_one)
         ctx.dim = dim
         ctx.alpha_shape = alpha.shape if isinstance(alpha, Tensor) else None
         ctx.save_for_backward(p, a)
@@ -244,6 +245,8 @@ class EntmaxBisectFunction(Function):
 
 def _entmax_bisect_forward(z: Tensor, a: Tensor, dim: int, n_iter: int, ensure_sum_one: bool) -> Tensor:
     """``z`` is shifted so each row's maximum is 0 (or all -inf); ``a`` is alpha per row."""
+    if z.numel() == 0:
+        return z.clone()
     d = z.shape[dim]
     softmax_rows = a == 1
     a_b = torch.where(softmax_rows, torch.full_like(a, 2.0), a)  # placeholder on softmax rows
@@ -277,6 +280,11 @@ class SparsemaxBisectFunction(Function):
     @staticmethod
     def forward(ctx, X: Tensor, dim: int, n_iter: int, ensure_sum_one: bool) -> Tensor:
         dtype = compute_dtype(X)
+        if X.numel() == 0:
+            ctx.dim = dim
+            out = X.new_zeros(X.shape)
+            ctx.save_for_backward(out)
+            return out
         z = _shift_by_max(X.to(dtype), dim)
         d = z.shape[dim]
         shape = list(z.shape)
