@@ -74,7 +74,13 @@ def sparsehourglass(x: Tensor, q: Param = 1.0, dim: int = -1) -> Tensor:
     if isinstance(q, Tensor):
         q = q.to(device=z.device, dtype=z.dtype)
     alpha = hourglass_scale(z, q, dim)
-    scaled = z * alpha  # -inf * alpha (> 0) stays -inf
+    neg_inf = z == float("-inf")
+    if bool(neg_inf.any()):
+        # -inf stays -inf, but multiply finite values only: d(z * alpha)/d alpha = z would put
+        # 0 * -inf = NaN into alpha's gradient.
+        scaled = (z.masked_fill(neg_inf, 0.0) * alpha).masked_fill(neg_inf, float("-inf"))
+    else:
+        scaled = z * alpha
     return sparsemax(scaled, dim=dim).to(x.dtype)
 
 
