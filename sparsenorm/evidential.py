@@ -16,9 +16,9 @@ Shared conventions (every function here):
 * A row with no valid entry returns all zeros (``log_ev_softmax_train``: all ``-inf``) with a zero
   gradient. NaN in a row gives NaN in that row only (``+inf`` too, as for ``torch.softmax``).
 * float16/bfloat16 are computed in float32 and returned in the input dtype.
-* The threshold is ``min(mean, max)`` of the valid entries: the exact mean never exceeds the
-  maximum, but the floating-point mean of equal entries can, by rounding; capping it keeps ties
-  (``>=``, Eq. 7) for all-equal rows, so they give the uniform distribution.
+* Ties with the mean are kept (``>=``, Eq. 7). The exact mean never exceeds the maximum, but the
+  floating-point mean of equal entries can, by rounding: such a row (all entries equal up to
+  rounding) is treated as all ties, so all-equal entries give the uniform distribution.
 
 Implementation: ev-softmax is ``softmax`` of ``x - threshold`` with the entries below the
 threshold set to ``-inf``, and Eq. 10 is ``softmax(x + log(1{x >= threshold} + eps))``; the shift is piecewise constant, so the backward
@@ -42,26 +42,27 @@ _NEG_INF = float("-inf")
 # ----------------------------------------------------------------------------------------------
 # Support threshold
 # ----------------------------------------------------------------------------------------------
-def _threshold(x: Tensor, dim: int) -> Tuple[Tensor, Optional[Tensor]]:
-    """``min(mean, max)`` over the valid (non ``-inf``) entries of each row, and the empty rows.
+def _threshold(x: Tensor, dim: int, cap: bool = False) -> Tuple[Tensor, Optional[Tensor]]:
+    """The support threshold of each row, and the rows with no valid entry.
 
-    Fast path (no ``-inf``, ``+inf`` or NaN anywhere): one ``mean`` and one ``amax``; the finiteness
-    check runs on the per-row means only, never on ``x``. A ``-inf`` entry makes its row's mean
-    ``-inf`` (or NaN with ``+inf``), which sends the whole call to the masked path. Returns
-    ``empty`` (bool, keepdim) on the masked path, else None.
+    Fast path (no ``-inf``, ``+inf`` or NaN anywhere): the row mean, from one ``mean`` pass; the
+    finiteness check runs on the per-row means only, never on ``x``. With ``cap`` the threshold
+    is ``min(mean, max)``, so that rounding of the mean can never leave a row without support.
+    A ``-inf`` entry makes its row's mean ``-inf`` (or NaN with ``+inf``), which sends the whole
+    call to the masked path: ``min(mean, max)`` over the valid (non ``-inf``) entries, and
+    ``empty`` (bool, keepdim) marking rows with none; ``empty`` is None on the fast path.
     """
     if x.shape[dim] == 0:  # no classes: nothing to threshold (amax refuses empty dims)
         return x.new_zeros(x.shape[:dim] + (1,) + x.shape[dim + 1:]), None
     mean = x.mean(dim, keepdim=True)
-    row_max = x.amax(dim, keepdim=True)
     if x.numel() == 0 or bool(torch.isfinite(mean).all()):
-        return torch.minimum(mean, row_max), None
+        return (torch.minimum(mean, x.amax(dim, keepdim=True)) if cap else mean), None
     valid = x != _NEG_INF  # NaN counts as valid, so it reaches the row's mean and output
     count = valid.sum(dim, keepdim=True)
     total = x.masked_fill(~valid, 0.0).sum(dim, keepdim=True)
     empty = count == 0
     mean = total / count.clamp_min(1).to(x.dtype)
-    return torch.minimum(mean, row_max), empty
+    return torch.minimum(mean, x.amax(dim, keepdim=True)), empty
 
 
 def _prepare(x: Tensor, dim: int, mask: Optional[Tensor], name: str = "x") -> Tuple[Tensor, int]:
@@ -80,20 +81,28 @@ def _check_eps(eps: float) -> None:
         raise ValueError(f"eps must be finite, got {eps}")
 
 
-def _support_logits(x: Tensor, dim: int) -> Tuple[Tensor, Optional[Tensor]]:
-    """A new tensor ``x - threshold`` on the support and ``-inf`` off it (its softmax is Eq. 7).
+def _support_logits(x: Tensor, dim: int, exact_zero_log: bool = False) -> Tuple[Tensor, Optional[Tensor]]:
+    """A new tensor ``x - threshold`` on the support and a fill value off it (its softmax is Eq. 7).
 
     Centering first lets one scalar-threshold kernel decide ``x >= threshold``: the difference of
     two floats is 0 exactly when they are equal (gradual underflow), so ``c >= 0`` is
-    ``c > -(smallest subnormal)``. This avoids boolean temporaries, which are several times slower
-    than float ones on CPU.
+    ``c > -(smallest subnormal)``. This avoids boolean temporaries, which are several times
+    slower than float ones on CPU.
+
+    The fill is ``-inf`` on the masked path and where ``exact_zero_log`` asks for log 0 = ``-inf``
+    (both use the capped threshold, so no row loses its support). Otherwise it is the most
+    negative finite number, whose softmax weight is exactly 0 next to any kept entry; should
+    rounding put the mean above every entry of a row (all entries equal up to rounding), the
+    whole row is filled and its softmax is uniform, i.e. all entries count as ties. This saves
+    the ``amax`` pass of the capped threshold.
     """
-    thr, empty = _threshold(x, dim)
+    thr, empty = _threshold(x, dim, cap=exact_zero_log)
+    fill = _NEG_INF if (exact_zero_log or empty is not None) else torch.finfo(x.dtype).min
     # A contiguous buffer of our own: the softmax is then computed in place in it (see
-    # _finish_softmax), which needs contiguous memory.
+    # _softmax_into), which needs contiguous memory.
     c = torch.sub(x, thr, out=torch.empty(x.shape, dtype=x.dtype, device=x.device))
     tiny = torch.finfo(c.dtype)
-    F.threshold_(c, -tiny.smallest_normal * tiny.eps, _NEG_INF)
+    F.threshold_(c, -tiny.smallest_normal * tiny.eps, fill)
     return c, empty
 
 
@@ -103,7 +112,9 @@ def _train_logits(x: Tensor, dim: int, eps: float) -> Tuple[Tensor, Optional[Ten
     subtracted from all entries, which softmax ignores.)
     """
     if eps == 0.0:
-        return _support_logits(x, dim)
+        return _support_logits(x, dim, exact_zero_log=True)
+    # Uncapped mean: if rounding puts it above every entry, every entry is shifted alike and the
+    # row is uniform, i.e. all entries count as ties.
     thr, empty = _threshold(x, dim)
     off_support = torch.empty(x.shape, dtype=x.dtype, device=x.device)  # contiguous, ours
     torch.lt(x, thr, out=off_support)  # 1.0 / 0.0 as floats: fast kernels, reused as the output
@@ -208,8 +219,8 @@ def ev_softmax(x: Tensor, dim: int = -1, mask: Optional[Tensor] = None) -> Tenso
     r"""Evidential softmax, Eq. 7: ``p_k ∝ 1{x_k >= mean(x)} exp(x_k)``.
 
     The mean is over the valid entries of the row only (``-inf`` and ``mask == False`` entries
-    are excluded and get probability 0). Ties with the mean are kept (``>=``); the threshold is
-    ``min(mean, max)`` so rounding in the mean can never empty a row. K = 1 gives 1, all-equal
+    are excluded and get probability 0). Ties with the mean are kept (``>=``); rounding in the
+    mean can never empty a row (see the module notes). K = 1 gives 1, all-equal
     entries the uniform distribution, K = 2 the one-hot argmax (a tie gives (1/2, 1/2)).
 
     Gradient (Eq. 9): ``∂p_i/∂x_j = p_i (δ_ij - p_j)``, i.e. softmax's Jacobian on the support
