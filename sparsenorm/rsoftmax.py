@@ -9,12 +9,13 @@ Both are a *weighted softmax* ``p_i = w_i exp(x_i) / sum_j w_j exp(x_j)`` with t
   linearly interpolated quantile of the row (the paper's definition, the same as
   ``torch.quantile(..., interpolation="linear")``).
 
-Layering: :func:`_quantile_threshold` selects the quantile with ``torch.kthvalue`` (O(n)
-selection, no full sort); :func:`_weighted_softmax` evaluates the weighted softmax; the
-``autograd.Function`` classes save the output ``p`` plus ``e = p / w`` (the Jacobian has
-``1 / w_i`` terms, so one tensor beyond the output is unavoidable) and per-row scalars, and apply
-the closed-form backward below; :func:`t_softmax` / :func:`r_softmax` validate and wrap; the
-modules :class:`TSoftmax` / :class:`RSoftmax` store ``dim`` and the parameter.
+Layering: :func:`_order_statistics` selects the two order statistics the quantile interpolates
+with ``torch.topk`` on the shorter side of the rank (selection, no full sort); :func:`_weighted_softmax`
+evaluates the weighted softmax; the ``autograd.Function`` classes save the output ``p`` plus one
+tensor ``s = p + e`` with ``e = p / w`` (the Jacobian has ``1 / w_i`` terms, so one tensor beyond
+the output is unavoidable) and per-row indices, and apply the closed-form backward below;
+:func:`t_softmax` / :func:`r_softmax` validate and wrap; the modules :class:`TSoftmax` /
+:class:`RSoftmax` store ``dim`` and the parameter.
 
 Closed-form backward. With ``e_i = exp(x_i) / sum_j w_j exp(x_j)`` on the support (0 off it),
 ``<g, p> = sum_i g_i p_i`` and ``C = -sum_i e_i (g_i - <g, p>)``::
@@ -25,12 +26,16 @@ Closed-form backward. With ``e_i = exp(x_i) / sum_j w_j exp(x_j)`` on the suppor
 
 where ``d tau / d x`` is the indicator of the arg-max (t-softmax) or puts ``1 - frac`` on the
 order statistic ``x_(lo)`` and ``frac`` on ``x_(hi)`` (r-softmax; ``lo = floor(r (n - 1))``).
+Since ``sum_j p_j (g_j - <g, p>) = 0``, ``C = -sum_j (p_j + e_j)(g_j - <g, p>)``: the backward is
+one dot product, one multiply and one sum, about softmax's cost.
 """
 from __future__ import annotations
 
+import math
 from typing import Optional, Tuple, Union
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.autograd import Function
 
@@ -74,36 +79,55 @@ def _move_param(value: Param, x: Tensor, dim: int) -> Param:
 
 
 def _weighted_softmax(x: Tensor, tau: Tensor, m: Tensor) -> Tuple[Tensor, Tensor]:
-    """``p = w exp(x) / sum(w exp(x))`` with ``w = relu(x - tau)``, and ``e = p / w`` (0 where w = 0).
+    """``p = w exp(x) / sum(w exp(x))`` with ``w = relu(x - tau)``, and ``s = p + e`` (``e = p / w``, 0 off the support).
 
-    ``m`` is the row max (finite; 0 for rows without a valid entry, which give ``p = e = 0``).
+    ``m`` is the row max. Rows where every weight is 0 (no valid entry: ``m = -inf``; or
+    ``tau >= max``) get the uniform distribution over their arg-max entries, which is the limit
+    ``tau -> max`` from below (``r -> 1``; Theorem 1's one-hot for small ``t``), and ``s = 0``,
+    so a zero gradient (the output is locally constant there); rows with no valid entry give 0.
+    Two full-size float allocations and one bool; the rest is in place.
+
+    ``exp(x - m)`` is evaluated with its argument clamped at ``log(tiny)`` of the dtype (about
+    -87 in float32): CPU ``exp`` is 15-70x slower on inputs that underflow (or are ``-inf``), and
+    entries that far below the max have probabilities below the dtype's normal range anyway.
     """
-    w = (x - tau).clamp_min_(0)
-    ex = torch.exp(x - m)
-    num = w * ex
+    finite_m = m.masked_fill(m == float("-inf"), 0.0)
+    u = x - tau
+    ex = (x - finite_m).clamp_min_(_LOG_TINY[x.dtype]).exp_().masked_fill_(u <= 0, 0.0)
+    num = u.clamp_min_(0).mul_(ex)
     z = num.sum(-1, keepdim=True)
-    z = z.masked_fill_(z == 0, 1.0)  # only rows with no valid entry: p = 0 there, not 0/0
+    dead = z == 0
+    z = z.masked_fill_(dead, 1.0)
     p = num.div_(z)
-    e = ex.masked_fill_(w == 0, 0.0).div_(z)
-    return p, e
+    s = ex.div_(z).add_(p)
+    dead &= m > float("-inf")  # a row with a valid entry but no weight: the arg-max limit
+    if bool(dead.any()):
+        ties = ((x == m) & dead).to(p.dtype)
+        p = torch.where(dead, ties / ties.sum(-1, keepdim=True).clamp_min(1), p)
+    return p, s
 
 
-def _finite_row_max(x: Tensor) -> Tensor:
-    """Row max (keepdim) with -inf (row without a valid entry) replaced by 0.
-
-    ``amax`` rather than ``max(dim)``: the latter also builds indices and is much slower on CPU.
-    """
-    m = x.amax(-1, keepdim=True)
-    return m.masked_fill(m == float("-inf"), 0.0)
+_LOG_TINY = {dtype: math.log(torch.finfo(dtype).tiny) + 1.0 for dtype in (torch.float32, torch.float64)}
 
 
-def _backward_common(g: Tensor, p: Tensor, e: Tensor) -> Tuple[Tensor, Tensor]:
-    """``(p + e)(g - <g, p>)`` and ``C = -sum e (g - <g, p>)`` for the closed-form backward."""
-    centred = g - (g * p).sum(-1, keepdim=True)
-    e_part = e * centred
-    c = -e_part.sum(-1, keepdim=True)
-    grad = centred.mul_(p).add_(e_part)
-    return grad, c
+def _row_max(x: Tensor) -> Tensor:
+    """Row max (keepdim). ``amax``, not ``max(dim)``, which also builds indices and is much slower on CPU."""
+    return x.amax(-1, keepdim=True)
+
+
+def _row_max_and_argmax(x: Tensor) -> Tuple[Tensor, Tensor]:
+    """Row max and its index. One ``max(dim)`` pass for large inputs; ``amax`` + ``argmax`` for
+    small ones, where ``max(dim)``'s parallel path has a large fixed cost on a busy CPU."""
+    if x.numel() >= 1 << 16:
+        return x.max(-1, keepdim=True)
+    return x.amax(-1, keepdim=True), x.argmax(-1, keepdim=True)
+
+
+def _backward_common(g: Tensor, p: Tensor, s: Tensor) -> Tuple[Tensor, Tensor]:
+    """``(p + e)(g - <g, p>)`` and ``C = -sum (p + e)(g - <g, p>)`` (see the module docstring)."""
+    gp = torch.linalg.vecdot(g, p).unsqueeze(-1)
+    grad = (g - gp).mul_(s)
+    return grad, grad.sum(-1, keepdim=True).neg_()
 
 
 def _first_order_only(backward):
@@ -132,18 +156,18 @@ class TSoftmaxFunction(Function):
 
     @staticmethod
     def forward(ctx, x: Tensor, t: Union[float, Tensor]) -> Tensor:
-        m = _finite_row_max(x)
-        argmax = x.argmax(-1, keepdim=True)
-        p, e = _weighted_softmax(x, m - t, m)
+        m, argmax = _row_max_and_argmax(x)
+        tau = (m - t).masked_fill(m == float("-inf"), float("inf"))  # +inf: a row with no valid entry
+        p, s = _weighted_softmax(x, tau, m)  # t below max(x)'s resolution: the one-hot limit
         ctx.t_shape = t.shape if isinstance(t, Tensor) else None
-        ctx.save_for_backward(p, e, argmax)
+        ctx.save_for_backward(p, s, argmax)
         return p
 
     @staticmethod
     @_first_order_only
     def backward(ctx, g: Tensor):
-        p, e, argmax = ctx.saved_tensors
-        grad, c = _backward_common(g, p, e)
+        p, s, argmax = ctx.saved_tensors
+        grad, c = _backward_common(g, p, s)
         grad.scatter_add_(-1, argmax, c)  # d tau / d x = indicator of the arg-max
         grad_t = None
         if ctx.t_shape is not None and ctx.needs_input_grad[1]:
@@ -190,99 +214,75 @@ def t_softmax(x: Tensor, t: Param, dim: int = -1) -> Tensor:
 # --------------------------------------------------------------------------------------------
 # r-softmax
 # --------------------------------------------------------------------------------------------
-def _quantile_threshold(x: Tensor, r: Union[float, Tensor], need_hi: bool):
+def _order_statistics(x: Tensor, rank: Union[int, Tensor]):
+    """Values and indices of the order statistics ``x_(rank)`` and ``x_(rank + 1)`` of each row.
+
+    ``rank`` is 0-based ascending (an int shared by all rows, or a ``(..., 1)`` long tensor);
+    ``rank + 1`` is clamped to ``n - 1``. Uses ``torch.topk`` from whichever end of the row is
+    nearer: O(n) selection per row, no full sort.
+    """
+    n = x.shape[-1]
+    if isinstance(rank, int):
+        if rank >= n - 1:
+            idx = x.argmax(-1, keepdim=True)
+            v = x.gather(-1, idx)
+            return v, v, idx, idx
+        if rank + 2 <= n - rank:  # the rank + 2 smallest; the two largest of them
+            vals, ids = torch.topk(x, rank + 2, -1, largest=False, sorted=False)
+            two, j = torch.topk(vals, 2, -1, largest=True, sorted=True)
+            hi, lo = two.split(1, -1)
+            hi_idx, lo_idx = ids.gather(-1, j).split(1, -1)
+        else:  # the n - rank largest; the two smallest of them
+            vals, ids = torch.topk(x, n - rank, -1, largest=True, sorted=False)
+            two, j = torch.topk(vals, 2, -1, largest=False, sorted=True)
+            lo, hi = two.split(1, -1)
+            lo_idx, hi_idx = ids.gather(-1, j).split(1, -1)
+        return lo, hi, lo_idx, hi_idx
+    rank_hi = (rank + 1).clamp_(max=n - 1)
+    k_small = int(rank_hi.max()) + 1
+    k_large = n - int(rank.min())
+    if k_small <= k_large:
+        vals, ids = torch.topk(x, k_small, -1, largest=False, sorted=True)
+        pos_lo, pos_hi = rank, rank_hi
+    else:  # descending: rank rho sits at position n - 1 - rho
+        vals, ids = torch.topk(x, k_large, -1, largest=True, sorted=True)
+        pos_lo, pos_hi = n - 1 - rank, n - 1 - rank_hi
+    return vals.gather(-1, pos_lo), vals.gather(-1, pos_hi), ids.gather(-1, pos_lo), ids.gather(-1, pos_hi)
+
+
+def _quantile_threshold(x: Tensor, r: Union[float, Tensor]):
     """The paper's linear-interpolated ``quantile(x, r)`` over the finite entries of each row.
 
     ``-inf`` entries are "not there": the quantile is over the ``n_valid`` other entries, so
-    ``r`` is the fraction of zeros among them. Uses ``torch.kthvalue`` (selection, no sort).
-
-    Returns ``(tau, lo_idx, hi_idx, frac, gap)`` (all with a trailing dim of 1): the threshold,
-    the indices of the order statistics ``x_(lo)`` and ``x_(hi)`` it interpolates, the weight
-    ``frac`` of ``x_(hi)``, and ``(n_valid - 1)(x_(hi) - x_(lo))`` = ``d tau / d r`` (or None).
+    ``r`` is the fraction of zeros among them (they rank first, so the rank is shifted by their
+    count). Returns ``(tau, lo_idx, hi_idx, frac, dtau_dr)``: the threshold (``+inf`` for a row
+    without a valid entry), the indices of ``x_(lo)`` and ``x_(hi)``, the weight ``frac`` of
+    ``x_(hi)`` and ``d tau / d r = (n_valid - 1)(x_(hi) - x_(lo))``.
     """
     n = x.shape[-1]
-    neg_inf = x == float("-inf")
-    has_masked = bool(neg_inf.any())
-    if has_masked:
-        n_valid = n - neg_inf.sum(-1, keepdim=True)
-        n_invalid = n - n_valid
-    else:
-        n_valid = n_invalid = None
-
-    if n_valid is None and not isinstance(r, Tensor):
+    has_masked = bool((x.amin(-1) == float("-inf")).any())
+    if not has_masked and not isinstance(r, Tensor):
         pos = r * (n - 1)
-        lo = min(int(pos), n - 1)
+        rank = min(int(pos), n - 1)
+        frac: Union[float, Tensor] = pos - rank
+        n_valid_m1: Union[int, Tensor] = n - 1
+    else:
+        n_valid = n - torch.isneginf(x).sum(-1, keepdim=True) if has_masked else torch.full_like(x[..., :1], n, dtype=torch.long)
+        n_valid_m1 = (n_valid - 1).clamp_min(0).to(x.dtype)
+        pos = (r * n_valid_m1).expand(x.shape[:-1] + (1,))
+        lo = pos.floor()
         frac = pos - lo
-        k_lo = torch.full(x.shape[:-1] + (1,), lo, dtype=torch.long, device=x.device)
-        frac_t: Union[float, Tensor] = frac
-        scalar_k = lo
-    else:
-        nv = n_valid.to(x.dtype) if n_valid is not None else torch.full_like(x[..., :1], n)
-        pos = r * (nv - 1).clamp_min(0)
-        if isinstance(pos, Tensor):
-            pos = pos.expand(x.shape[:-1] + (1,))
-        lo_f = pos.floor()
-        frac_t = pos - lo_f
-        k_lo = lo_f.long()
-        if n_invalid is not None:
-            k_lo = k_lo + n_invalid
-        k_lo = k_lo.clamp_(0, n - 1)
-        uniq = torch.unique(k_lo)
-        scalar_k = int(uniq[0]) if uniq.numel() == 1 else None
-
-    # x_(lo): the (k_lo + 1)-th smallest entry of the row (-inf entries rank first).
-    if scalar_k is not None:
-        x_lo, lo_idx = torch.kthvalue(x, scalar_k + 1, -1, keepdim=True)
-    else:
-        x_lo, lo_idx = _kthvalue_per_row(x, k_lo)
-
-    need_hi = need_hi or not (isinstance(frac_t, float) and frac_t == 0.0)
-    if need_hi:
-        # x_(lo+1): equal to x_(lo) if x_(lo) is tied past rank lo, else the smallest entry above it.
-        above = x > x_lo
-        n_le = n - above.sum(-1, keepdim=True)
-        tied = n_le >= k_lo + 2
-        hi_idx = x.masked_fill(~above, float("inf")).argmin(-1, keepdim=True)
-        x_hi = x.gather(-1, hi_idx)
-        last = k_lo >= n - 1  # lo is the last rank: hi = lo
-        keep_lo = tied | last
-        x_hi = torch.where(keep_lo, x_lo, x_hi)
-        hi_idx = torch.where(keep_lo, lo_idx, hi_idx)
-        tau = torch.lerp(x_lo, x_hi, frac_t)
-    else:
-        x_hi, hi_idx = x_lo, lo_idx
-        tau = x_lo
-    if n_valid is None:
-        gap = (x_hi - x_lo) * (n - 1)
-    else:
-        gap = (x_hi - x_lo) * (n_valid - 1).clamp_min(0).to(x.dtype)
+        rank = (lo.long() + (n - n_valid)).clamp_(0, n - 1)
+        if rank.numel() and bool((rank == rank.reshape(-1)[0]).all()):
+            rank = int(rank.reshape(-1)[0])  # one shared rank: the faster unsorted path
+    x_lo, x_hi, lo_idx, hi_idx = _order_statistics(x, rank)
+    tau = torch.lerp(x_lo, x_hi, frac)
+    dtau_dr = (x_hi - x_lo) * n_valid_m1
+    if has_masked:
         empty = n_valid == 0
-        # No valid entry: tau = +inf makes every weight 0 (the row returns zeros), no -inf - -inf.
         tau = tau.masked_fill(empty, float("inf"))
-        gap = gap.masked_fill(empty, 0.0)
-    return tau, lo_idx, hi_idx, frac_t, gap
-
-
-def _kthvalue_per_row(x: Tensor, k_lo: Tensor) -> Tuple[Tensor, Tensor]:
-    """``kthvalue`` with a different (0-based) rank per row: grouped by rank, or one sort if many."""
-    n = x.shape[-1]
-    x2 = x.reshape(-1, n)
-    k2 = k_lo.reshape(-1)
-    uniq = torch.unique(k2)
-    if uniq.numel() > 8:
-        values, indices = torch.sort(x2, -1)
-        v = values.gather(-1, k2.unsqueeze(-1))
-        i = indices.gather(-1, k2.unsqueeze(-1))
-    else:
-        v = x2.new_empty(x2.shape[0], 1)
-        i = torch.empty(x2.shape[0], 1, dtype=torch.long, device=x.device)
-        for k in uniq.tolist():
-            rows = (k2 == k).nonzero().squeeze(-1)
-            vk, ik = torch.kthvalue(x2[rows], k + 1, -1, keepdim=True)
-            v[rows] = vk
-            i[rows] = ik
-    shape = x.shape[:-1] + (1,)
-    return v.reshape(shape), i.reshape(shape)
+        dtau_dr = dtau_dr.masked_fill(empty, 0.0)
+    return tau, lo_idx, hi_idx, frac, dtau_dr
 
 
 class RSoftmaxFunction(Function):
@@ -290,36 +290,25 @@ class RSoftmaxFunction(Function):
 
     @staticmethod
     def forward(ctx, x: Tensor, r: Union[float, Tensor]) -> Tensor:
-        r_grad = bool(ctx.needs_input_grad[1])
-        tau, lo_idx, hi_idx, frac, gap = _quantile_threshold(x, r, need_hi=r_grad)
-        m = _finite_row_max(x)
-        p, e = _weighted_softmax(x, tau, m)
-        # tau >= max: every weight is 0 (r = 1, n = 1, or the quantile tied with the max).
-        # Defined as the r -> 1 limit: uniform over the arg-max entries (one-hot if unique),
-        # with zero gradient (the output is locally constant there).
-        degenerate = (tau >= m) & torch.isfinite(tau)
-        if bool(degenerate.any()):
-            ties = ((x == m) & degenerate).to(x.dtype)
-            p = torch.where(degenerate, ties / ties.sum(-1, keepdim=True).clamp_min(1), p)
-        else:
-            degenerate = None
+        tau, lo_idx, hi_idx, frac, dtau_dr = _quantile_threshold(x, r)
+        # tau >= max (r = 1, n = 1, or the quantile tied with the max) makes every weight 0:
+        # _weighted_softmax then returns the r -> 1 limit, uniform over the arg-max entries.
+        p, s = _weighted_softmax(x, tau, _row_max(x))
         ctx.r_shape = r.shape if isinstance(r, Tensor) else None
         frac_t = frac if isinstance(frac, Tensor) else torch.full_like(tau, frac)
-        ctx.save_for_backward(p, e, lo_idx, hi_idx, frac_t, gap, degenerate)
+        ctx.save_for_backward(p, s, lo_idx, hi_idx, frac_t, dtau_dr)
         return p
 
     @staticmethod
     @_first_order_only
     def backward(ctx, g: Tensor):
-        p, e, lo_idx, hi_idx, frac, gap, degenerate = ctx.saved_tensors
-        grad, c = _backward_common(g, p, e)
-        if degenerate is not None:
-            grad = grad.masked_fill_(degenerate, 0.0)  # e = 0 there, so c = 0 already
+        p, s, lo_idx, hi_idx, frac, dtau_dr = ctx.saved_tensors
+        grad, c = _backward_common(g, p, s)
         grad.scatter_add_(-1, lo_idx, c * (1 - frac))
         grad.scatter_add_(-1, hi_idx, c * frac)
         grad_r = None
         if ctx.r_shape is not None and ctx.needs_input_grad[1]:
-            grad_r = (c * gap).sum_to_size(ctx.r_shape)
+            grad_r = (c * dtau_dr).sum_to_size(ctx.r_shape)
         return grad, grad_r
 
 
@@ -331,7 +320,7 @@ def r_softmax(x: Tensor, r: Param, dim: int = -1) -> Tensor:
 
     ``quantile`` is the paper's linearly interpolated quantile (``torch.quantile``'s default):
     with ``pos = r (n - 1)``, ``lo = floor(pos)``, it is ``x_(lo) + (pos - lo)(x_(lo+1) - x_(lo))``
-    over the sorted row. It is computed by selection (``torch.kthvalue``), not a full sort.
+    over the sorted row. It is computed by selection (``torch.topk`` from the nearer end), not a full sort.
 
     ``r`` is the sparsity rate: for ``r = k / n`` (``1 <= k < n``) and distinct entries exactly
     ``k`` entries are 0. Note that the formula always zeroes the row minimum, even at ``r = 0``
