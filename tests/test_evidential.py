@@ -275,17 +275,18 @@ def test_eq12_gradient_of_log_train_tends_to_delta_minus_ev_softmax():
 @pytest.mark.parametrize("dim", [0, 1, -1])
 def test_gradcheck_and_gradgradcheck(func, dim):
     torch.manual_seed(2)
-    x = torch.randn(4, 5, 3, dtype=torch.float64, requires_grad=True)
+    x = torch.randn(2, 4, 3, dtype=torch.float64, requires_grad=True)
     kwargs = {} if func is ev_softmax else {"eps": 0.05}
     assert torch.autograd.gradcheck(lambda t: func(t, dim=dim, **kwargs), (x,))
-    assert torch.autograd.gradgradcheck(lambda t: func(t, dim=dim, **kwargs), (x,))
+    # double backward (n^2 numerical differences: a smaller input)
+    assert torch.autograd.gradgradcheck(lambda t: func(t, dim=dim, **kwargs), (x[:, :, :2].detach().requires_grad_(True),))
 
 
 @pytest.mark.parametrize("func", ALL_FUNCS)
 def test_gradcheck_with_mask_and_default_eps(func):
     torch.manual_seed(3)
-    x = torch.randn(3, 6, dtype=torch.float64, requires_grad=True)
-    mask = torch.rand(3, 6) > 0.3
+    x = torch.randn(2, 6, dtype=torch.float64, requires_grad=True)
+    mask = torch.rand(2, 6) > 0.3
     mask[:, 0] = True
 
     def masked_func(t):

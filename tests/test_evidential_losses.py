@@ -151,7 +151,8 @@ def test_nll_gradcheck():
     assert torch.autograd.gradcheck(lambda t: ev_softmax_nll_loss(t, y, eps=0.01, weight=weight), (x,))
     q = torch.softmax(torch.randn(4, 5, 2, dtype=torch.float64), 1)
     assert torch.autograd.gradcheck(lambda t: ev_softmax_nll_loss(t, q, eps=0.01, reduction="sum"), (x,))
-    assert torch.autograd.gradgradcheck(lambda t: ev_softmax_nll_loss(t, y, eps=0.01), (x,))
+    x_small, y_small = x[:2, :, :1].detach().requires_grad_(True), y[:2, :1]
+    assert torch.autograd.gradgradcheck(lambda t: ev_softmax_nll_loss(t, y_small, eps=0.01), (x_small,))
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -230,7 +231,7 @@ def test_kl_default_eps_is_finite_where_probabilities_underflow():
     assert torch.isfinite(a.grad).all() and torch.isfinite(b.grad).all()
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=25, deadline=None)
 @given(arrays(np.float64, (2, 2, 5), elements=st.floats(-20, 20, width=64)))
 def test_kl_nonnegative_and_zero_on_equal_inputs(logits):
     a, b = torch.from_numpy(logits)
@@ -259,8 +260,8 @@ def test_kl_masked_entries():
 
 def test_kl_gradcheck():
     torch.manual_seed(9)
-    a = torch.randn(3, 5, dtype=torch.float64, requires_grad=True)
-    b = torch.randn(3, 5, dtype=torch.float64, requires_grad=True)
+    a = torch.randn(2, 4, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(2, 4, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(lambda s, t: ev_softmax_kl_div(s, t, eps=0.05), (a, b))
     assert torch.autograd.gradgradcheck(lambda s, t: ev_softmax_kl_div(s, t, eps=0.05), (a, b))
 
