@@ -15,15 +15,21 @@ Shared conventions (every function here):
   into softmax.
 * A row with no valid entry returns all zeros (``log_ev_softmax_train``: all ``-inf``) with a zero
   gradient. NaN in a row gives NaN in that row only (``+inf`` too, as for ``torch.softmax``).
-* float16/bfloat16 are computed in float32 and returned in the input dtype.
+* float16/bfloat16 are computed in float32 and returned in the input dtype (the float32 output is
+  what backward keeps for them).
 * Ties with the mean are kept (``>=``, Eq. 7). The exact mean never exceeds the maximum, but the
-  floating-point mean of equal entries can, by rounding: such a row (all entries equal up to
-  rounding) is treated as all ties, so all-equal entries give the uniform distribution.
+  floating-point mean of equal entries can, by rounding; no row is ever left without support.
+  Without ``-inf`` entries such a row (all entries equal up to rounding) counts as all ties, so
+  all-equal entries give the uniform distribution; with ``-inf`` entries (and for
+  ``log_ev_softmax_train`` with eps = 0) the threshold is capped at the row maximum.
 
 Implementation: ev-softmax is ``softmax`` of ``x - threshold`` with the entries below the
-threshold set to ``-inf``, and Eq. 10 is ``softmax(x + log(1{x >= threshold} + eps))``; the shift is piecewise constant, so the backward
-pass is exactly softmax's (resp. log-softmax's) backward on the saved output, which is all each
-``autograd.Function`` saves. The backward uses differentiable ops, so double backward works.
+threshold filled with ``-inf`` (or the most negative float, see :func:`_support_logits`), and
+Eq. 10 is ``softmax(x + log(1{x >= threshold} + eps))``. The shift is piecewise constant, so the
+backward pass is exactly softmax's (resp. log-softmax's) backward on the saved output, which is
+all each ``autograd.Function`` saves; it uses differentiable ops, so double backward works. On CPU
+the softmax is computed in place in the buffer that holds the shifted logits, which saves an
+allocation (large fresh allocations cost page faults comparable to the kernel itself).
 """
 from __future__ import annotations
 

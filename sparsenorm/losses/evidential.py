@@ -12,7 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from .._validation import check_floating
-from ..evidential import _check_eps, ev_softmax_train, log_ev_softmax_train
+from ..evidential import _check_eps, log_ev_softmax_train
 from ._common import (
     FlatBatch,
     check_reduction,
@@ -127,7 +127,7 @@ def ev_softmax_kl_div(
     compute = torch.float32 if p_logits.dtype in (torch.float16, torch.bfloat16) else p_logits.dtype
     log_p = log_ev_softmax_train(p_logits.to(compute), dim=dim, eps=eps)
     log_q = log_ev_softmax_train(q_logits.to(compute), dim=dim, eps=eps)
-    p = ev_softmax_train(p_logits.to(compute), dim=dim, eps=eps)
+    p = log_p.exp()
     terms = torch.where(p > 0, p * (log_p - log_q), torch.zeros_like(p))
     kl = terms.sum(dim)
     if reduction == "none":
