@@ -38,8 +38,15 @@ def _normalizer_list(text: str) -> List[str]:
     return names
 
 
+class _OneLineErrorParser(argparse.ArgumentParser):
+    """Bad arguments give one line (``sparsenorm: error: ...``) and exit status 2; ``--help`` shows usage."""
+
+    def error(self, message: str):
+        self.exit(2, f"sparsenorm: error: {message} (see `{self.prog} --help`)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="sparsenorm", description=__doc__)
+    parser = _OneLineErrorParser(prog="sparsenorm", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
     rep = sub.add_parser("reproduce", help="run an experiment (or all) and write results.json, report.md, figures")

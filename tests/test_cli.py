@@ -1,0 +1,82 @@
+"""`sparsenorm reproduce` rejects bad input with exit status 2 and one line naming the valid values."""
+import pytest
+import torch
+
+from sparsenorm import cli, registry
+
+
+def run_cli(capsys, *argv):
+    try:
+        code = cli.main(list(argv))
+    except SystemExit as exc:  # argparse errors exit from inside parse_args
+        code = exc.code
+    captured = capsys.readouterr()
+    return code, captured.err
+
+
+def assert_one_line_error(err: str):
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("sparsenorm: error:")
+    assert "Traceback" not in err
+
+
+def test_unknown_experiment_lists_the_valid_ones(capsys):
+    code, err = run_cli(capsys, "reproduce", "nosuch")
+    assert code == 2
+    assert_one_line_error(err)
+    assert "nosuch" in err and "cvae" in err and "all" in err
+
+
+def test_unknown_normalizer_lists_the_registry(capsys):
+    code, err = run_cli(capsys, "reproduce", "cvae", "--normalizers", "softmax,softmaxx", "--quick")
+    assert code == 2
+    assert_one_line_error(err)
+    assert "softmaxx" in err
+    assert all(name in err for name in registry.names())
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "three", "1.5"])
+def test_bad_seeds(capsys, value):
+    code, err = run_cli(capsys, "reproduce", "cvae", "--seeds", value)
+    assert code == 2
+    assert_one_line_error(err)
+    assert "--seeds must be a positive integer" in err
+
+
+def test_bad_epochs(capsys):
+    code, err = run_cli(capsys, "reproduce", "cvae", "--epochs", "0")
+    assert code == 2
+    assert_one_line_error(err)
+    assert "--epochs must be a positive integer" in err
+
+
+def test_bad_device(capsys):
+    code, err = run_cli(capsys, "reproduce", "cvae", "--device", "tpu")
+    assert code == 2
+    assert_one_line_error(err)
+    assert "tpu" in err and "auto" in err and "cpu" in err and "cuda" in err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_cuda_device_without_cuda(capsys):
+    code, err = run_cli(capsys, "reproduce", "cvae", "--device", "cuda")
+    assert code == 2
+    assert_one_line_error(err)
+    assert "CUDA is not available" in err and "cpu" in err
+
+
+def test_missing_experiment_name(capsys):
+    code, err = run_cli(capsys, "reproduce")
+    assert code == 2
+    assert_one_line_error(err)
+    assert "cvae" in err
+
+
+def test_data_problem_is_one_line(capsys, tmp_path):
+    (tmp_path / "train-images-idx3-ubyte").write_bytes(b"\x00\x00\x08\x03")  # an incomplete IDX set
+    code, err = run_cli(capsys, "reproduce", "cvae", "--quick", "--data-dir", str(tmp_path),
+                        "--out", str(tmp_path / "out"), "--normalizers", "softmax")
+    assert code == 2
+    assert_one_line_error(err)
+    assert "train-labels-idx1-ubyte" in err
