@@ -74,72 +74,110 @@ def entmax15_tau_sort(z: Tensor, k: Optional[int] = None) -> Tensor:
 
 # ----------------------------------------------------------------------------- fast projection
 #
-# Both thresholds are bounded below by a constant offset from the row maximum: sparsemax's p_max =
-# max - tau <= 1 gives tau >= max - 1, and 1.5-entmax's p_max = (max/2 - tau)^2 <= 1 gives
-# tau >= max/2 - 1. So only entries within that offset of the maximum ("candidates") can be in the
-# support, and the exact sort-based formula applied to the candidates alone (sorted, padded with
-# -inf) gives exactly the same threshold as a full sort: the support is a prefix of the sorted
-# candidates. For typical logits the candidates are a small fraction of the row, so this costs a
-# few full passes (max, compare, nonzero, zero-fill) instead of a full sort. When most entries are
-# candidates the rows are simply sorted (what the entmax package always does).
+# A full sort costs 16-30x softmax. Instead the threshold is found by an exact iteration that
+# uses only elementwise ops and row reductions, on rows shifted so their maximum is 0:
+#
+# * sparsemax (Michelot 1986): tau <- (sum_{z > tau} z - 1) / |{z > tau}| from tau = -1 (a lower
+#   bound, as p_max <= 1). Newton's method on the convex piecewise-linear f(tau) = sum (z - tau)_+ - 1,
+#   so tau increases monotonically, the set {z > tau} only shrinks, and once it stops changing
+#   tau is exact -- a finite number of passes (4-6 on typical logits).
+# * 1.5-entmax, f(tau) = sum (z - tau)_+^2 - 1: from a lower bound tau with set S = {z > tau},
+#   the smaller root of sum_S (z - t)^2 = 1 is exact if S is the support and an upper bound
+#   otherwise; from an upper bound a Newton step lands below the root again. The root of the
+#   current set is accepted once the set stops changing (or f vanishes to rounding).
+#
+# Rows converge at different speeds, so converged rows are dropped from later passes. For long
+# rows (K >= 2048) only the blocks of 64-512 entries whose maximum lies within the candidate
+# window of the row maximum (tau >= max - 1, i.e. entries > max - 1 for sparsemax, > max - 2 for
+# entmax15 in input units) are gathered and solved, after one blockwise max; the output is then
+# written block by block into zeros. Everything is exact, so ``k`` (the entmax package's
+# partial-sort hint) is accepted but not needed; it is only used by the sort fallback.
 
 _OFFSET = {"sparsemax": 1.0, "entmax15": 2.0}  # candidate window below the max, in units of x
-_SOLVER = {"sparsemax": sparsemax_tau_sort, "entmax15": entmax15_tau_sort}
-_DENSE_FRACTION = 8  # sort whole rows once more than 1/8 of all entries are candidates
-_BUCKET_GROWTH = 4  # rows are padded to the largest candidate count within a 4x range
+_SORT_SOLVER = {"sparsemax": sparsemax_tau_sort, "entmax15": entmax15_tau_sort}
+_MAX_ITER = 64
+_MIN_BLOCKED_COLS = 2048
 
 
-def _map(z: Tensor, tau: Tensor, kind: str) -> Tensor:
-    """``p`` from shifted scores ``z`` (halved for entmax15) and their row thresholds."""
-    p = (z - tau).clamp_min_(0)
-    return p.square_() if kind == "entmax15" else p
+def _map_(z: Tensor, tau: Tensor, kind: str) -> Tensor:
+    """In place: ``z <- [z - tau]_+`` (sparsemax) or ``[z - tau]_+^2`` (1.5-entmax)."""
+    z.sub_(tau).clamp_min_(0)
+    return z.square_() if kind == "entmax15" else z
+
+
+def _iterate_tau(z: Tensor, kind: str, k: Optional[int] = None) -> Tensor:
+    """Exact thresholds (R, 1) of the rows of ``z`` (R, W): each row's max is 0, or it is all -inf."""
+    n_rows = z.shape[0]
+    tau_out = z.new_zeros(n_rows, 1)
+    eps = torch.finfo(z.dtype).eps
+    cur, rows = z, None  # rows: indices into z of the rows still iterating (None: all)
+    tau = z.new_full((n_rows, 1), -1.0)
+    prev_n = z.new_full((n_rows, 1), -1.0)
+    was_root = torch.zeros(n_rows, 1, dtype=torch.bool, device=z.device)
+    buf = torch.empty_like(z)
+    for _ in range(_MAX_ITER):
+        m = cur.shape[0]
+        d = torch.sub(cur, tau, out=buf[:m]).clamp_min_(0)
+        s1 = d.sum(-1, keepdim=True)
+        f = torch.linalg.vecdot(d, d).unsqueeze(-1) - 1 if kind == "entmax15" else None
+        n = d.sign_().sum(-1, keepdim=True)  # in place: d is not needed any more
+        if kind == "sparsemax":
+            final = tau + (s1 - 1) / n.clamp_min(1)
+            done = n == prev_n
+            new_tau = torch.maximum(tau, final)
+        else:
+            done = (was_root & (n == prev_n)) | (f.abs() <= 16 * eps) | (n == 0)
+            below = f >= 0
+            disc = (s1 * s1 - n * f).clamp_min_(0)
+            # The smaller root of sum_{z > tau} (z - t)^2 = 1, relative to tau (well conditioned).
+            root = tau + (s1 - disc.sqrt_()) / n.clamp_min(1)
+            final = torch.where(n > 0, root, tau)
+            newton = tau + f / (2 * s1).clamp_min(eps)
+            new_tau = torch.where(below, root, newton)
+            was_root = below
+        if rows is None:
+            tau_out = torch.where(done, final, tau_out)
+        elif bool(done.any()):
+            hit = done.squeeze(1)
+            tau_out.index_copy_(0, rows[hit], final[hit])
+        keep = ~done.squeeze(1)
+        n_keep = int(keep.sum())
+        if n_keep == 0:
+            return tau_out
+        tau, prev_n = new_tau, n
+        if n_keep < 0.75 * m:  # drop converged rows from later passes
+            sel = keep.nonzero().squeeze(1)
+            cur = cur.index_select(0, sel)
+            rows = sel if rows is None else rows.index_select(0, sel)
+            tau, prev_n, was_root = tau[sel], prev_n[sel], was_root[sel]
+        elif rows is None:
+            continue
+    # Not converged within _MAX_ITER passes (adversarial inputs): sort those rows.
+    left = torch.arange(n_rows, device=z.device) if rows is None else rows
+    tau_out.index_copy_(0, left, _SORT_SOLVER[kind](cur, k))
+    return tau_out
+
+
+def _block_size(n_cols: int) -> Optional[int]:
+    """A divisor of ``n_cols`` in [64, 512] (closest to 128), or None."""
+    if n_cols < _MIN_BLOCKED_COLS:
+        return None
+    best = None
+    for b in range(64, 513):
+        if n_cols % b == 0 and (best is None or abs(b - 128) < abs(best - 128)):
+            best = b
+    return best
 
 
 def _scale(kind: str) -> float:
     return 0.5 if kind == "entmax15" else 1.0
 
 
-def _tau_of_candidates(vals: Tensor, rows: Tensor, counts: Tensor, kind: str) -> Tensor:
-    """Exact threshold per row from its candidates only (``vals`` grouped by ``rows``, ascending).
-
-    The candidates are laid out as rows padded with -inf and solved by the sort formula. When a
-    few rows have far more candidates than the rest, rows are bucketed by count (widths growing
-    4x) so that they do not pad all the others.
-    """
-    n_rows = counts.shape[0]
-    n = vals.numel()
-    if n == 0:
-        return vals.new_zeros(n_rows)
-    solver = _SOLVER[kind]
-    starts = counts.cumsum(0) - counts
-    pos = torch.arange(n, device=vals.device) - starts[rows]
-    width = int(counts.max())
-    if n_rows * width <= 4 * n + 64 * n_rows:  # one padded block wastes little
-        padded = vals.new_full((n_rows, width), float("-inf"))
-        padded.view(-1).index_copy_(0, rows * width + pos, vals)
-        return solver(padded, None).squeeze(1)
-    tau = vals.new_zeros(n_rows)
-    lower, upper = 0, 64
-    while lower < width:
-        in_bucket = (counts > lower) & (counts <= upper)
-        bucket_rows = in_bucket.nonzero().squeeze(1)
-        if bucket_rows.numel():
-            slot = torch.full((n_rows,), -1, dtype=torch.long, device=vals.device)
-            slot[bucket_rows] = torch.arange(bucket_rows.numel(), device=vals.device)
-            mine = in_bucket[rows].nonzero().squeeze(1)
-            padded = vals.new_full((bucket_rows.numel(), int(counts[bucket_rows].max())), float("-inf"))
-            padded[slot[rows[mine]], pos[mine]] = vals[mine]
-            tau[bucket_rows] = solver(padded, None).squeeze(1)
-        lower, upper = upper, upper * _BUCKET_GROWTH
-    return tau
-
-
 def project(x: Tensor, dim: int, kind: str, k: Optional[int] = None) -> Tensor:
     """Exact sparsemax (``kind='sparsemax'``) or 1.5-entmax (``'entmax15'``) of ``x`` along ``dim``.
 
-    ``x`` is float32/float64; the result has ``x``'s shape, dtype and (contiguous) layout. Rows
-    with no finite entry give zeros; rows with a NaN or +inf entry give NaN. ``k`` only matters
-    on the dense fallback (the ``entmax`` package's partial-sort hint).
+    ``x`` is float32/float64; the result has ``x``'s shape and dtype (contiguous). Rows with no
+    finite entry give zeros; rows with a NaN or +inf entry give NaN.
     """
     if x.numel() == 0:
         return torch.zeros_like(x)
@@ -148,38 +186,109 @@ def project(x: Tensor, dim: int, kind: str, k: Optional[int] = None) -> Tensor:
     moved = x.movedim(dim, -1)
     n_cols = moved.shape[-1]
     x2 = moved.reshape(-1, n_cols).contiguous()
-    row_max = x2.amax(-1, keepdim=True)
+    n_rows = x2.shape[0]
+    block = _block_size(n_cols)
+    blocks = None
+    if block is not None:
+        blocks = x2.view(n_rows, n_cols // block, block)
+        block_max = blocks.amax(-1)
+        row_max = block_max.amax(-1, keepdim=True)
+    else:
+        row_max = x2.amax(-1, keepdim=True)
     bad_rows = torch.isnan(row_max) | (row_max == float("inf"))
+    any_bad = bool(bad_rows.any())
     shift = row_max.masked_fill(torch.isinf(row_max) | bad_rows, 0.0)
-    offset = _OFFSET[kind]
-    # Widen the window by more than the rounding of ``shift - offset`` so no candidate is lost.
-    eps = torch.finfo(x.dtype).eps
-    lo = shift - (offset * (1 + 1e-3) + 8 * eps * shift.abs())
-    flat = (x2 > lo).view(-1).nonzero().squeeze(1)
     scale = _scale(kind)
 
-    if flat.numel() * _DENSE_FRACTION > x2.numel():
-        z = x2 - shift
-        if scale != 1.0:
-            z.mul_(scale)
-        tau = _SOLVER[kind](z, k)
-        p2 = _map(z, tau, kind)
-        if bool(bad_rows.any()):
-            p2.masked_fill_(bad_rows, float("nan"))
-        return p2.reshape(moved.shape).movedim(-1, dim).contiguous()
+    if blocks is not None:
+        # Widen the window by more than the rounding of ``shift - offset`` so no candidate is lost.
+        eps = torch.finfo(x.dtype).eps
+        lo = shift - (_OFFSET[kind] * (1 + 1e-3) + 8 * eps * shift.abs())
+        chosen = (block_max > lo) & ~bad_rows
+        per_row = chosen.sum(-1)
+        heavy = 4 * per_row * block > n_cols  # rows with a wide support: iterate on whole rows
+        n_heavy = int(heavy.sum())
+        if 4 * n_heavy <= n_rows:
+            light_per_row = per_row.masked_fill(heavy, 0)
+            chosen &= ~heavy.unsqueeze(1)
+            out = _project_blocks(blocks, chosen, light_per_row, int(light_per_row.max()), shift, scale, kind, k)
+            if n_heavy:
+                idx = heavy.nonzero().squeeze(1)
+                z = x2.index_select(0, idx).sub_(shift.index_select(0, idx))
+                if scale != 1.0:
+                    z.mul_(scale)
+                out.index_copy_(0, idx, _map_(z, _iterate_tau(z, kind, k), kind))
+            if any_bad:
+                out.masked_fill_(bad_rows, float("nan"))
+            return _restore(out, moved, dim, x)
 
-    x_flat = x2.reshape(-1)  # a view when normalizing the last dim of a contiguous tensor
-    rows = flat // n_cols
-    vals = x_flat.index_select(0, flat).sub_(shift.view(-1).index_select(0, rows))
+    z = x2 - shift
+    if any_bad:
+        z.masked_fill_(bad_rows, 0.0)
     if scale != 1.0:
-        vals.mul_(scale)
-    counts = torch.bincount(rows, minlength=x2.shape[0])
-    tau = _tau_of_candidates(vals, rows, counts, kind)
-    p_vals = _map(vals, tau.index_select(0, rows), kind)
-    # Every candidate is written (zeros included), so the index list needs no filtering.
-    out2 = torch.zeros_like(x2)
-    out2.view(-1).index_copy_(0, flat, p_vals)
-    if bool(bad_rows.any()):
-        out2.masked_fill_(bad_rows, float("nan"))
-    out = out2.reshape(moved.shape).movedim(-1, dim)
+        z.mul_(scale)
+    tau = _iterate_tau(z, kind, k)
+    p2 = _map_(z, tau, kind)
+    if any_bad:
+        p2.masked_fill_(bad_rows, float("nan"))
+    return _restore(p2, moved, dim, x)
+
+
+def _restore(p2: Tensor, moved: Tensor, dim: int, x: Tensor) -> Tensor:
+    out = p2.view(moved.shape).movedim(-1, dim)
     return out if dim == x.dim() - 1 else out.contiguous()
+
+
+def _project_blocks(blocks, chosen, per_row, width, shift, scale, kind, k) -> Tensor:
+    """Solve on the chosen blocks only (padded per row with -inf) and write them into zeros."""
+    n_rows, n_blocks, block = blocks.shape
+    row_of, block_of = chosen.nonzero(as_tuple=True)
+    starts = per_row.cumsum(0) - per_row
+    slot = torch.arange(row_of.numel(), device=blocks.device) - starts[row_of]
+    padded = blocks.new_full((n_rows, width, block), float("-inf"))
+    padded[row_of, slot] = blocks[row_of, block_of]
+    z = padded.view(n_rows, width * block).sub_(shift)
+    if scale != 1.0:
+        z.mul_(scale)
+    tau = _iterate_tau(z, kind, k)
+    p = _map_(z, tau, kind).view(n_rows, width, block)
+    out = blocks.new_zeros(blocks.shape)
+    out[row_of, block_of] = p[row_of, slot]
+    return out.view(n_rows, n_blocks * block)
+
+
+def support_backward(p: Tensor, g: Tensor, dim: int, kind: str) -> Optional[Tensor]:
+    """The closed-form backward computed on the support's blocks only, or None (use the dense form).
+
+    Both Jacobians are ``diag(w) - w w^T / sum(w)`` on the support, with ``w = 1`` (sparsemax) or
+    ``w = sqrt(p)`` (1.5-entmax), so the gradient is ``w * (g - sum(w g) / sum(w))`` on the
+    support and exactly 0 elsewhere. For long rows (last dim, contiguous ``p``, at most a quarter
+    of the blocks touched) this reads ``p`` once and writes zeros once. NaN rows stay NaN. Not
+    used under double backward (the dense form is differentiable).
+    """
+    if torch.is_grad_enabled() or p.dim() == 0 or dim != p.dim() - 1 or not p.is_contiguous() or p.numel() == 0:
+        return None
+    n_cols = p.shape[-1]
+    block = _block_size(n_cols)
+    if block is None:
+        return None
+    n_rows = p.numel() // n_cols
+    p3 = p.view(n_rows, n_cols // block, block)
+    touched = p3.amax(-1)
+    touched = (touched != 0)  # NaN != 0: NaN rows keep their blocks
+    per_row = touched.sum(-1)
+    if 4 * int((4 * per_row * block > n_cols).sum()) > n_rows:
+        return None  # mostly wide supports: the dense form is cheaper
+    work = torch.float32 if p.dtype in (torch.float16, torch.bfloat16) else p.dtype
+    row_of, block_of = touched.nonzero(as_tuple=True)
+    p_on = p3[row_of, block_of].to(work)  # (n, block)
+    g_on = g.reshape(n_rows, n_cols // block, block)[row_of, block_of].to(work)
+    w = p_on.sqrt() if kind == "entmax15" else torch.sign(p_on)
+    wg = w * g_on
+    w_sum = torch.zeros(n_rows, dtype=work, device=p.device).index_add_(0, row_of, w.sum(-1))
+    wg_sum = torch.zeros(n_rows, dtype=work, device=p.device).index_add_(0, row_of, wg.sum(-1))
+    q = wg_sum / torch.where(w_sum > 0, w_sum, torch.ones_like(w_sum))
+    vals = wg.sub_(w * q.index_select(0, row_of).unsqueeze(1))
+    out = torch.zeros_like(p)
+    out.view(n_rows, n_cols // block, block)[row_of, block_of] = vals.to(p.dtype)
+    return out

@@ -27,7 +27,7 @@ import torch
 from torch import Tensor, nn
 from torch.autograd import Function
 
-from ._threshold import project
+from ._threshold import project, support_backward
 from ._validation import check_floating, check_param, compute_dtype, normalize_dim
 
 __all__ = [
@@ -82,6 +82,9 @@ class SparsemaxFunction(Function):
 
 def _sparsemax_backward(p: Tensor, g: Tensor, dim: int) -> Tensor:
     """``s * (g - mean_S g)``; ``s = sign(p)`` is the support indicator as floats (``p >= 0``)."""
+    sparse = support_backward(p, g, dim, "sparsemax")
+    if sparse is not None:
+        return sparse
     p = p.to(compute_dtype(p))
     g = g.to(p.dtype)
     s = torch.sign(p)
@@ -147,6 +150,9 @@ def _safe_sqrt(p: Tensor) -> Tensor:
 
 def _entmax15_backward(p: Tensor, g: Tensor, dim: int) -> Tensor:
     """With ``r = sqrt(p)``: ``r * (g - sum(r g) / sum(r))`` (entmax's ``gppr`` form)."""
+    sparse = support_backward(p, g, dim, "entmax15")
+    if sparse is not None:
+        return sparse
     p = p.to(compute_dtype(p))
     g = g.to(p.dtype)
     r = _safe_sqrt(p)
