@@ -90,10 +90,11 @@ def _check_eps(eps: float) -> None:
 def _support_logits(x: Tensor, dim: int, exact_zero_log: bool = False) -> Tuple[Tensor, Optional[Tensor]]:
     """A new tensor ``x - threshold`` on the support and a fill value off it (its softmax is Eq. 7).
 
-    Centering first lets one scalar-threshold kernel decide ``x >= threshold``: the difference of
-    two floats is 0 exactly when they are equal (gradual underflow), so ``c >= 0`` is
-    ``c > -(smallest subnormal)``. This avoids boolean temporaries, which are several times
-    slower than float ones on CPU.
+    Centering first lets one scalar-threshold kernel decide ``x >= threshold`` as
+    ``c > -smallest_normal``: the difference of two unequal floats is at least the smallest
+    normal number in magnitude unless both are below about ``2**-100`` (float32), so this is
+    ``c >= 0`` everywhere else, and it does not depend on denormals (flush-to-zero mode). This
+    avoids boolean temporaries, which are several times slower than float ones on CPU.
 
     The fill is ``-inf`` on the masked path and where ``exact_zero_log`` asks for log 0 = ``-inf``
     (both use the capped threshold, so no row loses its support). Otherwise it is the most
@@ -107,8 +108,7 @@ def _support_logits(x: Tensor, dim: int, exact_zero_log: bool = False) -> Tuple[
     # A contiguous buffer of our own: the softmax is then computed in place in it (see
     # _softmax_into), which needs contiguous memory.
     c = torch.sub(x, thr, out=torch.empty(x.shape, dtype=x.dtype, device=x.device))
-    tiny = torch.finfo(c.dtype)
-    F.threshold_(c, -tiny.smallest_normal * tiny.eps, fill)
+    F.threshold_(c, -torch.finfo(c.dtype).smallest_normal, fill)
     return c, empty
 
 

@@ -137,6 +137,18 @@ def test_ties_with_the_mean_are_kept():
     torch.testing.assert_close(ev_softmax(x), torch.tensor([e / (e + e * e), 0.0, e * e / (e + e * e)], dtype=torch.float64))
 
 
+@pytest.mark.parametrize("flush_denormal", [False, True])
+def test_ties_kept_in_float32_and_with_flush_to_zero(flush_denormal):
+    x = torch.tensor([[1.0, 0.0, 2.0], [3.0, 3.0, 0.0]])  # means 1 and 2: one tie, then none
+    supported = torch.set_flush_denormal(flush_denormal)
+    try:
+        p = ev_softmax(x)
+    finally:
+        if supported:
+            torch.set_flush_denormal(False)
+    assert torch.equal(p > 0, torch.tensor([[True, False, True], [True, True, False]]))
+
+
 @pytest.mark.parametrize("value", [0.1, 1 / 3, -7.3, 1e4, 0.0])
 @pytest.mark.parametrize("k", [2, 3, 7, 1000])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
