@@ -190,6 +190,8 @@ def test_nll_bad_arguments():
         ev_softmax_nll_loss(x, torch.zeros(4, 4))
     with pytest.raises(TypeError, match="input"):
         ev_softmax_nll_loss(torch.ones(4, 3, dtype=torch.long), torch.zeros(4, dtype=torch.long))
+    with pytest.raises(TypeError, match="target"):
+        ev_softmax_nll_loss(x, torch.zeros(4, dtype=torch.bool))
     with pytest.raises(IndexError):
         ev_softmax_nll_loss(x, torch.tensor([0, 1, 2, 3]))
     with pytest.raises(ValueError, match="weight"):
