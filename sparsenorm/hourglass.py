@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import Union
 
-import torch
 from torch import Tensor, nn
 
 from ._validation import check_floating, check_param, compute_dtype, normalize_dim

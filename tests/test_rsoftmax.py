@@ -239,6 +239,7 @@ def test_saves_output_plus_one_tensor():
     x = torch.randn(8, 50, requires_grad=True)
     for fn, cls in ((lambda v: r_softmax(v, 0.5), RSoftmaxFunction), (lambda v: t_softmax(v, 1.0), TSoftmaxFunction)):
         out = fn(x)
+        assert type(out.grad_fn).__name__ == cls.__name__ + "Backward"
         saved = [t for t in out.grad_fn.saved_tensors if t is not None]
         full = [t for t in saved if t.numel() == x.numel()]
         assert len(full) == 2
@@ -292,6 +293,15 @@ def test_low_precision(dtype):
     xr = x.to(dtype).requires_grad_()
     r_softmax(xr, 0.5).sum().backward()
     assert xr.grad.dtype == dtype
+
+
+def test_t_below_the_max_resolution_is_the_one_hot_limit():
+    """t smaller than max(x)'s float32 spacing makes m - t == m; Theorem 1's limit is one-hot."""
+    x = torch.tensor([[1e4, 1e4 - 1.0, 0.0]], requires_grad=True)
+    p = t_softmax(x, 1e-5)
+    torch.testing.assert_close(p, torch.tensor([[1.0, 0.0, 0.0]]))
+    p.backward(torch.randn(1, 3))
+    assert torch.equal(x.grad, torch.zeros(1, 3))
 
 
 def test_large_magnitudes():

@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 from .._validation import check_param
 from ..rsoftmax import r_softmax, t_softmax
-from ._common import FlatBatch, check_reduction, flatten_logits_and_target, reduce_loss
+from ._common import FlatBatch, check_reduction, reduce_loss
 from .hourglass import _multilabel_rows, pair_masks
 
 Param = Union[float, Tensor]
