@@ -1,11 +1,12 @@
-"""Thresholds of sparsemax and 1.5-entmax along the last dimension.
+"""Thresholds, projection and support-restricted backward of sparsemax and 1.5-entmax.
 
 Both maps are ``p = [z - tau]_+`` (sparsemax) and ``p = [z/2 - tau]_+^2`` (1.5-entmax) with the
-row threshold ``tau`` chosen so that ``p`` sums to one. Every helper here works on the LAST
-dimension of a tensor whose rows have already been shifted by their maximum (so the largest
-finite entry is 0); ``-inf`` entries are "not there". Rows with no finite entry get ``tau = 0``
-(the caller turns them into zeros). Callers move the normalized dimension last first, which is
-also what makes ``k`` work with a negative ``dim`` (it does not in the ``entmax`` package).
+row threshold ``tau`` chosen so that ``p`` sums to one. :func:`project` is the entry point; the
+sort-based solvers (``*_tau_sort``, the entmax package's algorithm) are the fallback. The solvers
+work on the LAST dimension of rows already shifted by their maximum (largest finite entry 0);
+``-inf`` entries are "not there" and rows with no finite entry get ``tau = 0`` (zeros out).
+:func:`project` moves the normalized dimension last first, which is also what makes ``k`` work
+with a negative ``dim`` (it does not in the ``entmax`` package).
 """
 from __future__ import annotations
 

@@ -10,6 +10,10 @@ its known defects: ``k`` works with a negative ``dim``; a row that is all ``-inf
 a zero gradient (``entmax`` crashes); fp16/bf16 are computed in float32 (``entmax``'s bf16
 ``entmax15`` does not sum to one); double backward works (``entmax15``'s gives NaN there).
 
+The exact maps find their threshold without a full sort (``sparsenorm._threshold``: Michelot's
+finite iteration for sparsemax, a root-bracketing iteration for 1.5-entmax, blockwise candidate
+selection for long rows), then apply the entmax package's closed-form backward.
+
 Common conventions (every function here):
 
 * ``-inf`` means "not there": such entries get exactly 0. A row with no finite entry gives all
@@ -107,8 +111,10 @@ def sparsemax(X: Tensor, dim: int = -1, k: Optional[int] = None) -> Tensor:
     ----------
     X : floating tensor of any shape; fp16/bf16 are computed in float32.
     dim : the dimension to normalize (negative values allowed, with or without ``k``).
-    k : optional int >= 1, a speed hint as in the ``entmax`` package: the expected support size.
-        The result is exact whatever ``k`` is.
+    k : optional int >= 1, the ``entmax`` package's partial-sort hint (expected support size),
+        accepted for compatibility. The threshold is found without sorting (an exact finite
+        iteration, see ``sparsenorm._threshold``), so the result is exact whatever ``k`` is; ``k``
+        is only used if that iteration falls back to sorting.
 
     Edge cases: ``-inf`` entries get 0; an all ``-inf`` row gives zeros (zero gradient); NaN in a
     row gives a NaN row; K = 1 gives 1; equal entries give the uniform distribution.
@@ -176,7 +182,8 @@ def entmax15(X: Tensor, dim: int = -1, k: Optional[int] = None) -> Tensor:
     X : floating tensor; fp16/bf16 are computed in float32 (so bf16 sums to one within bf16's
         resolution).
     dim : the dimension to normalize (negative values allowed, with or without ``k``).
-    k : optional int >= 1, a speed hint (expected support size); the result is exact whatever ``k``.
+    k : optional int >= 1, the ``entmax`` package's partial-sort hint, accepted for compatibility;
+        the result is exact whatever ``k`` (see :func:`sparsemax`).
 
     Edge cases as :func:`sparsemax`. Double backward works (the derivative of ``sqrt(p)`` at
     ``p = 0`` is taken as 0).

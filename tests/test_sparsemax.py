@@ -132,6 +132,27 @@ def test_long_rows_values_and_gradients(name, n_cols, dtype):
 
 
 @pytest.mark.parametrize("name", ["sparsemax", "entmax15"])
+@pytest.mark.parametrize("n_cols", [50, 4096])
+def test_sort_fallback_when_iterations_run_out(name, n_cols, monkeypatch):
+    """Rows not converged after the iteration cap are solved by sorting; force that with a cap of 1."""
+    from sparsenorm import _threshold
+
+    monkeypatch.setattr(_threshold, "_MAX_ITER", 1)
+    torch.manual_seed(16)
+    x = torch.randn(5, n_cols, dtype=torch.float64) * 3
+    assert torch.allclose(EXACT[name](x), REFERENCE[name](x), atol=1e-12, rtol=0)
+    assert torch.allclose(EXACT[name](x, k=2), REFERENCE[name](x), atol=1e-12, rtol=0)
+
+
+def test_slowly_converging_row():
+    """A row on which Michelot's iteration drops one entry per pass (support shrinks slowly)."""
+    z = -torch.cumsum(torch.full((200,), 0.011, dtype=torch.float64), 0)
+    x = torch.stack([z, z.flip(0), z * 0.1])
+    for name in EXACT:
+        assert torch.allclose(EXACT[name](x), REFERENCE[name](x), atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("name", ["sparsemax", "entmax15"])
 def test_nan_and_empty_rows_in_long_rows(name):
     x = torch.randn(3, 4096) * 3
     x[0, 5] = math.nan
