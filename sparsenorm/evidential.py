@@ -61,7 +61,9 @@ def _threshold(x: Tensor, dim: int, cap: bool = False) -> Tuple[Tensor, Optional
     if x.shape[dim] == 0:  # no classes: nothing to threshold (amax refuses empty dims)
         return x.new_zeros(x.shape[:dim] + (1,) + x.shape[dim + 1:]), None
     mean = x.mean(dim, keepdim=True)
-    if x.numel() == 0 or bool(torch.isfinite(mean).all()):
+    # One scalar read instead of an elementwise isfinite: a non-finite row mean makes the sum
+    # non-finite (so can an overflowing sum of finite means; the masked path is right then too).
+    if x.numel() == 0 or math.isfinite(mean.sum().item()):
         return (torch.minimum(mean, x.amax(dim, keepdim=True)) if cap else mean), None
     valid = x != _NEG_INF  # NaN counts as valid, so it reaches the row's mean and output
     count = valid.sum(dim, keepdim=True)
@@ -107,7 +109,7 @@ def _support_logits(x: Tensor, dim: int, exact_zero_log: bool = False) -> Tuple[
     fill = _NEG_INF if (exact_zero_log or empty is not None) else torch.finfo(x.dtype).min
     # A contiguous buffer of our own: the softmax is then computed in place in it (see
     # _softmax_into), which needs contiguous memory.
-    c = torch.sub(x, thr, out=torch.empty(x.shape, dtype=x.dtype, device=x.device))
+    c = torch.sub(x, thr).contiguous()
     F.threshold_(c, -torch.finfo(c.dtype).smallest_normal, fill)
     return c, empty
 
