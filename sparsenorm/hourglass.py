@@ -26,8 +26,14 @@ def hourglass_scale(z: Tensor, q: Param = 1.0, dim: int = -1) -> Tensor:
     and ``alpha`` 0). A row with no finite entry gets ``alpha = 1``. ``q`` is a number or a
     tensor broadcastable to the keepdim row shape.
     """
-    neg_inf = z == float("-inf")
-    if bool(neg_inf.any()):
+    return _scale_and_mask(z, q, dim)[0]
+
+
+def _scale_and_mask(z: Tensor, q: Param, dim: int):
+    """``(alpha, neg_inf)``: the scale, and the ``-inf`` mask (None when there is no ``-inf``)."""
+    neg_inf = None
+    if bool((z.amin(dim) == float("-inf")).any()):  # a reduction, no full-size mask, in the common case
+        neg_inf = z == float("-inf")
         k = (~neg_inf).sum(dim, keepdim=True).to(z.dtype)
         total = z.masked_fill(neg_inf, 0.0).sum(dim, keepdim=True)
     else:
@@ -35,9 +41,9 @@ def hourglass_scale(z: Tensor, q: Param = 1.0, dim: int = -1) -> Tensor:
         total = z.sum(dim, keepdim=True)
     qk = q * k
     denom = total.abs() + qk
-    if isinstance(k, Tensor):
+    if neg_inf is not None:
         denom = denom.masked_fill(k == 0, 1.0)  # then qk = 0 too: alpha = 1, no 1/0 in the graph
-    return (1 + qk) / denom
+    return (1 + qk) / denom, neg_inf
 
 
 def sparsehourglass(x: Tensor, q: Param = 1.0, dim: int = -1) -> Tensor:
@@ -72,9 +78,8 @@ def sparsehourglass(x: Tensor, q: Param = 1.0, dim: int = -1) -> Tensor:
     z = x.to(compute_dtype(x))
     if isinstance(q, Tensor):
         q = q.to(device=z.device, dtype=z.dtype)
-    alpha = hourglass_scale(z, q, dim)
-    neg_inf = z == float("-inf")
-    if bool(neg_inf.any()):
+    alpha, neg_inf = _scale_and_mask(z, q, dim)
+    if neg_inf is not None:
         # -inf stays -inf, but multiply finite values only: d(z * alpha)/d alpha = z would put
         # 0 * -inf = NaN into alpha's gradient.
         scaled = (z.masked_fill(neg_inf, 0.0) * alpha).masked_fill(neg_inf, float("-inf"))
