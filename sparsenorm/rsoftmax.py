@@ -31,11 +31,13 @@ With ``h = p (g - <g, p>)`` (softmax's own backward, torch's fused kernel), ``e_
 h_j / w_j``, so ``dL/dx = h + h / w`` plus the ``C`` term, and ``C = -sum(h + h / w)`` because
 ``sum(h) = 0``: softmax's backward, one ``addcdiv`` and one sum.
 
-Cost (float32 CPU, forward + backward, measured with ``python -m sparsenorm.bench``): t-softmax
-about 2.5-3x ``torch.softmax``; r-softmax about 7-10x, of which the exact selection alone (``topk``)
-is 3-5x. A C++ ``std::nth_element`` per row measured 3-4.5x softmax on the same machine, so an
-exact comparison-based quantile cannot meet 4x overall without fusing selection and softmax in
-one kernel; ``torch.quantile`` (full sort) is 14-27x.
+Cost (float32 CPU, forward + backward, r = 0.5, shapes (4096, 128) to (256, 32000), medians of
+single-thread CPU time on a shared 2-core machine): t-softmax 3-3.5x ``torch.softmax``; r-softmax
+8-11x, of which the exact selection (``topk``, which copies every (value, index) pair whatever
+``k``) is 4-6x on its own. A C++ ``std::nth_element`` per row measured 3-4.5x softmax there, so
+no comparison-based exact quantile meets the 4x target without a fused kernel (radix select
+over the float bits, a few vectorized histogram passes, would be the way). The same formula with
+``torch.quantile`` (full sort) measured 26-52x.
 """
 from __future__ import annotations
 
