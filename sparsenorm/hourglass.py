@@ -75,6 +75,8 @@ def sparsehourglass(x: Tensor, q: Param = 1.0, dim: int = -1) -> Tensor:
     if x.dim() == 0:
         return sparsehourglass(x.reshape(1), q, 0).reshape(())
     dim = normalize_dim(x, dim)
+    if x.shape[dim] == 0:
+        return x.clone()  # nothing to normalize (as torch.softmax)
     z = x.to(compute_dtype(x))
     if isinstance(q, Tensor):
         q = q.to(device=z.device, dtype=z.dtype)

@@ -232,6 +232,8 @@ def t_softmax(x: Tensor, t: Param, dim: int = -1) -> Tensor:
         x_work = x.reshape(1)
         return t_softmax(x_work, t, 0).reshape(())
     dim = normalize_dim(x, dim)
+    if x.shape[dim] == 0:
+        return x.clone()  # nothing to normalize (as torch.softmax)
     last = dim == x.dim() - 1
     xc = (x if last else x.movedim(dim, -1)).to(compute_dtype(x))
     tt = _row_param(t if last else _move_param(t, x, dim), xc, "t")
@@ -379,6 +381,8 @@ def r_softmax(x: Tensor, r: Param, dim: int = -1) -> Tensor:
     if x.dim() == 0:
         return r_softmax(x.reshape(1), r, 0).reshape(())
     dim = normalize_dim(x, dim)
+    if x.shape[dim] == 0:
+        return x.clone()  # nothing to normalize (as torch.softmax)
     last = dim == x.dim() - 1
     xc = (x if last else x.movedim(dim, -1)).to(compute_dtype(x))
     rr = _row_param(r if last else _move_param(r, x, dim), xc, "r")

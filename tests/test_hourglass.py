@@ -168,3 +168,12 @@ def test_module():
     x = torch.randn(3, 4, 5, generator=torch.Generator().manual_seed(9))
     torch.testing.assert_close(SparseHourglass(q=0.3, dim=1)(x), sparsehourglass(x, 0.3, dim=1))
     assert len(list(SparseHourglass().parameters())) == 0
+
+
+@pytest.mark.parametrize("shape", [(0, 5), (3, 0)])
+def test_zero_size_inputs(shape):
+    x = torch.randn(shape, requires_grad=True)
+    out = sparsehourglass(x)
+    assert out.shape == shape
+    out.sum().backward()
+    assert x.grad.shape == shape

@@ -362,3 +362,13 @@ def test_learnable_t_trains_and_stays_positive():
         losses.append(loss.item())
     assert losses[-1] < 0.5 * losses[0]
     assert float(module.t.detach()) > 0.05
+
+
+@pytest.mark.parametrize("shape", [(0, 5), (3, 0)])
+def test_zero_size_inputs(shape):
+    for fn in (lambda v: r_softmax(v, 0.5), lambda v: t_softmax(v, 1.0)):
+        x = torch.randn(shape, requires_grad=True)
+        out = fn(x)
+        assert out.shape == shape
+        out.sum().backward()
+        assert x.grad.shape == shape
