@@ -245,3 +245,14 @@ def test_sparsity_rate_predictor_pieces():
     assert rate(torch.randn(7, 3)).shape == (7, 5)
     with pytest.raises(ValueError, match="classes"):
         rate.count_loss(count_logits, torch.ones(3, 5))
+
+
+def test_gradcheck_joint_loss():
+    rate = SparsityRatePredictor(in_features=3, n_classes=5).double()
+    logits_ = logits(4, 5, seed=20).requires_grad_()
+    count_logits = logits(4, 6, seed=21).requires_grad_()
+    y = multi_hot(4, 5, seed=22)
+    # hard=True: r is detached, the count term alone trains the predictor (the paper's reading)
+    assert gradcheck(lambda z, c: rate.joint_loss(z, c, y), (logits_, count_logits))
+    # hard=False: the expected count, so Eq. 4 also sends a gradient to the count logits through r
+    assert gradcheck(lambda z, c: rate.joint_loss(z, c, y, hard=False), (logits_, count_logits))
