@@ -101,39 +101,60 @@ _MIN_BLOCKED_COLS = 2048
 
 
 def _map_(z: Tensor, tau: Tensor, kind: str) -> Tensor:
-    """In place: ``z <- [z - tau]_+`` (sparsemax) or ``[z - tau]_+^2`` (1.5-entmax)."""
+    """In place: ``z <- [z - tau]_+`` (sparsemax) or ``[(z - tau) / 2]_+^2`` (1.5-entmax).
+
+    For 1.5-entmax ``z`` and ``tau`` are in units of ``x`` (twice the usual ``x/2 - tau``);
+    halving is exact, so this equals the entmax package's ``[x/2 - tau]_+^2``.
+    """
     z.sub_(tau).clamp_min_(0)
-    return z.square_() if kind == "entmax15" else z
+    return z.mul_(0.5).square_() if kind == "entmax15" else z
 
 
-def _iterate_tau(z: Tensor, kind: str, k: Optional[int] = None) -> Tensor:
-    """Exact thresholds (R, 1) of the rows of ``z`` (R, W): each row's max is 0, or it is all -inf."""
-    n_rows = z.shape[0]
-    tau_out = z.new_zeros(n_rows, 1)
-    eps = torch.finfo(z.dtype).eps
-    cur, rows = z, None  # rows: indices into z of the rows still iterating (None: all)
-    tau = z.new_full((n_rows, 1), -1.0)
-    prev_n = z.new_full((n_rows, 1), -1.0)
-    was_root = torch.zeros(n_rows, 1, dtype=torch.bool, device=z.device)
-    buf = torch.empty_like(z)
+def _iterate_tau(
+    src: Tensor, kind: str, k: Optional[int] = None, shift: Optional[Tensor] = None, buf: Optional[Tensor] = None
+) -> Tensor:
+    """Exact thresholds (R, 1) of the rows of ``z = src - shift`` (R, W) (``shift`` None: ``z = src``).
+
+    Each row of ``z`` has maximum 0 or is all -inf. For 1.5-entmax, ``z`` and the returned
+    threshold are in units of ``x`` (2x the usual ``x/2`` units). With ``shift`` given, ``z`` is
+    recomputed into ``buf`` on every pass instead of being stored, so the only large allocation
+    is ``buf`` (which the caller reuses for the output).
+    """
+    n_rows = src.shape[0]
+    tau_out = src.new_zeros(n_rows, 1)
+    eps = torch.finfo(src.dtype).eps
+    entmax = kind == "entmax15"
+    cur, cur_shift, rows = src, shift, None  # rows: indices into src still iterating (None: all)
+    tau = src.new_full((n_rows, 1), -2.0 if entmax else -1.0)  # lower bound: p_max <= 1
+    prev_n = src.new_full((n_rows, 1), -1.0)
+    was_root = torch.zeros(n_rows, 1, dtype=torch.bool, device=src.device)
+    if buf is None:
+        buf = torch.empty_like(src)
     for _ in range(_MAX_ITER):
         m = cur.shape[0]
-        d = torch.sub(cur, tau, out=buf[:m]).clamp_min_(0)
+        d = buf[:m]
+        if cur_shift is None:
+            torch.sub(cur, tau, out=d)
+        else:
+            torch.sub(cur, cur_shift, out=d).sub_(tau)
+        d.clamp_min_(0)
         s1 = d.sum(-1, keepdim=True)
-        f = torch.linalg.vecdot(d, d).unsqueeze(-1) - 1 if kind == "entmax15" else None
+        s2 = torch.linalg.vector_norm(d, dim=-1, keepdim=True).square_() if entmax else None
         n = d.sign_().sum(-1, keepdim=True)  # in place: d is not needed any more
-        if kind == "sparsemax":
+        if not entmax:
             final = tau + (s1 - 1) / n.clamp_min(1)
             done = n == prev_n
             new_tau = torch.maximum(tau, final)
         else:
+            # In x/2 units: f = sum (z/2 - t)_+^2 - 1 = s2/4 - 1, with s1, s2 sums of (z - 2t)_+.
+            f = s2 / 4 - 1
             done = (was_root & (n == prev_n)) | (f.abs() <= 16 * eps) | (n == 0)
             below = f >= 0
-            disc = (s1 * s1 - n * f).clamp_min_(0)
-            # The smaller root of sum_{z > tau} (z - t)^2 = 1, relative to tau (well conditioned).
+            disc = (s1 * s1 - 4 * n * f).clamp_min_(0)
+            # 2x the smaller root of sum_{z > tau} (z/2 - t)^2 = 1, relative to tau (well conditioned).
             root = tau + (s1 - disc.sqrt_()) / n.clamp_min(1)
             final = torch.where(n > 0, root, tau)
-            newton = tau + f / (2 * s1).clamp_min(eps)
+            newton = tau + 2 * f / s1.clamp_min(eps)
             new_tau = torch.where(below, root, newton)
             was_root = below
         if rows is None:
@@ -149,14 +170,18 @@ def _iterate_tau(z: Tensor, kind: str, k: Optional[int] = None) -> Tensor:
         if n_keep < 0.75 * m:  # drop converged rows from later passes
             sel = keep.nonzero().squeeze(1)
             cur = cur.index_select(0, sel)
+            cur_shift = None if cur_shift is None else cur_shift.index_select(0, sel)
             rows = sel if rows is None else rows.index_select(0, sel)
             tau, prev_n, was_root = tau[sel], prev_n[sel], was_root[sel]
-        elif rows is None:
-            continue
     # Not converged within _MAX_ITER passes (adversarial inputs): sort those rows.
-    left = torch.arange(n_rows, device=z.device) if rows is None else rows
-    tau_out.index_copy_(0, left, _SORT_SOLVER[kind](cur, k))
+    left = torch.arange(n_rows, device=src.device) if rows is None else rows
+    z = cur if cur_shift is None else cur - cur_shift
+    tau_sorted = entmax15_tau_sort(z * 0.5, k) * 2 if entmax else sparsemax_tau_sort(z, k)
+    tau_out.index_copy_(0, left, tau_sorted)
     return tau_out
+
+
+_RECOMPUTE_BYTES = 8 << 20  # above this, recompute z per pass rather than allocate a second copy
 
 
 def _block_size(n_cols: int) -> Optional[int]:
@@ -168,10 +193,6 @@ def _block_size(n_cols: int) -> Optional[int]:
         if n_cols % b == 0 and (best is None or abs(b - 128) < abs(best - 128)):
             best = b
     return best
-
-
-def _scale(kind: str) -> float:
-    return 0.5 if kind == "entmax15" else 1.0
 
 
 def project(x: Tensor, dim: int, kind: str, k: Optional[int] = None) -> Tensor:
@@ -199,8 +220,6 @@ def project(x: Tensor, dim: int, kind: str, k: Optional[int] = None) -> Tensor:
     bad_rows = torch.isnan(row_max) | (row_max == float("inf"))
     any_bad = bool(bad_rows.any())
     shift = row_max.masked_fill(torch.isinf(row_max) | bad_rows, 0.0)
-    scale = _scale(kind)
-
     if blocks is not None:
         # Widen the window by more than the rounding of ``shift - offset`` so no candidate is lost.
         eps = torch.finfo(x.dtype).eps
@@ -212,24 +231,24 @@ def project(x: Tensor, dim: int, kind: str, k: Optional[int] = None) -> Tensor:
         if 4 * n_heavy <= n_rows:
             light_per_row = per_row.masked_fill(heavy, 0)
             chosen &= ~heavy.unsqueeze(1)
-            out = _project_blocks(blocks, chosen, light_per_row, int(light_per_row.max()), shift, scale, kind, k)
+            out = _project_blocks(blocks, chosen, light_per_row, int(light_per_row.max()), shift, kind, k)
             if n_heavy:
                 idx = heavy.nonzero().squeeze(1)
                 z = x2.index_select(0, idx).sub_(shift.index_select(0, idx))
-                if scale != 1.0:
-                    z.mul_(scale)
                 out.index_copy_(0, idx, _map_(z, _iterate_tau(z, kind, k), kind))
             if any_bad:
                 out.masked_fill_(bad_rows, float("nan"))
             return _restore(out, moved, dim, x)
 
-    z = x2 - shift
     if any_bad:
-        z.masked_fill_(bad_rows, 0.0)
-    if scale != 1.0:
-        z.mul_(scale)
-    tau = _iterate_tau(z, kind, k)
-    p2 = _map_(z, tau, kind)
+        x2 = x2.masked_fill(bad_rows, 0.0)
+    if x2.numel() * x2.element_size() >= _RECOMPUTE_BYTES:
+        buf = torch.empty_like(x2)
+        tau = _iterate_tau(x2, kind, k, shift=shift, buf=buf)
+        p2 = _map_(torch.sub(x2, shift, out=buf), tau, kind)
+    else:
+        z = x2 - shift
+        p2 = _map_(z, _iterate_tau(z, kind, k), kind)
     if any_bad:
         p2.masked_fill_(bad_rows, float("nan"))
     return _restore(p2, moved, dim, x)
@@ -240,7 +259,7 @@ def _restore(p2: Tensor, moved: Tensor, dim: int, x: Tensor) -> Tensor:
     return out if dim == x.dim() - 1 else out.contiguous()
 
 
-def _project_blocks(blocks, chosen, per_row, width, shift, scale, kind, k) -> Tensor:
+def _project_blocks(blocks, chosen, per_row, width, shift, kind, k) -> Tensor:
     """Solve on the chosen blocks only (padded per row with -inf) and write them into zeros."""
     n_rows, n_blocks, block = blocks.shape
     row_of, block_of = chosen.nonzero(as_tuple=True)
@@ -249,8 +268,6 @@ def _project_blocks(blocks, chosen, per_row, width, shift, scale, kind, k) -> Te
     padded = blocks.new_full((n_rows, width, block), float("-inf"))
     padded[row_of, slot] = blocks[row_of, block_of]
     z = padded.view(n_rows, width * block).sub_(shift)
-    if scale != 1.0:
-        z.mul_(scale)
     tau = _iterate_tau(z, kind, k)
     p = _map_(z, tau, kind).view(n_rows, width, block)
     out = blocks.new_zeros(blocks.shape)

@@ -84,19 +84,31 @@ class SparsemaxFunction(Function):
         return _sparsemax_backward(p, grad_output, ctx.dim).to(p.dtype), None, None
 
 
+def _weighted_backward(w: Tensor, g: Tensor, dim: int) -> Tensor:
+    """``w * (g - sum(w g) / sum(w))`` along ``dim``: the backward of sparsemax (``w = 1`` on the
+    support), 1.5-entmax (``w = sqrt(p)``) and alpha-entmax (``w = p^(2 - alpha)``).
+
+    ``w`` is a scratch tensor of ours. Without double backward this is softmax's fused backward
+    kernel applied to ``u = w / sum(w)`` -- ``u * (g - sum(g u))`` -- times ``sum(w)``, which
+    allocates only the result. Rows with ``w = 0`` everywhere give 0.
+    """
+    total = w.sum(dim, keepdim=True)
+    total = torch.where(total > 0, total, torch.ones_like(total))
+    if torch.is_grad_enabled():  # double backward: plain differentiable ops
+        q = (g * w).sum(dim, keepdim=True) / total
+        return (g - q) * w
+    u = w.div_(total)
+    g = g if g.shape == u.shape else g.expand_as(u)
+    return torch._softmax_backward_data(g, u, dim, u.dtype).mul_(total)
+
+
 def _sparsemax_backward(p: Tensor, g: Tensor, dim: int) -> Tensor:
     """``s * (g - mean_S g)``; ``s = sign(p)`` is the support indicator as floats (``p >= 0``)."""
     sparse = support_backward(p, g, dim, "sparsemax")
     if sparse is not None:
         return sparse
     p = p.to(compute_dtype(p))
-    g = g.to(p.dtype)
-    s = torch.sign(p)
-    size = s.sum(dim, keepdim=True).clamp_min_(1)
-    mean_on = torch.linalg.vecdot(g, s, dim=dim).unsqueeze(dim) / size
-    if torch.is_grad_enabled():  # double backward: stay out-of-place
-        return (g - mean_on) * s
-    return (g - mean_on).mul_(s)
+    return _weighted_backward(torch.sign(p), g.to(p.dtype), dim)
 
 
 def sparsemax(X: Tensor, dim: int = -1, k: Optional[int] = None) -> Tensor:
@@ -160,13 +172,7 @@ def _entmax15_backward(p: Tensor, g: Tensor, dim: int) -> Tensor:
     if sparse is not None:
         return sparse
     p = p.to(compute_dtype(p))
-    g = g.to(p.dtype)
-    r = _safe_sqrt(p)
-    total = r.sum(dim, keepdim=True)
-    q = torch.linalg.vecdot(g, r, dim=dim).unsqueeze(dim) / torch.where(total > 0, total, torch.ones_like(total))
-    if torch.is_grad_enabled():
-        return (g - q) * r
-    return (g - q).mul_(r)
+    return _weighted_backward(_safe_sqrt(p), g.to(p.dtype), dim)
 
 
 def entmax15(X: Tensor, dim: int = -1, k: Optional[int] = None) -> Tensor:

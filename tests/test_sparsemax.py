@@ -144,6 +144,23 @@ def test_sort_fallback_when_iterations_run_out(name, n_cols, monkeypatch):
     assert torch.allclose(EXACT[name](x, k=2), REFERENCE[name](x), atol=1e-12, rtol=0)
 
 
+@pytest.mark.parametrize("name", ["sparsemax", "entmax15"])
+def test_recompute_mode_for_large_inputs(name, monkeypatch):
+    """Large inputs recompute the shifted rows on every pass instead of storing them; force it."""
+    from sparsenorm import _threshold
+
+    monkeypatch.setattr(_threshold, "_RECOMPUTE_BYTES", 0)
+    torch.manual_seed(17)
+    x = torch.randn(7, 300, dtype=torch.float64) * 3
+    x[1, :200] = -math.inf
+    x[3] = -math.inf
+    x[5] *= 1e-3
+    assert torch.allclose(EXACT[name](x), REFERENCE[name](x), atol=1e-12, rtol=0)
+    x[2, 7] = math.nan
+    p = EXACT[name](x)
+    assert torch.isnan(p[2]).all() and torch.isfinite(p[[0, 1, 3, 4, 5, 6]]).all()
+
+
 def test_slowly_converging_row():
     """A row on which Michelot's iteration drops one entry per pass (support shrinks slowly)."""
     z = -torch.cumsum(torch.full((200,), 0.011, dtype=torch.float64), 0)
