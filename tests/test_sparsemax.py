@@ -155,7 +155,10 @@ def test_recompute_mode_for_large_inputs(name, monkeypatch):
     x[1, :200] = -math.inf
     x[3] = -math.inf
     x[5] *= 1e-3
-    assert torch.allclose(EXACT[name](x), REFERENCE[name](x), atol=1e-12, rtol=0)
+    p = EXACT[name](x)
+    rows = [0, 1, 2, 4, 5, 6]  # entmax 1.3 crashes on the all -inf row 3
+    assert torch.allclose(p[rows], REFERENCE[name](x[rows]), atol=1e-12, rtol=0)
+    assert torch.equal(p[3], torch.zeros(300, dtype=torch.float64))
     x[2, 7] = math.nan
     p = EXACT[name](x)
     assert torch.isnan(p[2]).all() and torch.isfinite(p[[0, 1, 3, 4, 5, 6]]).all()
