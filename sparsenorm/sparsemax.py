@@ -31,7 +31,7 @@ import torch
 from torch import Tensor, nn
 from torch.autograd import Function
 
-from ._threshold import project, support_backward
+from ._threshold import project, sqrt_nonneg, support_backward
 from ._validation import check_floating, check_param, compute_dtype, normalize_dim
 
 __all__ = [
@@ -161,7 +161,7 @@ def _safe_sqrt(p: Tensor) -> Tensor:
     """``sqrt(p)`` whose derivative at ``p = 0`` is 0 rather than inf, so double backward is
     finite (``p = 0`` entries are off the support, locally constant)."""
     if not torch.is_grad_enabled() or not p.requires_grad:
-        return p.sqrt()
+        return sqrt_nonneg(p)
     on = p > 0
     return torch.where(on, torch.where(on, p, torch.ones_like(p)).sqrt(), torch.zeros_like(p))
 

@@ -36,6 +36,7 @@ import torch
 from torch import Tensor, nn
 from torch.autograd import Function
 
+from .._threshold import sqrt_nonneg
 from .._validation import check_floating, check_param, compute_dtype
 from ..sparsemax import _check_k, _check_n_iter, entmax15, entmax_bisect, sparsemax, sparsemax_bisect
 from ._common import check_reduction, class_weight_per_row, flatten_logits_and_target, reduce_loss
@@ -62,7 +63,7 @@ def tsallis_entropy(p: Tensor, alpha: Union[float, Tensor]) -> Tensor:
         if alpha == 2:
             return (1 - (p * p).sum(-1)) / 2
         if alpha == 1.5:
-            return (1 - (p * p.sqrt()).sum(-1)) / 0.75
+            return (1 - (p * sqrt_nonneg(p)).sum(-1)) / 0.75
         alpha = torch.tensor(float(alpha), dtype=p.dtype, device=p.device)
     a = alpha.reshape(-1) if alpha.dim() else alpha
     a_safe = torch.where(a == 1, torch.full_like(a, 2.0), a)
