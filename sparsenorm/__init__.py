@@ -13,6 +13,7 @@ from .evidential import (
     log_ev_softmax_train,
     posthoc_evidential,
 )
+from ._cpu_kernels import use_cpu_kernels
 from .hourglass import SparseHourglass, sparsehourglass
 from .rsoftmax import RSoftmax, TSoftmax, r_softmax, t_softmax
 from .sparsemax import (
@@ -37,5 +38,6 @@ __all__ = [
     "Sparsemax", "SparsemaxBisect", "Entmax15", "EntmaxBisect",
     "t_softmax", "r_softmax", "TSoftmax", "RSoftmax",
     "sparsehourglass", "SparseHourglass",
+    "use_cpu_kernels",
     *_loss_names,
 ]

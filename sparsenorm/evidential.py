@@ -30,6 +30,12 @@ backward pass is exactly softmax's (resp. log-softmax's) backward on the saved o
 all each ``autograd.Function`` saves; it uses differentiable ops, so double backward works. On CPU
 the softmax is computed in place in the buffer that holds the shifted logits, which saves an
 allocation (large fresh allocations cost page faults comparable to the kernel itself).
+
+Opt-in C++ kernel: with ``sparsenorm.use_cpu_kernels(True)`` (or ``SPARSENORM_CPU_KERNELS=1``) the
+CPU float32/float64 forward runs a fused kernel (``csrc/evidential_cpu.cpp``, 3 passes per row as
+softmax) with the same rules; its row mean is summed in another order (in double), so outputs
+agree with this path to rounding, and the support can differ only for an entry within rounding
+of its row's mean. Backward is unchanged.
 """
 from __future__ import annotations
 
@@ -40,6 +46,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from . import _cpu_kernels
 from ._validation import apply_mask, check_floating, check_param, compute_dtype, normalize_dim
 
 _NEG_INF = float("-inf")
@@ -150,8 +157,12 @@ class EvSoftmaxFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: Tensor, dim: int) -> Tensor:
-        z, empty = _support_logits(x, dim)
-        out = _finish_softmax(z, dim, empty)
+        fused = _fused_forward(x, dim, eps=None, log=False)
+        if fused is not None:
+            out = fused[0]
+        else:
+            z, empty = _support_logits(x, dim)
+            out = _finish_softmax(z, dim, empty)
         ctx.dim = dim
         ctx.save_for_backward(out)
         return out
@@ -167,8 +178,12 @@ class EvSoftmaxTrainFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: Tensor, dim: int, eps: float) -> Tensor:
-        z, empty = _train_logits(x, dim, eps)
-        out = _finish_softmax(z, dim, empty)
+        fused = _fused_forward(x, dim, eps=eps, log=False)
+        if fused is not None:
+            out = fused[0]
+        else:
+            z, empty = _train_logits(x, dim, eps)
+            out = _finish_softmax(z, dim, empty)
         ctx.dim = dim
         ctx.save_for_backward(out)
         return out
@@ -184,15 +199,20 @@ class LogEvSoftmaxTrainFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: Tensor, dim: int, eps: float) -> Tensor:
-        z, empty = _train_logits(x, dim, eps)
-        if empty is not None:
-            z = z.masked_fill(empty, 0.0)
-        out = _softmax_into(z, dim, log=True)
-        if empty is not None:
-            out = out.masked_fill(empty, _NEG_INF)
+        fused = _fused_forward(x, dim, eps=eps, log=True)
+        if fused is not None:
+            out, masked = fused
+        else:
+            z, empty = _train_logits(x, dim, eps)
+            masked = empty is not None
+            if masked:
+                z = z.masked_fill(empty, 0.0)
+            out = _softmax_into(z, dim, log=True)
+            if masked:
+                out = out.masked_fill(empty, _NEG_INF)
         ctx.dim = dim
         # -inf outputs exist only on the masked path or with eps == 0.
-        ctx.zero_at_neg_inf = empty is not None or eps == 0.0
+        ctx.zero_at_neg_inf = masked or eps == 0.0
         ctx.save_for_backward(out)
         return out
 
@@ -200,6 +220,32 @@ class LogEvSoftmaxTrainFunction(torch.autograd.Function):
     def backward(ctx, grad: Tensor):
         (out,) = ctx.saved_tensors
         return _log_softmax_backward(grad, out, ctx.dim, ctx.zero_at_neg_inf), None, None
+
+
+def _fused_forward(x: Tensor, dim: int, eps: Optional[float], log: bool) -> Optional[Tuple[Tensor, bool]]:
+    """The forward by the opt-in C++ CPU kernel (see ``sparsenorm._cpu_kernels``), or None where it
+    is off or does not apply. ``eps=None`` is Eq. 7; else Eq. 10 (``eps = 0``: capped support).
+
+    Returns the output and whether the call took the masked path (a row with -inf, +inf or NaN).
+    The kernel follows the rules above row by row; the one rule that spans rows (a non-finite
+    row anywhere caps every row's threshold) is applied here by re-running capped, which only
+    changes rows whose mean rounded above their max (reported by the kernel).
+    """
+    ext = _cpu_kernels.kernel_for(x)
+    if ext is None or x.dim() == 0:
+        return None
+    if eps is None:
+        kind, shift, cap = 0, 0.0, False
+    elif eps == 0.0:
+        kind, shift, cap = 0, 0.0, True
+    else:
+        kind, shift, cap = 1, math.log(eps) - math.log1p(eps), False
+    rows = x.movedim(dim, -1)
+    flat = rows.reshape(-1, rows.shape[-1]).contiguous()
+    out, nonfinite_rows, rounded_rows = ext.ev_softmax_forward(flat, kind, shift, cap, log)
+    if nonfinite_rows and rounded_rows and not cap:
+        out, _, _ = ext.ev_softmax_forward(flat, kind, shift, True, log)
+    return out.view(rows.shape).movedim(-1, dim), nonfinite_rows > 0
 
 
 def _finish_softmax(z: Tensor, dim: int, empty: Optional[Tensor]) -> Tensor:

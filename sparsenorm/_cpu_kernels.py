@@ -1,0 +1,113 @@
+"""Optional fused C++/OpenMP CPU kernels (opt-in), built just in time with ``torch.utils.cpp_extension``.
+
+Off by default: a compiler run on the first call of a library function must never surprise a
+user. Turn on with :func:`use_cpu_kernels` (``sparsenorm.use_cpu_kernels(True)``) or the environment
+variable ``SPARSENORM_CPU_KERNELS=1``. The first use then compiles ``csrc/evidential_cpu.cpp``
+(needs a C++ compiler and ``ninja``: ``pip install sparsenorm[fast]``; about a minute) into
+``$TORCH_EXTENSIONS_DIR`` or else ``<sparsenorm cache dir>/torch_extensions``, where later runs find
+it. If the build fails, one warning names the reason and the pure-PyTorch path is used.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import warnings
+from pathlib import Path
+from types import ModuleType
+from typing import Optional
+
+import torch
+
+_ENV_VAR = "SPARSENORM_CPU_KERNELS"
+_SOURCE = Path(__file__).resolve().parent / "csrc" / "evidential_cpu.cpp"
+
+_enabled: Optional[bool] = None  # None: not set in code, the environment variable decides
+_module: Optional[ModuleType] = None
+_build_error: Optional[str] = None
+_lock = threading.Lock()
+
+
+def use_cpu_kernels(enabled: bool = True) -> None:
+    """Turn the fused C++ CPU kernels for ev-softmax on or off (process-wide).
+
+    When on, the first CPU call of ``ev_softmax``/``ev_softmax_train``/``log_ev_softmax_train``
+    compiles the kernel once (cached on disk across runs); results equal the pure-PyTorch path
+    up to floating-point rounding. Falls back to that path, with one warning, if the build fails.
+    """
+    global _enabled
+    _enabled = bool(enabled)
+
+
+def cpu_kernels_enabled() -> bool:
+    if _enabled is not None:
+        return _enabled
+    return os.environ.get(_ENV_VAR, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def build_error() -> Optional[str]:
+    """Why the last build attempt failed (None if it did not fail or was not tried)."""
+    return _build_error
+
+
+def _build_directory() -> Path:
+    env = os.environ.get("TORCH_EXTENSIONS_DIR")
+    if env:
+        return Path(env).expanduser()
+    from .experiments.common import cache_dir
+
+    return cache_dir() / "torch_extensions"
+
+
+def _capability_flags():
+    """The SIMD level ATen dispatches to here, as a name suffix and compiler flags, so at::vec's
+    exp is the same (exported) Sleef routine torch's own kernels call."""
+    capability = torch.backends.cpu.get_cpu_capability()
+    if capability.startswith("AVX512"):
+        return "avx512", ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx2", "-mfma",
+                          "-DCPU_CAPABILITY=AVX512", "-DCPU_CAPABILITY_AVX512"]
+    if capability == "AVX2":
+        return "avx2", ["-mavx2", "-mfma", "-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2"]
+    return "default", ["-DCPU_CAPABILITY=DEFAULT"]
+
+
+def load() -> Optional[ModuleType]:
+    """The compiled extension, building it on first use; None (after one warning) if that fails."""
+    global _module, _build_error
+    if _module is not None or _build_error is not None:
+        return _module
+    with _lock:
+        if _module is not None or _build_error is not None:
+            return _module
+        try:
+            from torch.utils import cpp_extension
+
+            suffix, simd_flags = _capability_flags()
+            build_dir = _build_directory() / f"sparsenorm_evidential_cpu_{suffix}"
+            build_dir.mkdir(parents=True, exist_ok=True)
+            _module = cpp_extension.load(
+                name=f"sparsenorm_evidential_cpu_{suffix}",
+                sources=[str(_SOURCE)],
+                extra_cflags=["-O3", "-fopenmp", *simd_flags],
+                extra_ldflags=["-fopenmp"],
+                build_directory=str(build_dir),
+                verbose=False,
+            )
+        except Exception as exc:  # compiler/ninja missing, compile error, ...: fall back, say why
+            reason = f"{type(exc).__name__}: {exc}".strip()
+            _build_error = reason[:2000]
+            warnings.warn(
+                "sparsenorm: could not build the C++ CPU kernels, using the pure-PyTorch path "
+                f"(install a C++ compiler and `pip install ninja`). Reason: {_build_error}",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+    return _module
+
+
+def kernel_for(x: torch.Tensor) -> Optional[ModuleType]:
+    """The extension if the kernels are on and can take ``x`` (CPU float32/float64, K >= 1)."""
+    if not cpu_kernels_enabled():
+        return None
+    if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.float64) or x.numel() == 0:
+        return None
+    return load()
