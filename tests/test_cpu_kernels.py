@@ -1,0 +1,238 @@
+"""The opt-in fused C++ CPU kernel for ev-softmax (sparsenorm/_cpu_kernels.py, csrc/evidential_cpu.cpp).
+
+Oracle: the pure-PyTorch path of sparsenorm/evidential.py (itself tested against the paper's
+formulas in test_evidential.py). Agreement standard: the support (exact zeros of probabilities,
+-inf of log-probabilities) and the NaN pattern are identical; values agree to rounding,
+|Δ| <= 16 ulp relative + 8 ulp · (1 + max|x|) absolute, since both paths round ``x - threshold``
+(resp. ``x - max``) to the input's precision before the exp. Not bitwise: the kernel sums the
+row mean in another order (in double) and the exp is vectorised differently.
+
+The extension is compiled once per session (module fixture; about a minute the first time on a
+busy 2-core machine, then cached on disk); without a compiler or ninja every test here SKIPS.
+"""
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra.numpy import arrays
+
+import sparsenorm
+from sparsenorm import _cpu_kernels, ev_softmax, ev_softmax_train, log_ev_softmax_train
+from sparsenorm.evidential import _fused_forward
+
+NEG_INF = float("-inf")
+
+# (label, function(x, dim), is_log)
+FUNCS = [
+    ("ev_softmax", lambda x, d: ev_softmax(x, d), False),
+    ("ev_softmax_train", lambda x, d: ev_softmax_train(x, d), False),
+    ("ev_softmax_train(eps=0.5)", lambda x, d: ev_softmax_train(x, d, eps=0.5), False),
+    ("ev_softmax_train(eps=0)", lambda x, d: ev_softmax_train(x, d, eps=0.0), False),
+    ("log_ev_softmax_train", lambda x, d: log_ev_softmax_train(x, d), True),
+    ("log_ev_softmax_train(eps=0)", lambda x, d: log_ev_softmax_train(x, d, eps=0.0), True),
+]
+FUNC_IDS = [f[0] for f in FUNCS]
+DTYPES = [torch.float32, torch.float64]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def kernel():
+    """Build (or load the cached) extension once; skip the module if it cannot be built."""
+    saved = _cpu_kernels._enabled
+    ext = _cpu_kernels.load()
+    if ext is None:
+        pytest.skip(f"C++ CPU kernel could not be built: {_cpu_kernels.build_error()}")
+    yield ext
+    _cpu_kernels._enabled = saved
+
+
+def both_paths(fn, x, dim, **kw):
+    """(pure-PyTorch output, kernel output) of fn(x, dim)."""
+    sparsenorm.use_cpu_kernels(False)
+    pure = fn(x, dim, **kw)
+    sparsenorm.use_cpu_kernels(True)
+    try:
+        fused = fn(x, dim, **kw)
+    finally:
+        sparsenorm.use_cpu_kernels(False)
+    return pure, fused
+
+
+def assert_agree(pure, fused, x, is_log):
+    assert pure.shape == fused.shape and pure.dtype == fused.dtype
+    assert torch.equal(torch.isnan(pure), torch.isnan(fused)), "NaN pattern differs"
+    assert torch.equal(pure == NEG_INF, fused == NEG_INF), "-inf (log 0) pattern differs"
+    if not is_log:
+        assert torch.equal(pure == 0, fused == 0), "support differs"
+    ok = torch.isfinite(pure)
+    eps = torch.finfo(pure.dtype).eps
+    finite_x = x[torch.isfinite(x)]
+    scale = 1.0 + (finite_x.abs().max().item() if finite_x.numel() else 0.0)
+    torch.testing.assert_close(fused[ok], pure[ok], rtol=16 * eps, atol=8 * eps * scale)
+
+
+def cases(dtype):
+    gen = torch.Generator().manual_seed(0)
+
+    def randn(*shape, scale=3.0):
+        return torch.randn(shape, generator=gen, dtype=dtype) * scale
+
+    with_neg_inf = randn(6, 40)
+    with_neg_inf[0, :5] = NEG_INF
+    with_neg_inf[2, :] = NEG_INF  # a row with no valid entry
+    with_nan = randn(4, 17)
+    with_nan[1, 3] = float("nan")
+    with_nan[3, 0] = float("inf")
+    with_nan[0, :] = NEG_INF
+    return [
+        ("K=1", randn(6, 1), -1),
+        ("small", randn(5, 13), -1),
+        ("vector tail", randn(3, 37), -1),
+        ("long rows", randn(2, 3001), -1),
+        ("dim 0", randn(100, 3), 0),
+        ("middle dim", randn(4, 37, 5), 1),
+        ("3-D last", randn(2, 3, 50), -1),
+        ("ties with the mean", torch.tensor([[1.0, 2.0, 3.0], [0.0, 0.0, 1.0], [0.0, 1.0, 1.0],
+                                             [5.0, 5.0, 5.0], [-2.0, 2.0, 0.0]], dtype=dtype), -1),
+        ("integer ties, long", torch.arange(64, dtype=dtype).remainder(7).view(4, 16), -1),
+        ("all equal (rounded mean)", torch.full((5, 1000), 0.1, dtype=dtype), -1),
+        ("all equal, short", torch.full((3, 7), 0.3, dtype=dtype), -1),
+        ("-inf entries and an empty row", with_neg_inf, -1),
+        ("-inf, dim 0", with_neg_inf.T.contiguous(), 0),
+        ("NaN and +inf rows", with_nan, -1),
+        ("large magnitudes", randn(8, 300, scale=1e4), -1),
+    ]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["float32", "float64"])
+@pytest.mark.parametrize("label,fn,is_log", FUNCS, ids=FUNC_IDS)
+def test_kernel_matches_pure_path(label, fn, is_log, dtype):
+    for case, x, dim in cases(dtype):
+        pure, fused = both_paths(fn, x, dim)
+        try:
+            assert_agree(pure, fused, x, is_log)
+        except AssertionError as err:
+            raise AssertionError(f"{label}, {case}: {err}") from None
+
+
+def test_kernel_path_is_taken_when_enabled_only():
+    x = torch.randn(4, 10)
+    sparsenorm.use_cpu_kernels(False)
+    assert _fused_forward(x, 1, eps=None, log=False) is None
+    sparsenorm.use_cpu_kernels(True)
+    try:
+        assert _fused_forward(x, 1, eps=None, log=False) is not None
+        assert _fused_forward(x.half(), 1, eps=None, log=False) is None  # upcast happens before
+        assert _fused_forward(torch.randn(4, 0), 1, eps=None, log=False) is None  # K = 0: Python path
+    finally:
+        sparsenorm.use_cpu_kernels(False)
+
+
+def test_rounded_mean_row_is_capped_when_another_row_has_neg_inf():
+    # In float64 the mean of (0.1⁻, 0.1, 0.1) rounds above its max (in torch and in the kernel):
+    # alone the row is all ties (uniform); with a -inf anywhere in the call, every row's threshold
+    # is capped at its max (the Python masked path), leaving the two max entries.
+    row = torch.tensor([math.nextafter(0.1, 0.0), 0.1, 0.1], dtype=torch.float64)
+    assert row.mean() > row.max()
+    _, _, rounded = _cpu_kernels.load().ev_softmax_forward(row[None].contiguous(), 0, 0.0, False, False)
+    assert rounded == 1
+    alone_pure, alone_fused = both_paths(ev_softmax, row[None], -1)
+    torch.testing.assert_close(alone_fused, torch.full((1, 3), 1 / 3, dtype=torch.float64))
+    assert_agree(alone_pure, alone_fused, row, False)
+    x = torch.stack([row, torch.tensor([NEG_INF, 1.0, 2.0], dtype=torch.float64)])
+    for label, fn, is_log in FUNCS:
+        pure, fused = both_paths(fn, x, -1)
+        assert_agree(pure, fused, x, is_log)
+    pure, fused = both_paths(ev_softmax, x, -1)
+    assert fused[0, 0] == 0 and fused[0, 1] > 0
+
+
+def finite_part(out):
+    """log 0 = -inf outputs (masked entries, eps = 0) are constants; finite differences of them
+    are NaN, so gradcheck sees them as 0 (their incoming gradient is dropped, as backward does)."""
+    return torch.where(torch.isfinite(out), out, torch.zeros_like(out))
+
+
+@pytest.mark.parametrize("label,fn,is_log", FUNCS, ids=FUNC_IDS)
+def test_gradcheck_through_kernel(label, fn, is_log):
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(3, 6, 5, generator=gen, dtype=torch.float64)
+    x[0, 0, 1] = NEG_INF  # masked path: -inf entries get zero gradient
+    sparsenorm.use_cpu_kernels(True)
+    try:
+        for dim in (-1, 1):
+            assert _fused_forward(x, dim, eps=None, log=False) is not None
+            inp = x.clone().requires_grad_(True)
+            assert torch.autograd.gradcheck(lambda t: finite_part(fn(t, dim)), (inp,))
+    finally:
+        sparsenorm.use_cpu_kernels(False)
+
+
+@pytest.mark.parametrize("label,fn,is_log", FUNCS, ids=FUNC_IDS)
+def test_gradients_match_pure_path_and_empty_rows_get_zero(label, fn, is_log):
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(5, 33, generator=gen) * 3
+    x[1] = NEG_INF
+    x[3, :4] = NEG_INF
+    grad_out = torch.randn(5, 33, generator=gen)
+    grads = []
+    for enabled in (False, True):
+        sparsenorm.use_cpu_kernels(enabled)
+        inp = x.clone().requires_grad_(True)
+        fn(inp, -1).backward(grad_out)
+        grads.append(inp.grad)
+    sparsenorm.use_cpu_kernels(False)
+    assert torch.isfinite(grads[1]).all()
+    assert torch.equal(grads[1][1], torch.zeros(33))
+    torch.testing.assert_close(grads[1], grads[0], rtol=1e-5, atol=1e-6)
+
+
+def test_half_input_uses_kernel_and_returns_half():
+    x = torch.randn(4, 50, dtype=torch.float16)
+    pure, fused = both_paths(ev_softmax, x, -1)
+    assert fused.dtype == torch.float16
+    torch.testing.assert_close(fused, pure)
+
+
+@settings(max_examples=40, deadline=None)
+@given(arrays(np.float32, st.tuples(st.integers(1, 4), st.integers(1, 70)),
+              elements=st.floats(-50, 50, width=32)))
+def test_kernel_matches_pure_path_property(values):
+    x = torch.from_numpy(values)
+    for label, fn, is_log in FUNCS:
+        pure, fused = both_paths(fn, x, -1)
+        assert_agree(pure, fused, x, is_log)
+
+
+def test_off_by_default_and_env_switch(monkeypatch):
+    monkeypatch.setattr(_cpu_kernels, "_enabled", None)
+    monkeypatch.delenv("SPARSENORM_CPU_KERNELS", raising=False)
+    assert not _cpu_kernels.cpu_kernels_enabled()
+    monkeypatch.setenv("SPARSENORM_CPU_KERNELS", "1")
+    assert _cpu_kernels.cpu_kernels_enabled()
+    sparsenorm.use_cpu_kernels(False)  # code wins over the environment
+    assert not _cpu_kernels.cpu_kernels_enabled()
+
+
+def test_failed_build_warns_once_and_falls_back(monkeypatch, tmp_path):
+    monkeypatch.setattr(_cpu_kernels, "_module", None)
+    monkeypatch.setattr(_cpu_kernels, "_build_error", None)
+    monkeypatch.setattr(_cpu_kernels, "_SOURCE", tmp_path / "missing.cpp")
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "build"))
+    monkeypatch.setattr(_cpu_kernels, "_enabled", True)
+    x = torch.randn(3, 8)
+    with pytest.warns(RuntimeWarning, match="could not build the C\\+\\+ CPU kernels"):
+        out = ev_softmax(x)
+    assert "missing.cpp" in _cpu_kernels.build_error()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no second warning
+        again = ev_softmax(x)
+    sparsenorm.use_cpu_kernels(False)
+    torch.testing.assert_close(out, ev_softmax(x), rtol=0, atol=0)
+    torch.testing.assert_close(again, out, rtol=0, atol=0)
