@@ -1,13 +1,16 @@
 """Benchmark: every normalizer against ``torch.softmax`` and the ``entmax`` package, side by side.
 
     python -m sparsenorm.bench [--shapes 4096x128,1024x1024] [--rounds 7] [--normalizers a,b]
-                               [--device cpu] [--json FILE]
+                               [--device cpu] [--json FILE] [--cpu-kernels] [--clock wall|thread]
 
 Times float32 forward and forward+backward for each shape. Every candidate is timed once per round,
 in a fresh random order each round (interleaved, so machine noise hits all alike), and the
 median over rounds is reported. Ratios are against ``torch.softmax`` (``torch.log_softmax`` for
 log-probability functions) and against the ``entmax`` package's best setting of the same
-function (full sort or ``k=64``), when that package is installed.
+function (full sort or ``k=64``), when that package is installed. ``--cpu-kernels`` adds
+"[cpp]" rows for the ev-softmax functions run by the opt-in fused C++ kernel (built first).
+``--clock thread`` runs on one thread and times per-thread CPU time (``time.thread_time``), which
+other processes on a busy machine disturb much less than wall time.
 """
 from __future__ import annotations
 
@@ -77,10 +80,29 @@ def build_candidates(names: List[str]) -> Tuple[List[Candidate], Dict[str, Dict[
     return candidates, refs
 
 
+_clock = time.perf_counter  # time.thread_time with --clock thread
+
+
+def _with_cpu_kernels(fn: Callable) -> Callable:
+    """fn with sparsenorm's opt-in C++ CPU kernels switched on for the call (forward only: the
+    backward is the same either way)."""
+    from . import _cpu_kernels
+
+    def run(x):
+        saved = _cpu_kernels._enabled
+        _cpu_kernels.use_cpu_kernels(True)
+        try:
+            return fn(x)
+        finally:
+            _cpu_kernels._enabled = saved
+
+    return run
+
+
 def _time_once(fn: Callable, x: torch.Tensor, grad: Optional[torch.Tensor], reps: int) -> float:
     sync = torch.cuda.synchronize if x.is_cuda else (lambda: None)
     sync()
-    start = time.perf_counter()
+    start = _clock()
     for _ in range(reps):
         if grad is None:
             with torch.no_grad():
@@ -89,7 +111,7 @@ def _time_once(fn: Callable, x: torch.Tensor, grad: Optional[torch.Tensor], reps
             x.grad = None
             fn(x).backward(grad)
     sync()
-    return (time.perf_counter() - start) / reps
+    return (_clock() - start) / reps
 
 
 def bench_shape(candidates: List[Candidate], shape: Tuple[int, int], rounds: int, device: str,
@@ -167,13 +189,28 @@ def main(argv: Optional[List[str]] = None) -> int:
                         help=f"comma-separated registry names (known: {', '.join(registry.names())})")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--json", help="also write the results to this JSON file")
+    parser.add_argument("--cpu-kernels", action="store_true",
+                        help="add ev-softmax rows run by the opt-in fused C++ CPU kernel")
+    parser.add_argument("--clock", choices=("wall", "thread"), default="wall",
+                        help="thread: one thread, per-thread CPU time (less noisy on a busy machine)")
     args = parser.parse_args(argv)
+    global _clock
+    if args.clock == "thread":
+        torch.set_num_threads(1)
+        _clock = time.thread_time
     names = [n.strip() for n in args.normalizers.split(",") if n.strip()]
     for n in names:
         registry.get(n)  # unknown names fail here, listing the known ones
     candidates, refs = build_candidates(names)
+    if args.cpu_kernels:
+        from . import _cpu_kernels
+
+        if _cpu_kernels.load() is None:
+            parser.error(f"--cpu-kernels: the C++ kernel could not be built: {_cpu_kernels.build_error()}")
+        candidates += [Candidate(f"{c.label} [cpp]", _with_cpu_kernels(c.fn), c.baseline)
+                       for c in list(candidates) if c.label.startswith("ev_softmax")]
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, device {args.device}, "
-          f"median of {args.rounds} interleaved rounds")
+          f"median of {args.rounds} interleaved rounds, {args.clock} clock")
     report = {}
     for shape in args.shapes:
         result = bench_shape(candidates, shape, args.rounds, args.device)
