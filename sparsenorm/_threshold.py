@@ -15,6 +15,8 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from . import _sparsemax_kernels
+
 
 def _ranks(n: int, like: Tensor) -> Tensor:
     return torch.arange(1, n + 1, device=like.device, dtype=like.dtype)
@@ -219,6 +221,9 @@ def project(x: Tensor, dim: int, kind: str, k: Optional[int] = None) -> Tensor:
     moved = x.movedim(dim, -1)
     n_cols = moved.shape[-1]
     x2 = moved.reshape(-1, n_cols).contiguous()
+    kernel = _sparsemax_kernels.kernel_for(x2)
+    if kernel is not None:  # opt-in fused C++ kernel (same results)
+        return _restore(kernel.forward(x2, kind == "entmax15"), moved, dim, x)
     n_rows = x2.shape[0]
     block = _block_size(n_cols)
     blocks = None
@@ -284,6 +289,20 @@ def _project_blocks(blocks, chosen, per_row, width, shift, kind, k) -> Tensor:
     out = blocks.new_zeros(blocks.shape)
     out[row_of, block_of] = p[row_of, slot]
     return out.view(n_rows, n_blocks * block)
+
+
+def kernel_backward(p: Tensor, g: Tensor, dim: int, kind: str) -> Optional[Tensor]:
+    """The backward by the opt-in fused C++ kernel, or None (not enabled / not applicable)."""
+    if torch.is_grad_enabled() or p.dim() == 0:
+        return None
+    kernel = _sparsemax_kernels.kernel_for(p)
+    if kernel is None:
+        return None
+    moved = p.movedim(dim, -1)
+    n_cols = moved.shape[-1]
+    p2 = moved.reshape(-1, n_cols).contiguous()
+    g2 = g.to(p.dtype).movedim(dim, -1).reshape(-1, n_cols).contiguous()
+    return _restore(kernel.backward(p2, g2, kind == "entmax15"), moved, dim, p)
 
 
 def support_backward(p: Tensor, g: Tensor, dim: int, kind: str) -> Optional[Tensor]:

@@ -31,7 +31,7 @@ import torch
 from torch import Tensor, nn
 from torch.autograd import Function
 
-from ._threshold import project, sqrt_nonneg, support_backward
+from ._threshold import kernel_backward, project, sqrt_nonneg, support_backward
 from ._validation import check_floating, check_param, compute_dtype, normalize_dim
 
 __all__ = [
@@ -104,6 +104,9 @@ def _weighted_backward(w: Tensor, g: Tensor, dim: int) -> Tensor:
 
 def _sparsemax_backward(p: Tensor, g: Tensor, dim: int) -> Tensor:
     """``s * (g - mean_S g)``; ``s = sign(p)`` is the support indicator as floats (``p >= 0``)."""
+    fused = kernel_backward(p, g, dim, "sparsemax")
+    if fused is not None:
+        return fused
     sparse = support_backward(p, g, dim, "sparsemax")
     if sparse is not None:
         return sparse
@@ -168,6 +171,9 @@ def _safe_sqrt(p: Tensor) -> Tensor:
 
 def _entmax15_backward(p: Tensor, g: Tensor, dim: int) -> Tensor:
     """With ``r = sqrt(p)``: ``r * (g - sum(r g) / sum(r))`` (entmax's ``gppr`` form)."""
+    fused = kernel_backward(p, g, dim, "entmax15")
+    if fused is not None:
+        return fused
     sparse = support_backward(p, g, dim, "entmax15")
     if sparse is not None:
         return sparse

@@ -507,3 +507,52 @@ def test_backward_saves_only_the_output():
         p = fn(x)
         saved = p.grad_fn.saved_tensors
         assert len(saved) == 1 and saved[0].data_ptr() == p.data_ptr()
+
+
+# ----------------------------------------------------------------------------- opt-in C++ kernel
+
+@pytest.fixture
+def cpu_kernel(monkeypatch):
+    """Turn the opt-in fused CPU kernel on for one test (skipped where it cannot be built)."""
+    from sparsenorm import _cpu_kernels, _sparsemax_kernels
+
+    monkeypatch.setattr(_cpu_kernels, "_enabled", True)
+    if _sparsemax_kernels.load() is None:
+        pytest.skip(f"C++ kernel not buildable here: {_sparsemax_kernels.build_error()}")
+    return _sparsemax_kernels
+
+
+@pytest.mark.parametrize("name", ["sparsemax", "entmax15"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_cpu_kernel_matches_entmax_and_pure_path(name, dtype, cpu_kernel):
+    torch.manual_seed(18)
+    x = torch.randn(5, 7, 300, dtype=dtype) * 3
+    x[0, 1, ::2] = -math.inf
+    x[1, 2] *= 1e-3
+    for dim in (-1, 1, 0):
+        xr = x.clone().requires_grad_(True)
+        ours = EXACT[name](xr, dim=dim, k=3)
+        assert torch.allclose(ours, REFERENCE[name](x, dim=dim % 3), atol=TOL[dtype], rtol=0)
+        g = torch.randn_like(x)
+        (grad,) = torch.autograd.grad(ours, xr, g)
+        xe = x.clone().requires_grad_(True)
+        (grad_ref,) = torch.autograd.grad(REFERENCE[name](xe, dim=dim % 3), xe, g)
+        assert torch.allclose(grad, grad_ref, atol=1e3 * TOL[dtype], rtol=0)
+
+
+@pytest.mark.parametrize("fn", [sparsemax, entmax15], ids=lambda f: f.__name__)
+def test_cpu_kernel_edge_cases(fn, cpu_kernel):
+    x = torch.tensor([[-math.inf] * 3, [0.1, math.nan, 0.3], [1.0, 2.0, -math.inf], [5.0, 5.0, 5.0]],
+                     dtype=torch.float64, requires_grad=True)
+    p = fn(x)
+    assert torch.equal(p[0], torch.zeros(3, dtype=torch.float64)) and torch.isnan(p[1]).all()
+    assert p[2, 2] == 0 and torch.allclose(p[3], torch.full((3,), 1 / 3, dtype=torch.float64))
+    (g,) = torch.autograd.grad(p, x, torch.randn(4, 3, dtype=torch.float64))
+    assert torch.equal(g[0], torch.zeros(3, dtype=torch.float64)) and torch.isfinite(g[2:]).all()
+    big = (torch.randn(20, 64) * 1e4).requires_grad_(True)
+    pb = fn(big)
+    assert torch.isfinite(pb).all() and torch.allclose(pb.sum(-1), torch.ones(20), atol=1e-5)
+    xb = (torch.randn(30, 40) * 2).bfloat16()
+    assert (fn(xb).float().sum(-1) - 1).abs().max() <= 2 ** -8
+    xd = (torch.randn(3, 6, dtype=torch.float64) * 2).requires_grad_(True)
+    assert gradcheck(fn, (xd,)) and gradgradcheck(fn, (xd,))

@@ -1,0 +1,145 @@
+// Fused CPU forward and backward of sparsemax and 1.5-entmax (opt-in, see sparsenorm/_sparsemax_kernels.py).
+//
+// One call handles a contiguous (rows, K) float32/float64 tensor, normalizing each row; rows are
+// split across threads with at::parallel_for. Per row, as many passes as softmax:
+//   1. the row max (and whether the row holds NaN or +inf: such rows are NaN);
+//   2. gather the candidates z = x - max (halved for 1.5-entmax) above the lower bound of the
+//      threshold (tau >= -1: sparsemax's p_max = -tau <= 1, entmax's p_max = tau^2 <= 1), sort
+//      them (usually a handful) and apply the sort-based formula of the entmax package
+//      (Martins & Astudillo 2016, Alg. 1; Peters et al. 2019, Alg. 2) -- exact;
+//   3. write p = [z - tau]_+ (squared for 1.5-entmax).
+// Rows with no finite entry give zeros. Backward: w = 1{p > 0} (sparsemax) or sqrt(p)
+// (1.5-entmax), grad = w * (g - sum(w g) / sum(w)), in two passes.
+#include <torch/extension.h>
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <vector>
+
+namespace {
+
+template <typename scalar_t>
+void forward_row(const scalar_t* x, scalar_t* out, int64_t k, bool entmax, std::vector<scalar_t>& cand) {
+  const scalar_t inf = std::numeric_limits<scalar_t>::infinity();
+  scalar_t mx = -inf;
+  bool bad = false;
+  for (int64_t i = 0; i < k; ++i) {
+    const scalar_t v = x[i];
+    bad |= (v != v) || (v == inf);
+    mx = v > mx ? v : mx;
+  }
+  if (bad) {
+    std::fill(out, out + k, std::numeric_limits<scalar_t>::quiet_NaN());
+    return;
+  }
+  if (mx == -inf) {
+    std::fill(out, out + k, scalar_t(0));
+    return;
+  }
+  const scalar_t half = entmax ? scalar_t(0.5) : scalar_t(1);
+  // Window in units of x, widened beyond rounding so that no candidate is lost.
+  const scalar_t offset = (entmax ? scalar_t(2) : scalar_t(1)) * scalar_t(1.001) +
+                          8 * std::numeric_limits<scalar_t>::epsilon() * std::abs(mx);
+  const scalar_t lo = mx - offset;
+  cand.clear();
+  for (int64_t i = 0; i < k; ++i) {
+    if (x[i] > lo) cand.push_back((x[i] - mx) * half);
+  }
+  std::sort(cand.begin(), cand.end(), std::greater<scalar_t>());
+  // As the entmax package: the support size is the NUMBER of prefixes passing the test.
+  scalar_t tau = 0;
+  int64_t support = 0;
+  scalar_t tau_at = 0;
+  scalar_t s = 0, s2 = 0;
+  std::vector<scalar_t>& taus = cand;  // overwritten in place: cand[r] is read before taus[r] is set
+  for (size_t r = 0; r < cand.size(); ++r) {
+    const scalar_t rho = scalar_t(r + 1);
+    const scalar_t z = cand[r];
+    s += z;
+    scalar_t t;
+    bool pass;
+    if (!entmax) {
+      t = (s - 1) / rho;
+      pass = rho * z > s - 1;
+    } else {
+      s2 += z * z;
+      const scalar_t mean = s / rho;
+      const scalar_t mean_sq = s2 / rho;
+      const scalar_t delta = (1 - rho * (mean_sq - mean * mean)) / rho;
+      t = mean - std::sqrt(delta > 0 ? delta : scalar_t(0));
+      pass = t <= z;
+    }
+    taus[r] = t;
+    support += pass ? 1 : 0;
+  }
+  if (support > 0) tau_at = taus[support - 1];
+  tau = tau_at;
+  for (int64_t i = 0; i < k; ++i) {
+    scalar_t p = (x[i] - mx) * half - tau;
+    p = p > 0 ? p : scalar_t(0);
+    out[i] = entmax ? p * p : p;
+  }
+}
+
+torch::Tensor forward(const torch::Tensor& x, bool entmax) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.device().is_cpu(), "expected a contiguous 2-D CPU tensor");
+  auto out = torch::empty_like(x);
+  const int64_t rows = x.size(0), k = x.size(1);
+  const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(k, 1));
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "sparsemax_forward", [&] {
+    const scalar_t* in_ptr = x.const_data_ptr<scalar_t>();
+    scalar_t* out_ptr = out.mutable_data_ptr<scalar_t>();
+    at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
+      std::vector<scalar_t> cand;
+      cand.reserve(64);
+      for (int64_t r = begin; r < end; ++r) forward_row<scalar_t>(in_ptr + r * k, out_ptr + r * k, k, entmax, cand);
+    });
+  });
+  return out;
+}
+
+torch::Tensor backward(const torch::Tensor& p, const torch::Tensor& g, bool entmax) {
+  TORCH_CHECK(p.dim() == 2 && p.is_contiguous() && g.is_contiguous() && p.sizes() == g.sizes(),
+              "expected contiguous 2-D tensors of one shape");
+  auto out = torch::empty_like(p);
+  const int64_t rows = p.size(0), k = p.size(1);
+  const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(k, 1));
+  AT_DISPATCH_FLOATING_TYPES(p.scalar_type(), "sparsemax_backward", [&] {
+    const scalar_t* p_ptr = p.const_data_ptr<scalar_t>();
+    const scalar_t* g_ptr = g.const_data_ptr<scalar_t>();
+    scalar_t* out_ptr = out.mutable_data_ptr<scalar_t>();
+    at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        const scalar_t* pr = p_ptr + r * k;
+        const scalar_t* gr = g_ptr + r * k;
+        scalar_t* o = out_ptr + r * k;
+        scalar_t w_sum = 0, wg_sum = 0;
+        for (int64_t i = 0; i < k; ++i) {
+          const scalar_t v = pr[i];
+          if (v != 0) {  // NaN rows stay NaN
+            const scalar_t w = entmax ? std::sqrt(v) : scalar_t(1);
+            w_sum += w;
+            wg_sum += w * gr[i];
+          }
+        }
+        const scalar_t q = w_sum > 0 ? wg_sum / w_sum : scalar_t(0);
+        for (int64_t i = 0; i < k; ++i) {
+          const scalar_t v = pr[i];
+          o[i] = v != 0 ? (entmax ? std::sqrt(v) : scalar_t(1)) * (gr[i] - q) : scalar_t(0);
+        }
+      }
+    });
+  });
+  return out;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("forward", &forward, "sparsemax / 1.5-entmax forward over the rows of a (rows, K) tensor");
+  m.def("backward", &backward, "sparsemax / 1.5-entmax backward over the rows of a (rows, K) tensor");
+}
