@@ -12,7 +12,9 @@ a zero gradient (``entmax`` crashes); fp16/bf16 are computed in float32 (``entma
 
 The exact maps find their threshold without a full sort (``sparsenorm._threshold``: Michelot's
 finite iteration for sparsemax, a root-bracketing iteration for 1.5-entmax, blockwise candidate
-selection for long rows), then apply the entmax package's closed-form backward.
+selection for long rows), then apply the entmax package's closed-form backward. With
+``sparsenorm.use_cpu_kernels(True)`` (or ``SPARSENORM_CPU_KERNELS=1``) CPU float32/float64 inputs
+use an opt-in fused C++ kernel instead (``csrc/sparsemax_cpu.cpp``; same results).
 
 Common conventions (every function here):
 
