@@ -16,6 +16,7 @@
 #include <torch/extension.h>
 
 #include <ATen/Parallel.h>
+#include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
 
 #include <algorithm>
@@ -41,11 +42,31 @@ struct RowStats {
 
 template <typename scalar_t>
 RowStats<scalar_t> sum_and_max(const scalar_t* x, int64_t k) {
-  double sum = 0.0;
-  scalar_t mx = -std::numeric_limits<scalar_t>::infinity();
+  using Vec = Vectorized<scalar_t>;
+  constexpr int64_t W = Vec::size();
+  constexpr int64_t kBlock = 4 * W;  // summed in scalar_t (4 adds per lane), then added in double
   // NaN is caught by the sum (non-finite rows are rescanned), so max may ignore it.
-#pragma omp simd reduction(+ : sum) reduction(max : mx)
-  for (int64_t i = 0; i < k; ++i) {
+  Vec vmax(-std::numeric_limits<scalar_t>::infinity());
+  double lane_sums[W] = {};
+  scalar_t block[W];
+  int64_t i = 0;
+  for (; i + kBlock <= k; i += kBlock) {
+    Vec a = Vec::loadu(x + i), b = Vec::loadu(x + i + W), c = Vec::loadu(x + i + 2 * W),
+        d = Vec::loadu(x + i + 3 * W);
+    vmax = at::vec::maximum(vmax, at::vec::maximum(at::vec::maximum(a, b), at::vec::maximum(c, d)));
+    ((a + b) + (c + d)).store(block);
+#pragma omp simd
+    for (int64_t j = 0; j < W; ++j) lane_sums[j] += static_cast<double>(block[j]);
+  }
+  // Horizontal reductions as trees: a serial loop over the lanes costs as much as a short row.
+  scalar_t mx = at::vec::vec_reduce_all<scalar_t>(
+      [](const Vec& a, const Vec& b) { return at::vec::maximum(a, b); }, vmax);
+  for (int64_t w = W / 2; w > 0; w /= 2) {
+#pragma omp simd
+    for (int64_t j = 0; j < w; ++j) lane_sums[j] += lane_sums[j + w];
+  }
+  double sum = lane_sums[0];
+  for (; i < k; ++i) {
     sum += static_cast<double>(x[i]);
     mx = x[i] > mx ? x[i] : mx;
   }
@@ -88,9 +109,8 @@ inline scalar_t shifted_scalar(scalar_t v, scalar_t thr, scalar_t shift, Kind ki
 }
 
 // Passes 2 and 3 on one row with its threshold and max (max finite and on the support).
-template <typename scalar_t>
-void normalize_row(const scalar_t* x, scalar_t* out, int64_t k, scalar_t thr, scalar_t mx, scalar_t shift,
-                   Kind kind, bool log_output) {
+template <typename scalar_t, Kind kind, bool log_output>
+void normalize_row(const scalar_t* x, scalar_t* out, int64_t k, scalar_t thr, scalar_t mx, scalar_t shift) {
   using Vec = Vectorized<scalar_t>;
   constexpr int64_t W = Vec::size();
   const Vec vthr(thr), vmax(mx), neg_tiny(-std::numeric_limits<scalar_t>::min());
@@ -104,10 +124,7 @@ void normalize_row(const scalar_t* x, scalar_t* out, int64_t k, scalar_t thr, sc
     if (!log_output) e.store(out + i);
     acc = acc + e;
   }
-  scalar_t lanes[W];
-  acc.store(lanes);
-  scalar_t sum = 0;
-  for (int64_t j = 0; j < W; ++j) sum += lanes[j];
+  scalar_t sum = at::vec::vec_reduce_all<scalar_t>([](const Vec& a, const Vec& b) { return a + b; }, acc);
   for (int64_t i = k_vec; i < k; ++i) {
     scalar_t e = std::exp(shifted_scalar(x[i], thr, shift, kind) - mx);
     if (!log_output) out[i] = e;
@@ -134,9 +151,8 @@ struct Counters {
   std::atomic<int64_t> rounded_rows{0};    // finite rows whose uncapped threshold left no support
 };
 
-template <typename scalar_t>
-void forward_row(const scalar_t* x, scalar_t* out, int64_t k, Kind kind, scalar_t shift, bool cap,
-                 bool log_output, Counters& counters) {
+template <typename scalar_t, Kind kind, bool log_output>
+void forward_row(const scalar_t* x, scalar_t* out, int64_t k, scalar_t shift, bool cap, Counters& counters) {
   constexpr scalar_t kInf = std::numeric_limits<scalar_t>::infinity();
   const RowStats<scalar_t> stats = sum_and_max(x, k);
   scalar_t mx = stats.max;
@@ -182,7 +198,7 @@ void forward_row(const scalar_t* x, scalar_t* out, int64_t k, Kind kind, scalar_
     }
     thr = std::min(static_cast<scalar_t>(total / static_cast<double>(count)), mx);
   }
-  normalize_row(x, out, k, thr, mx, shift, kind, log_output);
+  normalize_row<scalar_t, kind, log_output>(x, out, k, thr, mx, shift);
 }
 
 }  // namespace
@@ -201,12 +217,19 @@ std::tuple<at::Tensor, int64_t, int64_t> ev_softmax_forward(const at::Tensor& x,
     const scalar_t* in_ptr = x.const_data_ptr<scalar_t>();
     scalar_t* out_ptr = out.mutable_data_ptr<scalar_t>();
     const int64_t grain = std::max<int64_t>(1, 32768 / k);
-    at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
-      for (int64_t r = begin; r < end; ++r) {
-        forward_row<scalar_t>(in_ptr + r * k, out_ptr + r * k, k, static_cast<Kind>(kind),
-                              static_cast<scalar_t>(shift), cap, log_output, counters);
-      }
-    });
+    auto run = [&](auto row_fn) {
+      at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
+        for (int64_t r = begin; r < end; ++r) {
+          row_fn(in_ptr + r * k, out_ptr + r * k, k, static_cast<scalar_t>(shift), cap, counters);
+        }
+      });
+    };
+    // The mode is a template argument so that the inner loops carry no branches.
+    if (kind == 0) {
+      log_output ? run(forward_row<scalar_t, Kind::kSupport, true>) : run(forward_row<scalar_t, Kind::kSupport, false>);
+    } else {
+      log_output ? run(forward_row<scalar_t, Kind::kTrain, true>) : run(forward_row<scalar_t, Kind::kTrain, false>);
+    }
   });
   return {out, counters.nonfinite_rows.load(), counters.rounded_rows.load()};
 }
