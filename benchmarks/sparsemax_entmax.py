@@ -18,7 +18,18 @@ import time
 import torch
 
 import entmax
-from sparsenorm import entmax15, sparsemax
+from sparsenorm import _cpu_kernels, _sparsemax_kernels, entmax15, sparsemax
+
+
+def _with_kernel(fn):
+    """``fn`` with the opt-in fused C++ CPU kernel switched on for the call."""
+    def run(x):
+        _cpu_kernels.use_cpu_kernels(True)
+        try:
+            return fn(x)
+        finally:
+            _cpu_kernels.use_cpu_kernels(False)
+    return run
 
 SHAPES = [(4096, 128), (1024, 1024), (256, 32000), (4 * 8 * 512, 512)]
 
@@ -30,6 +41,8 @@ CANDIDATES = {
     "sparsenorm.entmax15": lambda x: entmax15(x),
     "entmax.entmax15": lambda x: entmax.entmax15(x),
     "entmax.entmax15(k=64)": lambda x: entmax.entmax15(x, k=64),
+    "sparsenorm.sparsemax [C++ kernel]": _with_kernel(sparsemax),
+    "sparsenorm.entmax15 [C++ kernel]": _with_kernel(entmax15),
 }
 
 
@@ -59,6 +72,11 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+    _cpu_kernels.use_cpu_kernels(True)
+    if _sparsemax_kernels.load() is None:  # build once up front (or drop the kernel rows)
+        for name in [n for n in CANDIDATES if "C++" in n]:
+            del CANDIDATES[name]
+    _cpu_kernels.use_cpu_kernels(False)
     print(f"float32 CPU forward+backward, median of {args.rounds} interleaved rounds, {torch.get_num_threads()} threads")
     print("| shape | candidate | ms | x softmax |\n| --- | --- | ---: | ---: |")
     for shape in shapes:
@@ -70,6 +88,9 @@ def main() -> None:
                            ("entmax15", ("entmax.entmax15", "entmax.entmax15(k=64)"))):
             best = min(med[r] for r in refs)
             print(f"| {shape[0]}x{shape[1]} | {ours}: entmax best / ours | | {best / med['sparsenorm.' + ours]:.1f} |")
+            kernel = f"sparsenorm.{ours} [C++ kernel]"
+            if kernel in med:
+                print(f"| {shape[0]}x{shape[1]} | {ours} [C++ kernel]: entmax best / ours | | {best / med[kernel]:.1f} |")
 
 
 if __name__ == "__main__":

@@ -26,12 +26,14 @@ template <typename scalar_t>
 void forward_row(const scalar_t* x, scalar_t* out, int64_t k, bool entmax, std::vector<scalar_t>& cand) {
   const scalar_t inf = std::numeric_limits<scalar_t>::infinity();
   scalar_t mx = -inf;
-  bool bad = false;
+  int64_t nans = 0;
+#pragma omp simd reduction(max : mx) reduction(+ : nans)
   for (int64_t i = 0; i < k; ++i) {
     const scalar_t v = x[i];
-    bad |= (v != v) || (v == inf);
     mx = v > mx ? v : mx;
+    nans += (v != v) ? 1 : 0;
   }
+  const bool bad = nans > 0 || mx == inf;
   if (bad) {
     std::fill(out, out + k, std::numeric_limits<scalar_t>::quiet_NaN());
     return;
@@ -78,10 +80,19 @@ void forward_row(const scalar_t* x, scalar_t* out, int64_t k, bool entmax, std::
   }
   if (support > 0) tau_at = taus[support - 1];
   tau = tau_at;
-  for (int64_t i = 0; i < k; ++i) {
-    scalar_t p = (x[i] - mx) * half - tau;
-    p = p > 0 ? p : scalar_t(0);
-    out[i] = entmax ? p * p : p;
+  if (entmax) {
+#pragma omp simd
+    for (int64_t i = 0; i < k; ++i) {
+      scalar_t p = (x[i] - mx) * half - tau;
+      p = p > 0 ? p : scalar_t(0);
+      out[i] = p * p;
+    }
+  } else {
+#pragma omp simd
+    for (int64_t i = 0; i < k; ++i) {
+      const scalar_t p = (x[i] - mx) - tau;
+      out[i] = p > 0 ? p : scalar_t(0);
+    }
   }
 }
 
@@ -102,6 +113,51 @@ torch::Tensor forward(const torch::Tensor& x, bool entmax) {
   return out;
 }
 
+// w = 1{p > 0} (sparsemax) or sqrt(p) (1.5-entmax); grad = w * (g - sum(w g) / sum(w)).
+// NaN rows stay NaN.
+// sqrt(p) for p >= 0, exactly 0 at 0 and NaN at NaN, avoiding sqrt of zero (a slow path on
+// this CPU): sqrt(max(p, tiny)) - sqrt(tiny).
+template <typename scalar_t>
+inline scalar_t sqrt_nonneg(scalar_t v) {
+  const scalar_t tiny = std::numeric_limits<scalar_t>::min();
+  const scalar_t r = std::sqrt(v > tiny ? v : tiny) - std::sqrt(tiny);
+  return v != v ? v : r;
+}
+
+template <typename scalar_t>
+void backward_row(const scalar_t* pr, const scalar_t* gr, scalar_t* o, int64_t k, bool entmax) {
+  scalar_t w_sum = 0, wg_sum = 0;
+  if (entmax) {
+#pragma omp simd reduction(+ : w_sum, wg_sum)
+    for (int64_t i = 0; i < k; ++i) {
+      const scalar_t w = sqrt_nonneg(pr[i]);
+      o[i] = w;  // kept for the second pass (one sqrt per entry)
+      w_sum += w;
+      wg_sum += w * gr[i];
+    }
+  } else {
+#pragma omp simd reduction(+ : w_sum, wg_sum)
+    for (int64_t i = 0; i < k; ++i) {
+      const scalar_t v = pr[i];
+      const scalar_t w = (v != v) ? v : (v > 0 ? scalar_t(1) : scalar_t(0));
+      w_sum += w;
+      wg_sum += w * gr[i];
+    }
+  }
+  const scalar_t q = w_sum != 0 ? wg_sum / w_sum : scalar_t(0);
+  if (entmax) {
+#pragma omp simd
+    for (int64_t i = 0; i < k; ++i) o[i] = o[i] * (gr[i] - q);
+  } else {
+#pragma omp simd
+    for (int64_t i = 0; i < k; ++i) {
+      const scalar_t v = pr[i];
+      const scalar_t w = (v != v) ? v : (v > 0 ? scalar_t(1) : scalar_t(0));
+      o[i] = w * (gr[i] - q);
+    }
+  }
+}
+
 torch::Tensor backward(const torch::Tensor& p, const torch::Tensor& g, bool entmax) {
   TORCH_CHECK(p.dim() == 2 && p.is_contiguous() && g.is_contiguous() && p.sizes() == g.sizes(),
               "expected contiguous 2-D tensors of one shape");
@@ -114,23 +170,7 @@ torch::Tensor backward(const torch::Tensor& p, const torch::Tensor& g, bool entm
     scalar_t* out_ptr = out.mutable_data_ptr<scalar_t>();
     at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) {
-        const scalar_t* pr = p_ptr + r * k;
-        const scalar_t* gr = g_ptr + r * k;
-        scalar_t* o = out_ptr + r * k;
-        scalar_t w_sum = 0, wg_sum = 0;
-        for (int64_t i = 0; i < k; ++i) {
-          const scalar_t v = pr[i];
-          if (v != 0) {  // NaN rows stay NaN
-            const scalar_t w = entmax ? std::sqrt(v) : scalar_t(1);
-            w_sum += w;
-            wg_sum += w * gr[i];
-          }
-        }
-        const scalar_t q = w_sum > 0 ? wg_sum / w_sum : scalar_t(0);
-        for (int64_t i = 0; i < k; ++i) {
-          const scalar_t v = pr[i];
-          o[i] = v != 0 ? (entmax ? std::sqrt(v) : scalar_t(1)) * (gr[i] - q) : scalar_t(0);
-        }
+        backward_row<scalar_t>(p_ptr + r * k, g_ptr + r * k, out_ptr + r * k, k, entmax);
       }
     });
   });
