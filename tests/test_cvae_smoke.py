@@ -154,6 +154,7 @@ def test_claims_follow_the_numbers():
 
     table = {"softmax": summary(0.4, 0.8, 10), "posthoc_evidential": summary(0.3, 0.7, 6),
              "ev_softmax": summary(0.2, 0.5, 5), "sparsemax": summary(2.0, 2.0, 1), "entmax15": summary(1.0, 1.5, 3)}
+    table["sparsemax"]["posterior_classes_used"] = {"mean": 1.0, "std": 0.0}
     per_seed = {"ev_softmax": [{"seed": 0, "nonzero_prior_modes": {"even": 5, "odd": 5}}]}
     verdicts = [c["verdict"] for c in cvae.assess_claims(table, per_seed)]
     assert verdicts == ["reproduced"] * 6
@@ -162,6 +163,8 @@ def test_claims_follow_the_numbers():
     verdicts = [c["verdict"] for c in cvae.assess_claims(table, per_seed)]
     assert verdicts == ["not reproduced", "not reproduced", "not reproduced", "reproduced", "reproduced",
                         "not reproduced"]
+    table["sparsemax"]["posterior_classes_used"] = {"mean": 3.0, "std": 0.0}  # not a single class any more
+    assert cvae.assess_claims(table, per_seed)[3]["verdict"] == "not reproduced"
 
 
 def test_wasserstein_of_the_decoded_prior_uses_digit_positions():
