@@ -28,11 +28,12 @@ _lock = threading.Lock()
 
 
 def use_cpu_kernels(enabled: bool = True) -> None:
-    """Turn the fused C++ CPU kernels for ev-softmax on or off (process-wide).
+    """Turn the opt-in fused C++ CPU kernels on or off (process-wide; off by default).
 
     When on, the first CPU call of ``ev_softmax``/``ev_softmax_train``/``log_ev_softmax_train``
-    compiles the kernel once (cached on disk across runs); results equal the pure-PyTorch path
-    up to floating-point rounding. Falls back to that path, with one warning, if the build fails.
+    (and of sparsemax/entmax15, see ``sparsenorm._sparsemax_kernels``) compiles its kernel once
+    (cached on disk across runs); results equal the pure-PyTorch path up to floating-point
+    rounding. Falls back to that path, with one warning, if the build fails.
     """
     global _enabled
     _enabled = bool(enabled)

@@ -2,7 +2,8 @@
 //
 // One call handles a contiguous (rows, K) float32/float64 tensor, normalizing each row; rows are
 // split across threads with at::parallel_for. Per row, as many passes as softmax itself:
-//   1. sum (accumulated in double) and max together; the max is always on the support;
+//   1. sum and max together (the sum in double, over partial sums of 4 entries per SIMD lane);
+//      the max is always on the support;
 //   2. exp(z - max) and its sum, z = x on the support and, off it, x + shift (Eq. 10) or
 //      "absent" (Eq. 7);
 //   3. normalize (log form: z - max - log(sum)).
