@@ -15,7 +15,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from . import _sparsemax_kernels
+from ._cpu_kernels import SPARSEMAX as _SPARSEMAX_KERNEL
 
 
 def _ranks(n: int, like: Tensor) -> Tensor:
@@ -221,7 +221,7 @@ def project(x: Tensor, dim: int, kind: str, k: Optional[int] = None) -> Tensor:
     moved = x.movedim(dim, -1)
     n_cols = moved.shape[-1]
     x2 = moved.reshape(-1, n_cols).contiguous()
-    kernel = _sparsemax_kernels.kernel_for(x2)
+    kernel = _SPARSEMAX_KERNEL.kernel_for(x2)
     if kernel is not None:  # opt-in fused C++ kernel (same results)
         return _restore(kernel.forward(x2, kind == "entmax15"), moved, dim, x)
     n_rows = x2.shape[0]
@@ -295,7 +295,7 @@ def kernel_backward(p: Tensor, g: Tensor, dim: int, kind: str) -> Optional[Tenso
     """The backward by the opt-in fused C++ kernel, or None (not enabled / not applicable)."""
     if torch.is_grad_enabled() or p.dim() == 0:
         return None
-    kernel = _sparsemax_kernels.kernel_for(p)
+    kernel = _SPARSEMAX_KERNEL.kernel_for(p)
     if kernel is None:
         return None
     moved = p.movedim(dim, -1)

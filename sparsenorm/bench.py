@@ -8,7 +8,8 @@ in a fresh random order each round (interleaved, so machine noise hits all alike
 median over rounds is reported. Ratios are against ``torch.softmax`` (``torch.log_softmax`` for
 log-probability functions) and against the ``entmax`` package's best setting of the same
 function (full sort or ``k=64``), when that package is installed. ``--cpu-kernels`` adds
-"[cpp]" rows for the ev-softmax functions run by the opt-in fused C++ kernel (built first).
+"[cpp]" rows for the functions that have an opt-in fused C++ kernel (ev-softmax's three forms,
+sparsemax, entmax15), built first.
 ``--clock thread`` runs on one thread and times per-thread CPU time (``time.thread_time``), which
 other processes on a busy machine disturb much less than wall time.
 """
@@ -81,6 +82,8 @@ def build_candidates(names: List[str]) -> Tuple[List[Candidate], Dict[str, Dict[
 
 
 _clock = time.perf_counter  # time.thread_time with --clock thread
+# Registry names whose forward has an opt-in fused C++ CPU kernel (sparsenorm.use_cpu_kernels).
+KERNEL_FUNCTIONS = ("ev_softmax", "sparsemax", "entmax15")
 
 
 def _with_cpu_kernels(fn: Callable) -> Callable:
@@ -190,7 +193,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--json", help="also write the results to this JSON file")
     parser.add_argument("--cpu-kernels", action="store_true",
-                        help="add ev-softmax rows run by the opt-in fused C++ CPU kernel")
+                        help="add rows run by the opt-in fused C++ CPU kernels")
     parser.add_argument("--clock", choices=("wall", "thread"), default="wall",
                         help="thread: one thread, per-thread CPU time (less noisy on a busy machine)")
     args = parser.parse_args(argv)
@@ -203,12 +206,13 @@ def main(argv: Optional[List[str]] = None) -> int:
         registry.get(n)  # unknown names fail here, listing the known ones
     candidates, refs = build_candidates(names)
     if args.cpu_kernels:
-        from . import _cpu_kernels
+        from ._cpu_kernels import EVIDENTIAL, SPARSEMAX
 
-        if _cpu_kernels.load() is None:
-            parser.error(f"--cpu-kernels: the C++ kernel could not be built: {_cpu_kernels.build_error()}")
-        candidates += [Candidate(f"{c.label} [cpp]", _with_cpu_kernels(c.fn), c.baseline)
-                       for c in list(candidates) if c.label.startswith("ev_softmax")]
+        for kernels in (EVIDENTIAL, SPARSEMAX):  # build now, not inside a timing
+            if kernels.load() is None:
+                parser.error(f"--cpu-kernels: a C++ kernel could not be built: {kernels.error}")
+        candidates += [Candidate(f"{c.label} [cpp]", _with_cpu_kernels(c.fn), c.baseline, c.entmax_twin)
+                       for c in list(candidates) if c.label.split(" ")[0] in KERNEL_FUNCTIONS]
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, device {args.device}, "
           f"median of {args.rounds} interleaved rounds, {args.clock} clock")
     report = {}

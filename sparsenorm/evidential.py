@@ -231,7 +231,7 @@ def _fused_forward(x: Tensor, dim: int, eps: Optional[float], log: bool) -> Opti
     row anywhere caps every row's threshold) is applied here by re-running capped, which only
     changes rows whose mean rounded above their max (reported by the kernel).
     """
-    ext = _cpu_kernels.kernel_for(x)
+    ext = _cpu_kernels.EVIDENTIAL.kernel_for(x)
     if ext is None or x.dim() == 0:
         return None
     if eps is None:

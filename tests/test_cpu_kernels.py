@@ -45,9 +45,9 @@ DTYPES = [torch.float32, torch.float64]
 def kernel():
     """Build (or load the cached) extension once; skip the module if it cannot be built."""
     saved = _cpu_kernels._enabled
-    ext = _cpu_kernels.load()
+    ext = _cpu_kernels.EVIDENTIAL.load()
     if ext is None:
-        pytest.skip(f"C++ CPU kernel could not be built: {_cpu_kernels.build_error()}")
+        pytest.skip(f"C++ CPU kernel could not be built: {_cpu_kernels.EVIDENTIAL.error}")
     yield ext
     _cpu_kernels._enabled = saved
 
@@ -140,7 +140,7 @@ def test_rounded_mean_row_is_capped_when_another_row_has_neg_inf():
     # is capped at its max (the Python masked path), leaving the two max entries.
     row = torch.tensor([math.nextafter(0.1, 0.0), 0.1, 0.1], dtype=torch.float64)
     assert row.mean() > row.max()
-    _, _, rounded = _cpu_kernels.load().ev_softmax_forward(row[None].contiguous(), 0, 0.0, False, False)
+    _, _, rounded = _cpu_kernels.EVIDENTIAL.load().ev_softmax_forward(row[None].contiguous(), 0, 0.0, False, False)
     assert rounded == 1
     alone_pure, alone_fused = both_paths(ev_softmax, row[None], -1)
     torch.testing.assert_close(alone_fused, torch.full((1, 3), 1 / 3, dtype=torch.float64))
@@ -221,15 +221,15 @@ def test_off_by_default_and_env_switch(monkeypatch):
 
 
 def test_failed_build_warns_once_and_falls_back(monkeypatch, tmp_path):
-    monkeypatch.setattr(_cpu_kernels, "_module", None)
-    monkeypatch.setattr(_cpu_kernels, "_build_error", None)
-    monkeypatch.setattr(_cpu_kernels, "_SOURCE", tmp_path / "missing.cpp")
+    monkeypatch.setattr(_cpu_kernels.EVIDENTIAL, "module", None)
+    monkeypatch.setattr(_cpu_kernels.EVIDENTIAL, "error", None)
+    monkeypatch.setattr(_cpu_kernels.EVIDENTIAL, "source", tmp_path / "missing.cpp")
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "build"))
     monkeypatch.setattr(_cpu_kernels, "_enabled", True)
     x = torch.randn(3, 8)
     with pytest.warns(RuntimeWarning, match="could not build the C\\+\\+ CPU kernels"):
         out = ev_softmax(x)
-    assert "missing.cpp" in _cpu_kernels.build_error()
+    assert "missing.cpp" in _cpu_kernels.EVIDENTIAL.error
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no second warning
         again = ev_softmax(x)

@@ -514,12 +514,12 @@ def test_backward_saves_only_the_output():
 @pytest.fixture
 def cpu_kernel(monkeypatch):
     """Turn the opt-in fused CPU kernel on for one test (skipped where it cannot be built)."""
-    from sparsenorm import _cpu_kernels, _sparsemax_kernels
+    from sparsenorm import _cpu_kernels
 
     monkeypatch.setattr(_cpu_kernels, "_enabled", True)
-    if _sparsemax_kernels.load() is None:
-        pytest.skip(f"C++ kernel not buildable here: {_sparsemax_kernels.build_error()}")
-    return _sparsemax_kernels
+    if _cpu_kernels.SPARSEMAX.load() is None:
+        pytest.skip(f"C++ kernel not buildable here: {_cpu_kernels.SPARSEMAX.error}")
+    return _cpu_kernels.SPARSEMAX
 
 
 @pytest.mark.parametrize("name", ["sparsemax", "entmax15"])

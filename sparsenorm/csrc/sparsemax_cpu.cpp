@@ -1,4 +1,4 @@
-// Fused CPU forward and backward of sparsemax and 1.5-entmax (opt-in, see sparsenorm/_sparsemax_kernels.py).
+// Fused CPU forward and backward of sparsemax and 1.5-entmax (opt-in, see sparsenorm/_cpu_kernels.py).
 //
 // One call handles a contiguous (rows, K) float32/float64 tensor, normalizing each row; rows are
 // split across threads with at::parallel_for. Per row, as many passes as softmax:
