@@ -432,36 +432,34 @@ class EvSoftmax(nn.Module):
         return f"dim={self.dim}"
 
 
-class EvSoftmaxTrain(nn.Module):
+class _TrainFormModule(nn.Module):
+    """Shared by the modules of Eq. 10 and its log: store ``dim`` and ``eps``, call ``_function``."""
+
+    _function = staticmethod(ev_softmax_train)
+
+    def __init__(self, dim: int = -1, eps: float = 1e-6):
+        super().__init__()
+        _check_eps(eps)
+        self.dim = dim
+        self.eps = eps
+
+    def forward(self, x: Tensor, mask: Optional[Tensor] = None) -> Tensor:
+        return self._function(x, dim=self.dim, eps=self.eps, mask=mask)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, eps={self.eps}"
+
+
+class EvSoftmaxTrain(_TrainFormModule):
     """Module form of :func:`ev_softmax_train` (Eq. 10); ``forward(x, mask=None)``."""
 
-    def __init__(self, dim: int = -1, eps: float = 1e-6):
-        super().__init__()
-        _check_eps(eps)
-        self.dim = dim
-        self.eps = eps
-
-    def forward(self, x: Tensor, mask: Optional[Tensor] = None) -> Tensor:
-        return ev_softmax_train(x, dim=self.dim, eps=self.eps, mask=mask)
-
-    def extra_repr(self) -> str:
-        return f"dim={self.dim}, eps={self.eps}"
+    _function = staticmethod(ev_softmax_train)
 
 
-class LogEvSoftmaxTrain(nn.Module):
+class LogEvSoftmaxTrain(_TrainFormModule):
     """Module form of :func:`log_ev_softmax_train`; ``forward(x, mask=None)``."""
 
-    def __init__(self, dim: int = -1, eps: float = 1e-6):
-        super().__init__()
-        _check_eps(eps)
-        self.dim = dim
-        self.eps = eps
-
-    def forward(self, x: Tensor, mask: Optional[Tensor] = None) -> Tensor:
-        return log_ev_softmax_train(x, dim=self.dim, eps=self.eps, mask=mask)
-
-    def extra_repr(self) -> str:
-        return f"dim={self.dim}, eps={self.eps}"
+    _function = staticmethod(log_ev_softmax_train)
 
 
 class PosthocEvidential(nn.Module):

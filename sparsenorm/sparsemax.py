@@ -389,36 +389,34 @@ def sparsemax_bisect(X: Tensor, dim: int = -1, n_iter: int = 50, ensure_sum_one:
 
 # ----------------------------------------------------------------------------- modules
 
-class Sparsemax(nn.Module):
+class _SortFreeModule(nn.Module):
+    """Shared by ``Sparsemax`` and ``Entmax15``: store ``dim`` and the ``k`` hint, call ``_function``."""
+
+    _function = staticmethod(sparsemax)
+
+    def __init__(self, dim: int = -1, k: Optional[int] = None):
+        super().__init__()
+        _check_k(k)
+        self.dim = dim
+        self.k = k
+
+    def forward(self, X: Tensor) -> Tensor:
+        return self._function(X, dim=self.dim, k=self.k)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, k={self.k}"
+
+
+class Sparsemax(_SortFreeModule):
     """Module form of :func:`sparsemax` (same arguments as ``entmax.Sparsemax``)."""
 
-    def __init__(self, dim: int = -1, k: Optional[int] = None):
-        super().__init__()
-        _check_k(k)
-        self.dim = dim
-        self.k = k
-
-    def forward(self, X: Tensor) -> Tensor:
-        return sparsemax(X, dim=self.dim, k=self.k)
-
-    def extra_repr(self) -> str:
-        return f"dim={self.dim}, k={self.k}"
+    _function = staticmethod(sparsemax)
 
 
-class Entmax15(nn.Module):
+class Entmax15(_SortFreeModule):
     """Module form of :func:`entmax15` (same arguments as ``entmax.Entmax15``)."""
 
-    def __init__(self, dim: int = -1, k: Optional[int] = None):
-        super().__init__()
-        _check_k(k)
-        self.dim = dim
-        self.k = k
-
-    def forward(self, X: Tensor) -> Tensor:
-        return entmax15(X, dim=self.dim, k=self.k)
-
-    def extra_repr(self) -> str:
-        return f"dim={self.dim}, k={self.k}"
+    _function = staticmethod(entmax15)
 
 
 class SparsemaxBisect(nn.Module):
