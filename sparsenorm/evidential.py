@@ -153,36 +153,16 @@ def _log_softmax_backward(grad: Tensor, out: Tensor, dim: int, zero_at_neg_inf: 
 
 
 class EvSoftmaxFunction(torch.autograd.Function):
-    """Eq. 7 forward; Eq. 9 backward (softmax's backward on the output, zero off the support)."""
+    """Eq. 7 (``eps=None``) or Eq. 10 forward; the backward is softmax's on the output (Eq. 9: the
+    indicator and Eq. 10's log-shift are piecewise constant, so nothing else depends on x)."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, dim: int) -> Tensor:
-        fused = _fused_forward(x, dim, eps=None, log=False)
-        if fused is not None:
-            out = fused[0]
-        else:
-            z, empty = _support_logits(x, dim)
-            out = _finish_softmax(z, dim, empty)
-        ctx.dim = dim
-        ctx.save_for_backward(out)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        (out,) = ctx.saved_tensors
-        return _softmax_backward(grad, out, ctx.dim), None
-
-
-class EvSoftmaxTrainFunction(torch.autograd.Function):
-    """Eq. 10 forward; backward is softmax's on the output (the log-shift is piecewise constant)."""
-
-    @staticmethod
-    def forward(ctx, x: Tensor, dim: int, eps: float) -> Tensor:
+    def forward(ctx, x: Tensor, dim: int, eps: Optional[float]) -> Tensor:
         fused = _fused_forward(x, dim, eps=eps, log=False)
         if fused is not None:
             out = fused[0]
         else:
-            z, empty = _train_logits(x, dim, eps)
+            z, empty = _support_logits(x, dim) if eps is None else _train_logits(x, dim, eps)
             out = _finish_softmax(z, dim, empty)
         ctx.dim = dim
         ctx.save_for_backward(out)
@@ -287,7 +267,7 @@ def ev_softmax(x: Tensor, dim: int = -1, mask: Optional[Tensor] = None) -> Tenso
     """
     dtype = x.dtype if isinstance(x, Tensor) else None
     z, dim = _prepare(x, dim, mask)
-    return EvSoftmaxFunction.apply(z, dim).to(dtype)
+    return EvSoftmaxFunction.apply(z, dim, None).to(dtype)
 
 
 def ev_softmax_train(x: Tensor, dim: int = -1, eps: float = 1e-6, mask: Optional[Tensor] = None) -> Tensor:
@@ -305,7 +285,7 @@ def ev_softmax_train(x: Tensor, dim: int = -1, eps: float = 1e-6, mask: Optional
     _check_eps(eps)
     dtype = x.dtype if isinstance(x, Tensor) else None
     z, dim = _prepare(x, dim, mask)
-    return EvSoftmaxTrainFunction.apply(z, dim, float(eps)).to(dtype)
+    return EvSoftmaxFunction.apply(z, dim, float(eps)).to(dtype)
 
 
 def log_ev_softmax_train(

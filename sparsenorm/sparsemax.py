@@ -69,21 +69,25 @@ def _shift_by_max(x: Tensor, dim: int) -> Tensor:
 
 # ----------------------------------------------------------------------------- sparsemax
 
-class SparsemaxFunction(Function):
-    """``p = [x - tau]_+``; backward ``s * (g - mean_S g)`` with ``s = 1{p > 0}``."""
+class ProjectionFunction(Function):
+    """Sparsemax (``mode="sparsemax"``, ``p = [x - tau]_+``) or 1.5-entmax (``mode="entmax15"``,
+    ``p = [x/2 - tau]_+^2``) with the exact threshold; the backward is
+    ``w * (g - sum(w g) / sum(w))`` with ``w = 1{p > 0}`` (sparsemax) or ``w = sqrt(p)`` (entmax's
+    ``gppr``), from the saved output only."""
 
     @staticmethod
-    def forward(ctx, X: Tensor, dim: int, k: Optional[int]) -> Tensor:
-        p = project(X.to(compute_dtype(X)), dim, "sparsemax", k)
+    def forward(ctx, X: Tensor, dim: int, k: Optional[int], mode: str) -> Tensor:
+        p = project(X.to(compute_dtype(X)), dim, mode, k)
         out = p.to(X.dtype)
         ctx.dim = dim
+        ctx.mode = mode
         ctx.save_for_backward(out)
         return out
 
     @staticmethod
     def backward(ctx, grad_output: Tensor):
         (p,) = ctx.saved_tensors
-        return _sparsemax_backward(p, grad_output, ctx.dim).to(p.dtype), None, None
+        return _projection_backward(p, grad_output, ctx.dim, ctx.mode).to(p.dtype), None, None, None
 
 
 def _weighted_backward(w: Tensor, g: Tensor, dim: int) -> Tensor:
@@ -104,16 +108,18 @@ def _weighted_backward(w: Tensor, g: Tensor, dim: int) -> Tensor:
     return torch._softmax_backward_data(g, u, dim, u.dtype).mul_(total)
 
 
-def _sparsemax_backward(p: Tensor, g: Tensor, dim: int) -> Tensor:
-    """``s * (g - mean_S g)``; ``s = sign(p)`` is the support indicator as floats (``p >= 0``)."""
-    fused = kernel_backward(p, g, dim, "sparsemax")
+def _projection_backward(p: Tensor, g: Tensor, dim: int, mode: str) -> Tensor:
+    """The fused kernel's backward, the support-only one, or ``_weighted_backward`` with
+    ``w = sign(p)`` (the support indicator as floats, ``p >= 0``) or ``w = sqrt(p)``."""
+    fused = kernel_backward(p, g, dim, mode)
     if fused is not None:
         return fused
-    sparse = support_backward(p, g, dim, "sparsemax")
+    sparse = support_backward(p, g, dim, mode)
     if sparse is not None:
         return sparse
     p = p.to(compute_dtype(p))
-    return _weighted_backward(torch.sign(p), g.to(p.dtype), dim)
+    weight = torch.sign(p) if mode == "sparsemax" else _safe_sqrt(p)
+    return _weighted_backward(weight, g.to(p.dtype), dim)
 
 
 def sparsemax(X: Tensor, dim: int = -1, k: Optional[int] = None) -> Tensor:
@@ -139,28 +145,10 @@ def sparsemax(X: Tensor, dim: int = -1, k: Optional[int] = None) -> Tensor:
     check_floating(X)
     dim = normalize_dim(X, dim)
     _check_k(k)
-    return SparsemaxFunction.apply(X, dim, k)
+    return ProjectionFunction.apply(X, dim, k, "sparsemax")
 
 
 # ----------------------------------------------------------------------------- 1.5-entmax
-
-class Entmax15Function(Function):
-    """``p = [x/2 - tau]_+^2``; backward with ``gppr = sqrt(p)``:
-    ``dX = gppr * (g - sum(g * gppr) / sum(gppr))``."""
-
-    @staticmethod
-    def forward(ctx, X: Tensor, dim: int, k: Optional[int]) -> Tensor:
-        p = project(X.to(compute_dtype(X)), dim, "entmax15", k)
-        out = p.to(X.dtype)
-        ctx.dim = dim
-        ctx.save_for_backward(out)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad_output: Tensor):
-        (p,) = ctx.saved_tensors
-        return _entmax15_backward(p, grad_output, ctx.dim).to(p.dtype), None, None
-
 
 def _safe_sqrt(p: Tensor) -> Tensor:
     """``sqrt(p)`` whose derivative at ``p = 0`` is 0 rather than inf, so double backward is
@@ -169,18 +157,6 @@ def _safe_sqrt(p: Tensor) -> Tensor:
         return sqrt_nonneg(p)
     on = p > 0
     return torch.where(on, torch.where(on, p, torch.ones_like(p)).sqrt(), torch.zeros_like(p))
-
-
-def _entmax15_backward(p: Tensor, g: Tensor, dim: int) -> Tensor:
-    """With ``r = sqrt(p)``: ``r * (g - sum(r g) / sum(r))`` (entmax's ``gppr`` form)."""
-    fused = kernel_backward(p, g, dim, "entmax15")
-    if fused is not None:
-        return fused
-    sparse = support_backward(p, g, dim, "entmax15")
-    if sparse is not None:
-        return sparse
-    p = p.to(compute_dtype(p))
-    return _weighted_backward(_safe_sqrt(p), g.to(p.dtype), dim)
 
 
 def entmax15(X: Tensor, dim: int = -1, k: Optional[int] = None) -> Tensor:
@@ -205,7 +181,7 @@ def entmax15(X: Tensor, dim: int = -1, k: Optional[int] = None) -> Tensor:
     check_floating(X)
     dim = normalize_dim(X, dim)
     _check_k(k)
-    return Entmax15Function.apply(X, dim, k)
+    return ProjectionFunction.apply(X, dim, k, "entmax15")
 
 
 # ----------------------------------------------------------------------------- bisection
@@ -335,7 +311,7 @@ class SparsemaxBisectFunction(Function):
     @staticmethod
     def backward(ctx, grad_output: Tensor):
         (p,) = ctx.saved_tensors
-        return _sparsemax_backward(p, grad_output, ctx.dim), None, None, None
+        return _projection_backward(p, grad_output, ctx.dim, "sparsemax"), None, None, None
 
 
 def entmax_bisect(
