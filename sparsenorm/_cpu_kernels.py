@@ -48,7 +48,7 @@ def _build_directory() -> Path:
     env = os.environ.get("TORCH_EXTENSIONS_DIR")
     if env:
         return Path(env).expanduser()
-    from .experiments.common import cache_dir
+    from ._cache import cache_dir
 
     return cache_dir() / "torch_extensions"
 

@@ -8,7 +8,7 @@ from typing import List, Optional
 
 from . import registry
 from .experiments import EXPERIMENTS, load
-from .experiments.common import UserFacingError
+from ._text import UserFacingError
 
 
 class CLIError(Exception):

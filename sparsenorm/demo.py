@@ -85,7 +85,7 @@ def worked_examples(names: List[str]) -> List[List[str]]:
 
 
 def main(names: Optional[List[str]] = None) -> int:
-    from .experiments.common import markdown_table
+    from ._text import markdown_table
 
     names = names or registry.names()
     print("Worked examples (ev-softmax slides / paper Fig. 1 inputs)\n")

@@ -18,10 +18,8 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence
 import numpy as np
 import torch
 
-
-class UserFacingError(Exception):
-    """An error the CLI prints as one line (no traceback): bad option values, data that cannot be
-    fetched (the message says which package to get or where to put the files)."""
+from .._cache import cache_dir  # noqa: F401  (re-exported for the data loaders)
+from .._text import UserFacingError, markdown_table  # noqa: F401
 
 
 @dataclass
@@ -70,18 +68,6 @@ def resolve_device(device: str = "auto") -> torch.device:
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"--device {device!r}: CUDA is not available on this machine; use cpu or auto")
     return dev
-
-
-def cache_dir() -> Path:
-    """Where fetched data sets and trained helper models are cached.
-
-    ``$SPARSENORM_CACHE`` if set, else ``$XDG_CACHE_HOME/sparsenorm`` (``~/.cache/sparsenorm``).
-    """
-    env = os.environ.get("SPARSENORM_CACHE")
-    if env:
-        return Path(env).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base).expanduser() / "sparsenorm"
 
 
 def progress(iterable: Iterable, *, total: Optional[int] = None, desc: str = "", leave: bool = False):
@@ -134,19 +120,6 @@ def write_results(out: Path, experiment: str, config: RunConfig, results: Dict[s
     path = out / "results.json"
     path.write_text(json.dumps(_jsonable(payload), indent=2))
     return path
-
-
-def markdown_table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
-    """A GitHub-flavoured Markdown table; floats are written with 3 decimals."""
-
-    def fmt(v: Any) -> str:
-        if isinstance(v, float):
-            return "n/a" if v != v else f"{v:.3f}"
-        return str(v)
-
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(fmt(v) for v in row) + " |" for row in rows]
-    return "\n".join(lines)
 
 
 def mean_std(values: Sequence[float]) -> str:
