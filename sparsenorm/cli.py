@@ -45,52 +45,75 @@ class _OneLineErrorParser(argparse.ArgumentParser):
         self.exit(2, f"sparsenorm: error: {message} (see `{self.prog} --help`)\n")
 
 
+_COMMON_OPTIONS = ("quick", "seeds", "epochs", "normalizers", "out", "device", "data_dir", "max_steps")
+
+
+def _common_options() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--quick", action="store_true", help="reduced settings (minutes on 2 CPU cores)")
+    common.add_argument("--seeds", type=_positive_int("--seeds"), help="number of seeds (default: the experiment's)")
+    common.add_argument("--epochs", type=_positive_int("--epochs"), help="training epochs (default: the experiment's)")
+    common.add_argument("--normalizers", type=_normalizer_list, help="comma-separated registry names")
+    common.add_argument("--out", type=Path, default=Path("out"),
+                        help="output folder (one subfolder per experiment; README.md there indexes every claim)")
+    common.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda, cuda:N")
+    common.add_argument("--data-dir", type=Path, help="where data sets are cached, or the user's own copy")
+    common.add_argument("--max-steps", type=_positive_int("--max-steps"), help=argparse.SUPPRESS)
+    return common
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _OneLineErrorParser(prog="sparsenorm", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
     rep = sub.add_parser("reproduce", help="run an experiment (or all) and write results.json, report.md, figures")
-    rep.add_argument("experiment", nargs="?", help=f"one of: {', '.join(EXPERIMENTS)}, all")
     rep.add_argument("--list", action="store_true", help="list the experiments and exit")
-    rep.add_argument("--quick", action="store_true", help="reduced settings (minutes on 2 CPU cores)")
-    rep.add_argument("--seeds", type=_positive_int("--seeds"), help="number of seeds (default: the experiment's)")
-    rep.add_argument("--epochs", type=_positive_int("--epochs"), help="training epochs (default: the experiment's)")
-    rep.add_argument("--normalizers", type=_normalizer_list, help="comma-separated registry names")
-    rep.add_argument("--out", type=Path, default=Path("out"), help="output folder (one subfolder per experiment)")
-    rep.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda, cuda:N")
-    rep.add_argument("--data-dir", type=Path, help="where data sets are cached, or the user's own copy")
-    rep.add_argument("--max-steps", type=_positive_int("--max-steps"), help=argparse.SUPPRESS)
+    which = rep.add_subparsers(dest="experiment", metavar="EXPERIMENT",
+                               help=f"one of: {', '.join(EXPERIMENTS)}, all")
+    common = _common_options()
+    for name in EXPERIMENTS:
+        module = load(name)
+        description = getattr(getattr(module, "EXPERIMENT", module), "description", None) or module.DESCRIPTION
+        exp_parser = which.add_parser(name, parents=[common], help=description, description=description)
+        experiment = getattr(module, "EXPERIMENT", None)
+        if experiment is not None:
+            experiment.add_arguments(exp_parser)
+    which.add_parser("all", parents=[common], help="every experiment, then the index OUT/README.md")
 
     sub.add_parser("demo", help="print the worked examples for every normalizer and check the properties table")
     return parser
 
 
 def _reproduce(args: argparse.Namespace) -> int:
-    from .experiments.common import RunConfig, resolve_device
+    from .experiments import run
+    from .experiments._shared.common import RunConfig, resolve_device
+    from .experiments._shared.index import write_index
 
     if args.list:
         for name in EXPERIMENTS:
             module = load(name)
-            print(f"{name:12s} {module.DESCRIPTION}")
+            description = getattr(getattr(module, "EXPERIMENT", module), "description", None) or module.DESCRIPTION
+            print(f"{name:12s} {description}")
         return 0
     if not args.experiment:
         raise CLIError(f"name an experiment: {', '.join(EXPERIMENTS)}, all (or --list)")
-    if args.experiment != "all" and args.experiment not in EXPERIMENTS:
-        raise CLIError(f"unknown experiment {args.experiment!r}; valid: {', '.join(EXPERIMENTS)}, all")
     try:
         resolve_device(args.device)
     except ValueError as exc:
         raise CLIError(str(exc)) from None
     names = list(EXPERIMENTS) if args.experiment == "all" else [args.experiment]
+    skip = set(_COMMON_OPTIONS) | {"command", "experiment", "list"}
+    extra = {k: v for k, v in vars(args).items() if k not in skip}
     for name in names:
-        module = load(name)
         config = RunConfig(
             out=args.out / name, quick=args.quick, seeds=args.seeds, epochs=args.epochs,
             normalizers=args.normalizers, device=args.device, data_dir=args.data_dir,
-            max_steps=args.max_steps,
+            max_steps=args.max_steps, extra=extra,
         )
-        out = module.run(config)
+        out = run(name, config)
         print(f"{name}: wrote {out / 'report.md'}")
+    index = write_index(args.out)
+    print(f"index of every claim: {index}")
     return 0
 
 

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from sparsenorm import registry
-from sparsenorm.experiments import common, cvae, metrics
+from sparsenorm.experiments import cvae
+from sparsenorm.experiments._shared import common, metrics
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 from scipy.stats import wasserstein_distance
 
-from sparsenorm.experiments import metrics
+from sparsenorm.experiments._shared import metrics
 
 EVEN = metrics.parity_target("even")
 ODD = metrics.parity_target("odd")

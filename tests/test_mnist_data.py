@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sparsenorm.experiments import mnist
-from sparsenorm.experiments.common import UserFacingError
+from sparsenorm.experiments._shared import mnist
+from sparsenorm.experiments._shared.common import UserFacingError
 
 RNG = np.random.default_rng(0)
 N_TRAIN, N_TEST = 120, 30

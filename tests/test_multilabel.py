@@ -10,9 +10,9 @@ import pytest
 import torch
 from sklearn.metrics import f1_score
 
-from sparsenorm.experiments import metrics
+from sparsenorm.experiments._shared import metrics
 from sparsenorm.experiments import multilabel as ml
-from sparsenorm.experiments.common import RunConfig
+from sparsenorm.experiments._shared.common import RunConfig
 
 # ------------------------------------------------------------------ metrics vs scikit-learn
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from sparsenorm.experiments import multilabel_data as md
-from sparsenorm.experiments.common import UserFacingError
+from sparsenorm.experiments._shared.common import UserFacingError
 
 # ------------------------------------------------------------------ a minimal R serializer (XDR)
 

@@ -22,7 +22,6 @@ positions, probabilities as weights) to the uniform distribution over the query'
 """
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -32,8 +31,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from . import common, digit_classifier, metrics
-from .mnist import MNIST, PIXELS, load_mnist
+from ._shared import common, digit_classifier, metrics
+from ._shared.mnist import MNIST, PIXELS, load_mnist
 
 NAME = "cvae"
 DESCRIPTION = "CVAE on MNIST with even/odd queries: sparse multimodal priors (ev-softmax paper Sec. 4.1, Fig. 2-3)"

@@ -35,7 +35,7 @@ import os
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -43,9 +43,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .. import registry
-from . import metrics
-from .common import (
-    RunConfig, Stopwatch, headless_pyplot, markdown_table, mean_std, progress, resolve_device,
+from ._shared import metrics
+from ._shared.common import (
+    RunConfig, Stopwatch, headless_pyplot, markdown_table, progress, resolve_device,
     save_figure, seed_everything, write_results,
 )
 from .multilabel_data import (

@@ -18,8 +18,8 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence
 import numpy as np
 import torch
 
-from .._cache import cache_dir  # noqa: F401  (re-exported for the data loaders)
-from .._text import UserFacingError, markdown_table  # noqa: F401
+from ..._cache import cache_dir  # noqa: F401  (re-exported for the data loaders)
+from ..._text import UserFacingError, markdown_table  # noqa: F401
 
 
 @dataclass

@@ -6,9 +6,6 @@ from typing import Optional, Sequence
 import numpy as np
 from scipy.stats import wasserstein_distance
 
-DIGITS = np.arange(10)
-
-
 def _as_distribution(p, what: str) -> np.ndarray:
     arr = np.asarray(p.detach().cpu() if hasattr(p, "detach") else p, dtype=np.float64)
     if arr.ndim != 1:

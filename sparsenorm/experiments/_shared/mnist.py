@@ -36,7 +36,7 @@ import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Optional, Tuple
+from typing import Dict, Optional
 
 import numpy as np
 
@@ -323,9 +323,3 @@ def _fetch_into(cache_file: Path) -> None:
         np.savez_compressed(fh, pixel_scale=np.float32(256), **arrays)
     os.replace(partial, cache_file)
 
-
-def split(data: MNIST, name: str) -> Tuple[np.ndarray, np.ndarray]:
-    """``(images, labels)`` of ``"train"``, ``"val"`` or ``"test"``."""
-    if name not in ("train", "val", "test"):
-        raise ValueError(f"split must be train, val or test, got {name!r}")
-    return getattr(data, f"{name}_images"), getattr(data, f"{name}_labels")

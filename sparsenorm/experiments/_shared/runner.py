@@ -1,0 +1,302 @@
+"""The contract every experiment implements, and the one runner that carries it out.
+
+An experiment is a small object (see :class:`Experiment`) that says *what* to run; the runner says
+*how*: it validates the normalizer names, resolves the device, guards the thread count, calls
+``prepare`` once (data, helper models; a missing data set fails here, before any training), runs
+each :class:`Job` (one setting x seed) with its seed set, caches each job's record in
+``OUT/runs/<key>.json`` so that an interrupted or split run completes without redoing work, then
+aggregates, judges the claims and writes ``results.json`` and ``report.md`` (the skeleton: title,
+mode, settings, the experiment's own body, the claims table, what ran and how long it took).
+
+    config -> settings -> prepare -> jobs -> run_job (per seed, cached) -> aggregate -> claims -> report
+
+An experiment's ``report`` writes its figures and returns a :class:`Report` whose ``body`` is the
+Markdown between the skeleton's header and the claims table. Claims are :class:`Claim` objects;
+``reproduce all`` collects them from every experiment's ``results.json`` into one index
+(:mod:`sparsenorm.experiments._shared.index`) with no experiment-specific code.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import asdict, dataclass, field, is_dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Protocol, Sequence, runtime_checkable
+
+import torch
+
+from .common import (
+    RunConfig, Stopwatch, UserFacingError, _jsonable, environment_info, markdown_table, progress,
+    resolve_device, seed_everything, write_results,
+)
+
+REPRODUCED = "reproduced"
+PARTLY = "partly reproduced"
+NOT_REPRODUCED = "not reproduced"
+NOT_TESTABLE = "not testable in this run"
+NEW = "new comparison"
+"""A result the paper does not state (e.g. a normalizer the paper did not try); the evidence says what was found."""
+
+
+@dataclass
+class Claim:
+    """One claim of a paper and what this run says about it."""
+
+    claim: str
+    verdict: str
+    """One of :data:`REPRODUCED`, :data:`PARTLY`, :data:`NOT_REPRODUCED`, :data:`NOT_TESTABLE`, :data:`NEW`."""
+    evidence: str
+    """The numbers behind the verdict (means over seeds, with spread)."""
+    source: str = ""
+    """Where the paper makes the claim (e.g. "Sec. 4.1, Fig. 3"); empty if the experiment's paper reference says it."""
+
+    @classmethod
+    def judge(cls, claim: str, holds: Optional[bool], evidence: str, source: str = "") -> "Claim":
+        """``holds`` True/False -> reproduced / not reproduced; None -> not testable in this run."""
+        verdict = NOT_TESTABLE if holds is None else (REPRODUCED if holds else NOT_REPRODUCED)
+        return cls(claim, verdict, evidence, source)
+
+
+@dataclass
+class Job:
+    """One independent unit of work: a setting and a seed. ``key`` names its cache file."""
+
+    key: str
+    seed: int
+    params: Dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Report:
+    """What an experiment's ``report`` returns: the Markdown body and the figures it wrote."""
+
+    body: str
+    figures: Dict[str, Path] = field(default_factory=dict)
+    headline: Optional[str] = None
+    """Key in ``figures`` of the figure the index of ``reproduce all`` shows for this experiment."""
+
+
+@runtime_checkable
+class Experiment(Protocol):
+    """What an experiment declares. Attributes first, then the stages in the order the runner calls them."""
+
+    name: str  # the CLI name: ``sparsenorm reproduce NAME``
+    description: str  # one line
+    paper: str  # e.g. "ev-softmax (Chen et al. 2021), Sec. 4.1, Fig. 2-3"
+    default_normalizers: Sequence[str]  # registry names
+    full_runtime: str  # a sentence: how long full mode takes, and on what
+    quick_note: str  # a sentence: what quick mode leaves out
+    # Optional: ``fingerprint_exclude`` (settings fields that do not change a job's record, see
+    # :func:`fingerprint`) and ``run_options(settings, device) -> RunOptions`` (threads, workers).
+
+    def add_arguments(self, parser) -> None:
+        """Add the experiment's own CLI options; their values arrive in ``config.extra``."""
+
+    def settings(self, config: RunConfig) -> Any:
+        """The settings of this run (a dataclass): quick/full defaults with the CLI's overrides applied."""
+
+    def prepare(self, settings: Any, config: RunConfig, device: torch.device) -> Any:
+        """Load data and helper models once (the context passed to every job); fail fast on missing data."""
+
+    def jobs(self, settings: Any, config: RunConfig) -> List[Job]:
+        """The independent (setting, seed) units."""
+
+    def run_job(self, job: Job, context: Any, settings: Any, device: torch.device) -> Dict[str, Any]:
+        """Run one unit (seeded by the runner) and return its JSON-able record."""
+
+    def aggregate(self, records: List[Dict[str, Any]], settings: Any) -> Dict[str, Any]:
+        """Summaries over seeds (means, spreads) from all job records."""
+
+    def claims(self, summary: Dict[str, Any], records: List[Dict[str, Any]], settings: Any) -> List[Claim]:
+        """One verdict per claim of the paper, computed from this run's numbers."""
+
+    def report(self, out: Path, summary: Dict[str, Any], records: List[Dict[str, Any]], settings: Any,
+               context: Any) -> Report:
+        """Write the figures into ``out`` and return the report's body (tables next to the paper's numbers)."""
+
+
+@dataclass
+class RunOptions:
+    """How the runner executes jobs; an experiment may expose ``run_options(settings, device)`` to set them."""
+
+    threads: Optional[int] = 1
+    """torch intra-op threads during the jobs on CPU (None: leave as is). Small models run fastest on one."""
+    workers: int = 1
+    """Processes running jobs in parallel (CPU only; spawn context, one thread each)."""
+
+
+def _settings_dict(settings: Any) -> Dict[str, Any]:
+    return asdict(settings) if is_dataclass(settings) else dict(settings)
+
+
+def fingerprint(settings: Any, job: Job, config: RunConfig, exclude: Sequence[str] = ("seeds",)) -> str:
+    """What a cached job record must match to be reused: the settings, the job and the step cap.
+
+    Settings fields in ``exclude`` do not change what one job computes (the number of seeds; an
+    experiment whose jobs carry their normalizer in ``Job.params`` also excludes the normalizer
+    list), so adding seeds or normalizers reuses the jobs already done.
+    """
+    kept = {k: v for k, v in _settings_dict(settings).items() if k not in exclude}
+    payload = {"settings": kept, "job": asdict(job), "max_steps": config.max_steps}
+    text = json.dumps(_jsonable(payload), sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+class JobCache:
+    """``OUT/runs/<key>.json``: one finished job's record with the fingerprint it was made under."""
+
+    def __init__(self, out: Path) -> None:
+        self.folder = out / "runs"
+
+    def load(self, job: Job, stamp: str) -> Optional[Dict[str, Any]]:
+        path = self.folder / f"{job.key}.json"
+        if not path.is_file():
+            return None
+        try:
+            payload = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            return None  # a half-written file from an interrupted run: redo the job
+        return payload["record"] if payload.get("fingerprint") == stamp else None
+
+    def save(self, job: Job, stamp: str, record: Dict[str, Any]) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        path = self.folder / f"{job.key}.json"
+        partial = path.with_suffix(".partial")
+        partial.write_text(json.dumps(_jsonable({"fingerprint": stamp, "record": record})))
+        partial.replace(path)  # atomic: a killed run never leaves a truncated record
+
+
+def _check_normalizers(names: Optional[Sequence[str]]) -> None:
+    from ... import registry
+
+    for name in names or ():
+        try:
+            registry.get(name)
+        except ValueError as exc:
+            raise UserFacingError(str(exc)) from None
+
+
+def _run_seeded(experiment: Experiment, job: Job, context: Any, settings: Any, device: torch.device,
+                threads: Optional[int]) -> Dict[str, Any]:
+    if threads is not None and device.type == "cpu":
+        torch.set_num_threads(threads)
+    seed_everything(job.seed)
+    return experiment.run_job(job, context, settings, device)
+
+
+def _execute(experiment: Experiment, pending: List[Job], context: Any, settings: Any, device: torch.device,
+             options: RunOptions, on_done) -> None:
+    desc = f"{experiment.name}: {len(pending)} job(s)"
+    if options.workers <= 1 or device.type != "cpu" or len(pending) <= 1:
+        for job in progress(pending, total=len(pending), desc=desc):
+            on_done(job, _run_seeded(experiment, job, context, settings, device, options.threads))
+        return
+    # Jobs are independent and seeded, so which worker runs which does not change the results.
+    spawn = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(options.workers, mp_context=spawn) as pool:
+        futures = {pool.submit(_run_seeded, experiment, job, context, settings, device, options.threads): job
+                   for job in pending}
+        for future in progress(as_completed(futures), total=len(pending), desc=f"{desc}, {options.workers} workers"):
+            on_done(futures[future], future.result())
+
+
+def run_experiment(experiment: Experiment, config: RunConfig) -> Path:
+    """Run ``experiment`` under ``config``; write ``results.json`` and ``report.md`` into ``config.out``."""
+    clock = Stopwatch()
+    _check_normalizers(config.normalizers)
+    device = resolve_device(config.device)
+    out = Path(config.out)
+    out.mkdir(parents=True, exist_ok=True)
+    settings = experiment.settings(config)
+    options = experiment.run_options(settings, device) if hasattr(experiment, "run_options") else RunOptions()
+
+    threads = torch.get_num_threads()
+    try:
+        context = experiment.prepare(settings, config, device)
+        prepare_s = clock.elapsed
+        jobs = experiment.jobs(settings, config)
+        keys = [job.key for job in jobs]
+        if len(set(keys)) != len(keys):
+            raise ValueError(f"{experiment.name}: job keys must be unique, got {keys}")
+        cache = JobCache(out)
+        exclude = ("seeds", *getattr(experiment, "fingerprint_exclude", ()))
+        stamps = {job.key: fingerprint(settings, job, config, exclude) for job in jobs}
+        records: Dict[str, Dict[str, Any]] = {}
+        for job in jobs:
+            cached = cache.load(job, stamps[job.key])
+            if cached is not None:
+                records[job.key] = cached
+        reused = sorted(records)
+
+        def on_done(job: Job, record: Dict[str, Any]) -> None:
+            cache.save(job, stamps[job.key], record)
+            records[job.key] = record
+
+        _execute(experiment, [j for j in jobs if j.key not in records], context, settings, device, options, on_done)
+        jobs_s = clock.elapsed - prepare_s
+    finally:
+        torch.set_num_threads(threads)
+
+    ordered = [records[key] for key in keys]
+    summary = experiment.aggregate(ordered, settings)
+    claims = experiment.claims(summary, ordered, settings)
+    report = experiment.report(out, summary, ordered, settings, context)
+    timing = {"prepare_s": round(prepare_s, 1), "jobs_s": round(jobs_s, 1), "total_s": round(clock.elapsed, 1)}
+    ran = {"jobs": keys, "reused_from_cache": reused, "run_now": [k for k in keys if k not in reused]}
+    _write_report(out, experiment, config, settings, report, claims, ran, timing, device)
+    results = {
+        "paper": experiment.paper,
+        "mode": "quick" if config.quick else "full",
+        "settings": _settings_dict(settings),
+        "device": str(device),
+        "jobs": ran,
+        "timing": timing,
+        "summary": summary,
+        "claims": [asdict(c) for c in claims],
+        "figures": {k: Path(v).name for k, v in report.figures.items()},
+        "headline_figure": Path(report.figures[report.headline]).name if report.headline else None,
+        "records": ordered,
+    }
+    write_results(out, experiment.name, config, results, clock.elapsed)
+    return out
+
+
+def claims_table(claims: Sequence[Claim]) -> str:
+    return markdown_table(["claim", "verdict", "evidence"],
+                          [[c.claim + (f" ({c.source})" if c.source else ""), f"**{c.verdict}**", c.evidence]
+                           for c in claims])
+
+
+def _write_report(out: Path, experiment: Experiment, config: RunConfig, settings: Any, report: Report,
+                  claims: Sequence[Claim], ran: Dict[str, List[str]], timing: Dict[str, float],
+                  device: torch.device) -> Path:
+    mode = (f"**Quick mode — indicative only, not a verdict on the paper.** {experiment.quick_note}"
+            if config.quick else f"Full mode. {experiment.full_runtime}")
+    env = environment_info()
+    lines = [
+        f"# {experiment.description}",
+        "",
+        f"Paper: {experiment.paper}.",
+        "",
+        mode,
+        "",
+        report.body.strip(),
+        "",
+        "## Claims",
+        "",
+        claims_table(claims) if claims else "(this run judged no claim)",
+        "",
+        "## What ran",
+        "",
+        f"- {len(ran['jobs'])} job(s): {len(ran['run_now'])} run now, {len(ran['reused_from_cache'])} reused from "
+        f"`runs/` (same settings; delete that folder to rerun them).",
+        f"- Wall time: {timing['total_s']:.0f} s (prepare {timing['prepare_s']:.0f} s, jobs {timing['jobs_s']:.0f} s) "
+        f"on {device}, torch {env['torch']}, {env['threads']} thread(s) outside the jobs.",
+        "- Settings: " + ", ".join(f"`{k}={v}`" for k, v in _settings_dict(settings).items()) + ".",
+        "",
+    ]
+    path = out / "report.md"
+    path.write_text("\n".join(lines))
+    return path

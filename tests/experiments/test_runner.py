@@ -1,0 +1,184 @@
+"""The shared experiment runner: seeding, per-job caching and resume, results.json, report skeleton, index."""
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from sparsenorm import cli
+from sparsenorm.experiments._shared import runner
+from sparsenorm.experiments._shared.common import RunConfig, UserFacingError
+from sparsenorm.experiments._shared.index import write_index
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@dataclass
+class ToySettings:
+    seeds: int = 2
+    scale: float = 1.0
+
+
+class ToyExperiment:
+    """Draws one random number per seed: the record depends only on the seed and the settings."""
+
+    name = "toy"
+    description = "A toy experiment for the runner's tests"
+    paper = "Nobody et al. (2026), Sec. 0"
+    default_normalizers = ["softmax"]
+    full_runtime = "instant"
+    quick_note = "Quick mode leaves out nothing."
+
+    def __init__(self, workers: int = 1):
+        self.calls = []
+        self.workers = workers
+
+    def add_arguments(self, parser):
+        parser.add_argument("--scale", type=float)
+
+    def settings(self, config):
+        s = ToySettings(seeds=config.seeds or 2)
+        return replace(s, scale=config.extra["scale"]) if config.extra.get("scale") else s
+
+    def run_options(self, settings, device):
+        return runner.RunOptions(threads=1, workers=self.workers)
+
+    def prepare(self, settings, config, device):
+        return {"offset": 10.0}
+
+    def jobs(self, settings, config):
+        return [runner.Job(key=f"seed{s}", seed=s) for s in range(settings.seeds)]
+
+    def run_job(self, job, context, settings, device):
+        self.calls.append(job.key)
+        return {"seed": job.seed, "value": context["offset"] + settings.scale * torch.rand(()).item(),
+                "threads": torch.get_num_threads()}
+
+    def aggregate(self, records, settings):
+        return {"mean": sum(r["value"] for r in records) / len(records)}
+
+    def claims(self, summary, records, settings):
+        return [runner.Claim.judge("the mean exceeds 10", summary["mean"] > 10, f"mean {summary['mean']:.3f}", "Eq. 1"),
+                runner.Claim.judge("something we cannot test", None, "not run")]
+
+    def report(self, out, summary, records, settings, context):
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots()
+        ax.plot([r["value"] for r in records])
+        fig.savefig(out / "values.png")
+        plt.close(fig)
+        return runner.Report(body=f"Mean value: {summary['mean']:.3f}.", figures={"values": out / "values.png"},
+                             headline="values")
+
+
+def config_for(out: Path, **kw) -> RunConfig:
+    return RunConfig(out=out, quick=True, device="cpu", **kw)
+
+
+@pytest.fixture(autouse=True)
+def quiet(monkeypatch):
+    monkeypatch.setenv("SPARSENORM_NO_PROGRESS", "1")
+
+
+def test_toy_satisfies_the_protocol():
+    assert isinstance(ToyExperiment(), runner.Experiment)
+
+
+def test_run_writes_results_report_and_seeded_records(tmp_path):
+    exp = ToyExperiment()
+    out = runner.run_experiment(exp, config_for(tmp_path / "toy"))
+    payload = json.loads((out / "results.json").read_text())
+    assert payload["experiment"] == "toy"
+    results = payload["results"]
+    assert results["mode"] == "quick" and results["paper"] == exp.paper
+    assert [r["seed"] for r in results["records"]] == [0, 1]
+    torch.manual_seed(0)
+    assert results["records"][0]["value"] == pytest.approx(10.0 + torch.rand(()).item())  # seeded by the runner
+    assert results["records"][0]["threads"] == 1
+    assert [c["verdict"] for c in results["claims"]] == [runner.REPRODUCED, runner.NOT_TESTABLE]
+    assert results["headline_figure"] == "values.png"
+    assert (out / "values.png").read_bytes()[:8] == PNG_MAGIC
+    report = (out / "report.md").read_text()
+    assert "indicative only" in report and "Mean value" in report and "the mean exceeds 10 (Eq. 1)" in report
+    assert "2 run now, 0 reused" in report
+
+
+def test_finished_jobs_are_reused_and_changed_settings_rerun(tmp_path):
+    out = tmp_path / "toy"
+    first = ToyExperiment()
+    runner.run_experiment(first, config_for(out))
+    before = json.loads((out / "results.json").read_text())["results"]["records"]
+
+    again = ToyExperiment()
+    runner.run_experiment(again, config_for(out, seeds=3))  # one new seed: only it runs
+    assert again.calls == ["seed2"]
+    results = json.loads((out / "results.json").read_text())["results"]
+    assert results["records"][:2] == before
+    assert results["jobs"]["reused_from_cache"] == ["seed0", "seed1"]
+
+    changed = ToyExperiment()
+    runner.run_experiment(changed, config_for(out, seeds=3, extra={"scale": 2.0}))
+    assert changed.calls == ["seed0", "seed1", "seed2"]
+
+
+def test_a_truncated_cache_file_is_redone(tmp_path):
+    out = tmp_path / "toy"
+    runner.run_experiment(ToyExperiment(), config_for(out))
+    (out / "runs" / "seed1.json").write_text('{"fingerprint": "abc", "rec')
+    exp = ToyExperiment()
+    runner.run_experiment(exp, config_for(out))
+    assert exp.calls == ["seed1"]
+
+
+def test_parallel_workers_give_the_same_records(tmp_path):
+    serial = runner.run_experiment(ToyExperiment(), config_for(tmp_path / "a", seeds=3))
+    parallel = runner.run_experiment(ToyExperiment(workers=2), config_for(tmp_path / "b", seeds=3))
+    load = lambda out: json.loads((out / "results.json").read_text())["results"]["records"]  # noqa: E731
+    assert load(serial) == load(parallel)
+
+
+def test_unknown_normalizer_is_a_user_error(tmp_path):
+    with pytest.raises(UserFacingError, match="softmaxx"):
+        runner.run_experiment(ToyExperiment(), config_for(tmp_path, normalizers=["softmaxx"]))
+
+
+def test_duplicate_job_keys_are_rejected(tmp_path):
+    exp = ToyExperiment()
+    exp.jobs = lambda settings, config: [runner.Job("same", 0), runner.Job("same", 1)]
+    with pytest.raises(ValueError, match="unique"):
+        runner.run_experiment(exp, config_for(tmp_path))
+
+
+def test_index_lists_every_claim_of_every_experiment(tmp_path):
+    runner.run_experiment(ToyExperiment(), config_for(tmp_path / "toy"))
+    other = ToyExperiment()
+    other.name, other.paper = "other", "Somebody (2025), Table 2"
+    runner.run_experiment(other, RunConfig(out=tmp_path / "other", device="cpu"))
+    (tmp_path / "stray").mkdir()
+    (tmp_path / "stray" / "results.json").write_text("not json")
+    index = write_index(tmp_path).read_text()
+    assert index.count("the mean exceeds 10") == 2
+    assert "[toy](toy/report.md)" in index and "[other](other/report.md)" in index
+    assert "Somebody (2025), Table 2" in index
+    assert "Quick mode for toy" in index  # only the quick one is flagged
+    assert "![toy](toy/values.png)" in index and "![other](other/values.png)" in index
+
+
+def test_cli_passes_experiment_options_and_writes_the_index(tmp_path, monkeypatch):
+    import sparsenorm.experiments as experiments
+
+    module = type("M", (), {"EXPERIMENT": ToyExperiment(), "DESCRIPTION": "toy"})
+    monkeypatch.setitem(experiments.EXPERIMENTS, "toy", "toy-module")
+    monkeypatch.setattr(experiments, "load", lambda name: module if name == "toy" else experiments.import_module(
+        experiments.EXPERIMENTS[name]))
+    monkeypatch.setattr(cli, "load", experiments.load)
+    monkeypatch.setattr(cli, "EXPERIMENTS", {"toy": "toy-module"})
+    assert cli.main(["reproduce", "toy", "--quick", "--device", "cpu", "--scale", "3", "--out", str(tmp_path)]) == 0
+    results = json.loads((tmp_path / "toy" / "results.json").read_text())["results"]
+    assert results["settings"]["scale"] == 3.0
+    assert "the mean exceeds 10" in (tmp_path / "README.md").read_text()
