@@ -131,7 +131,9 @@ def ev_softmax_kl_div(
     log_p = log_ev_softmax_train(p_logits, dim=dim, eps=eps, mask=mask).to(compute_dtype(p_logits))
     log_q = log_ev_softmax_train(q_logits, dim=dim, eps=eps, mask=mask).to(compute_dtype(q_logits))
     p = log_p.exp()
-    terms = torch.where(p > 0, p * (log_p - log_q), torch.zeros_like(p))
+    # log_p - log_q is -inf - (...) where p = 0: zero it before the product, so that its
+    # gradient (0 * -inf) is not NaN.
+    terms = p * torch.where(p > 0, log_p - log_q, torch.zeros_like(p))
     kl = terms.sum(dim)
     if reduction == "none":
         out = kl
