@@ -12,7 +12,7 @@ function (full sort or ``k=64``), when that package is installed.
 Rows come from the registry (``sparsenorm.registry``), which says what each normalizer has:
 the default path (what a user gets: the C++ CPU kernels where built), a "[reference]" row (the
 pure-PyTorch path, ``sparsenorm.kernels.disabled()``) for those with ``cpu_kernel``, a
-"[compile]" row (``torch.compile`` of the default path, compiled during the warm-up) for each,
+"[compile]" row (``torch.compile(dynamic=True)`` of the default path, compiled in the warm-up) for each,
 and the ``entmax`` package's twin (``entmax_twin``). ``--clock thread`` runs on one thread and
 times per-thread CPU time (``time.thread_time``), which other processes on a busy machine
 disturb much less than wall time.
@@ -108,7 +108,7 @@ def build_candidates(names: List[str], compile_rows: bool = True) -> Tuple[List[
             if norm.cpu_kernel:
                 candidates.append(Candidate(f"{label} [reference]", _reference_path(fn), base, twin))
             if compile_rows and label == name:
-                candidates.append(Candidate(f"{label} [compile]", torch.compile(fn, dynamic=False), base, twin))
+                candidates.append(Candidate(f"{label} [compile]", torch.compile(fn, dynamic=True), base, twin))
     for impls in refs.values():
         candidates += [Candidate(label, fn, "softmax") for label, fn in impls.items()]
     return candidates, refs

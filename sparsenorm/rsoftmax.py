@@ -43,6 +43,8 @@ from torch.autograd import Function
 
 from ._validation import check_param, normalize
 from .kernels import ops
+from .kernels.reference.rsoftmax import backward_common as _backward_common
+from .kernels.reference.rsoftmax import weighted_softmax as _weighted_softmax
 
 Param = Union[float, int, Tensor]
 
@@ -50,62 +52,6 @@ Param = Union[float, int, Tensor]
 # --------------------------------------------------------------------------------------------
 # helpers
 # --------------------------------------------------------------------------------------------
-def _weighted_softmax(x: Tensor, tau: Tensor, m: Tensor) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
-    """``p = w exp(x) / sum(w exp(x))`` with ``w = relu(x - tau)``, computed as ``softmax(x) * w``
-    renormalized (torch's fused softmax does the exponentials), plus what the backward needs.
-
-    Returns ``(p, w_safe, dead)``: ``w_safe = max(w, tiny)`` (so ``h / w_safe`` is 0 off the
-    support, where ``h = 0``), and ``dead`` (a ``(..., 1)`` bool) marking rows whose
-    gradient is 0: rows with no valid entry (``m = -inf``), which give ``p = 0``, and rows where
-    every weight is 0 (``tau >= max``), which get the uniform distribution over their arg-max
-    entries, the limit ``tau -> max`` from below (``r -> 1``; Theorem 1's one-hot for small ``t``).
-    Sync-free: the dead rows are handled with ``torch.where`` whether there are any or not.
-    """
-    w = (x - tau).clamp_min_(0)
-    num = _softmax_last(x, m).mul_(w)
-    z = num.sum(-1, keepdim=True)
-    p = num.div_(z.masked_fill_(z == 0, 1.0))
-    w_safe = w.clamp_min_(torch.finfo(x.dtype).tiny)
-    empty = m == float("-inf")
-    no_weight = (tau >= m) & ~empty
-    dead = empty | no_weight
-    ties = ((x == m) & no_weight).to(p.dtype)
-    p = torch.where(dead, ties / ties.sum(-1, keepdim=True).clamp_min(1), p)
-    return p, w_safe, dead
-
-
-def _backward_common(g: Tensor, p: Tensor, w_safe: Tensor, dead: Tensor) -> Tuple[Tensor, Tensor]:
-    """``(p + e)(g - <g, p>)`` with ``e = p / w``, and ``C = -sum_j e_j (g_j - <g, p>)``.
-
-    ``h = p (g - <g, p>)`` is softmax's backward (torch's fused kernel); the result is
-    ``h + h / w``, and ``C = -sum(h / w) = -sum(result)`` because ``sum(h) = 0``.
-    """
-    h = _softmax_backward(g, p)
-    grad = h.addcdiv_(h, w_safe).masked_fill_(dead, 0.0)
-    return grad, grad.sum(-1, keepdim=True).neg_()
-
-
-# Below this many elements, plain elementwise ops (which stay single-threaded) beat torch's fused
-# softmax kernels, whose parallel region has a fixed cost of milliseconds on a busy CPU.
-_FUSED_MIN_NUMEL = 1 << 16
-
-
-def _softmax_last(x: Tensor, m: Tensor) -> Tensor:
-    if x.numel() >= _FUSED_MIN_NUMEL:
-        return torch.softmax(x, -1)
-    ex = (x - m.masked_fill(m == float("-inf"), 0.0)).exp_()
-    return ex.div_(ex.sum(-1, keepdim=True))
-
-
-def _softmax_backward(g: Tensor, p: Tensor) -> Tensor:
-    if _FUSED_SOFTMAX_BACKWARD is not None and p.numel() >= _FUSED_MIN_NUMEL:
-        return _FUSED_SOFTMAX_BACKWARD(g.contiguous(), p, -1, p.dtype)
-    return (g - torch.linalg.vecdot(g, p).unsqueeze(-1)).mul_(p)
-
-
-_FUSED_SOFTMAX_BACKWARD = getattr(torch, "_softmax_backward_data", None)
-
-
 def _row_max(x: Tensor) -> Tensor:
     """Row max (keepdim). ``amax``, not ``max(dim)``, which also builds indices and is much slower on CPU."""
     return x.amax(-1, keepdim=True)
@@ -196,26 +142,26 @@ def t_softmax(x: Tensor, t: Param, dim: int = -1, mask: Optional[Tensor] = None)
 # r-softmax
 # --------------------------------------------------------------------------------------------
 class RSoftmaxFunction(Function):
-    """r-softmax over the last dim; ``r`` a float or a tensor broadcastable to ``x[..., :1]``."""
+    """r-softmax over the last dim; ``r`` a float or a tensor broadcastable to ``x[..., :1]``.
+
+    Forward and backward are the registered operators ``sparsenorm::r_softmax_forward`` /
+    ``r_softmax_backward`` (a fused C++ kernel on CPU where built, else the reference)."""
 
     @staticmethod
     def forward(ctx, x: Tensor, r: Union[float, Tensor]) -> Tensor:
         r_rows = r if isinstance(r, Tensor) else torch.full(x.shape[:-1] + (1,), r, dtype=x.dtype, device=x.device)
-        tau, lo_idx, hi_idx, frac, dtau_dr = ops.r_softmax_threshold(x, r_rows)
-        # tau >= max (r = 1, n = 1, or the quantile tied with the max) makes every weight 0:
-        # _weighted_softmax then returns the r -> 1 limit, uniform over the arg-max entries.
-        p, w_safe, dead = _weighted_softmax(x, tau, _row_max(x))
+        # tau >= max (r = 1, n = 1, or the quantile tied with the max) makes every weight 0: the
+        # output is then the r -> 1 limit, uniform over the arg-max entries (a "dead" row).
+        p, tau, lo_idx, hi_idx, frac, dtau_dr, dead = ops.r_softmax_forward(x, r_rows.expand(x.shape[:-1] + (1,)))
         ctx.r_shape = r.shape if isinstance(r, Tensor) else None
-        ctx.save_for_backward(p, w_safe, lo_idx, hi_idx, frac, dtau_dr, dead)
+        ctx.save_for_backward(p, x, tau, lo_idx, hi_idx, frac, dtau_dr, dead)
         return p
 
     @staticmethod
     @_first_order_only
     def backward(ctx, g: Tensor):
-        p, w_safe, lo_idx, hi_idx, frac, dtau_dr, dead = ctx.saved_tensors
-        grad, c = _backward_common(g, p, w_safe, dead)
-        grad.scatter_add_(-1, lo_idx, c * (1 - frac))
-        grad.scatter_add_(-1, hi_idx, c * frac)
+        p, x, tau, lo_idx, hi_idx, frac, dtau_dr, dead = ctx.saved_tensors
+        grad, c = ops.r_softmax_backward(g, p, x, tau, lo_idx, hi_idx, frac, dead)
         grad_r = None
         if ctx.r_shape is not None and ctx.needs_input_grad[1]:
             grad_r = (c * dtau_dr).sum_to_size(ctx.r_shape)

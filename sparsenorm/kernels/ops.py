@@ -143,12 +143,15 @@ def r_softmax_threshold(x: Tensor, r: Tensor) -> Tuple[Tensor, Tensor, Tensor, T
 
 @r_softmax_threshold.register_kernel("cpu")
 def _r_softmax_threshold_cpu(x: Tensor, r: Tensor):
-    outs = ref_rsoftmax.quantile_threshold(x, r)
-    tau = outs[0]
-    fresh, seen = [], {x.untyped_storage().data_ptr(), r.untyped_storage().data_ptr()}
-    for t in outs:  # an op's outputs may alias neither its inputs nor each other
-        t = t if isinstance(t, Tensor) else torch.full_like(tau, t)
-        t = t.expand(tau.shape)
+    tau, *rest = ref_rsoftmax.quantile_threshold(x, r)
+    rest = [t.expand(tau.shape) if isinstance(t, Tensor) else torch.full_like(tau, t) for t in rest]
+    return _fresh((tau, *rest), (x, r))
+
+
+def _fresh(outs, inputs):
+    """Outputs as fresh contiguous tensors: an op's outputs may alias neither its inputs nor each other."""
+    fresh, seen = [], {t.untyped_storage().data_ptr() for t in inputs}
+    for t in outs:
         if t.untyped_storage().data_ptr() in seen or not t.is_contiguous():
             t = t.clone(memory_format=torch.contiguous_format)
         seen.add(t.untyped_storage().data_ptr())
@@ -164,4 +167,54 @@ def _r_softmax_threshold_fake(x: Tensor, r: Tensor):
     return value, index, index.clone(), value.clone(), value.clone()
 
 
-__all__ = ["ev_softmax", "project", "project_backward", "r_softmax_threshold"]
+@torch.library.custom_op("sparsenorm::r_softmax_forward", mutates_args=())
+def r_softmax_forward(x: Tensor, r: Tensor) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """r-softmax of the rows of ``x`` with ``r`` of shape ``x.shape[:-1] + (1,)``:
+    ``(p, tau, lo_idx, hi_idx, frac, dtau_dr, dead)``; no autograd here (``RSoftmaxFunction``)."""
+    return _fresh(ref_rsoftmax.forward(x, r, sorted_threshold=True), (x, r))
+
+
+@r_softmax_forward.register_kernel("cpu")
+def _r_softmax_forward_cpu(x: Tensor, r: Tensor):
+    ext = cpu.RSOFTMAX.kernel_for(x)
+    if ext is None or x.shape[-1] == 0:
+        return _fresh(ref_rsoftmax.forward(x, r, sorted_threshold=False), (x, r))
+    outs = ext.forward(_rows(x), _rows(r.to(x.dtype)))
+    p = outs[0].view(x.shape)
+    return (p, *(t.view(x.shape[:-1] + (1,)) for t in outs[1:]))
+
+
+@r_softmax_forward.register_fake
+def _r_softmax_forward_fake(x: Tensor, r: Tensor):
+    shape = x.shape[:-1] + (1,)
+    index = x.new_empty(shape, dtype=torch.long)
+    return (torch.empty_like(x, memory_format=torch.contiguous_format), x.new_empty(shape), index,
+            index.clone(), x.new_empty(shape), x.new_empty(shape), x.new_empty(shape, dtype=torch.bool))
+
+
+@torch.library.custom_op("sparsenorm::r_softmax_backward", mutates_args=())
+def r_softmax_backward(g: Tensor, p: Tensor, x: Tensor, tau: Tensor, lo_idx: Tensor, hi_idx: Tensor,
+                       frac: Tensor, dead: Tensor) -> Tuple[Tensor, Tensor]:
+    """``(dL/dx, C)`` of r-softmax from the forward's outputs; ``dL/dr = C dtau_dr``."""
+    return ref_rsoftmax.backward(g.contiguous(), p, x, tau, lo_idx, hi_idx, frac, dead)
+
+
+@r_softmax_backward.register_kernel("cpu")
+def _r_softmax_backward_cpu(g, p, x, tau, lo_idx, hi_idx, frac, dead):
+    ext = cpu.RSOFTMAX.kernel_for(p)
+    if ext is None or p.shape[-1] == 0:
+        return ref_rsoftmax.backward(g.contiguous(), p, x, tau, lo_idx, hi_idx, frac, dead)
+    row_shape = (-1, 1)
+    grad, c = ext.backward(_rows(g.to(p.dtype)), _rows(p), _rows(x), tau.reshape(row_shape).contiguous(),
+                           lo_idx.reshape(row_shape).contiguous(), hi_idx.reshape(row_shape).contiguous(),
+                           frac.reshape(row_shape).contiguous(), dead.reshape(row_shape).contiguous())
+    return grad.view(p.shape), c.view(tau.shape)
+
+
+@r_softmax_backward.register_fake
+def _r_softmax_backward_fake(g, p, x, tau, lo_idx, hi_idx, frac, dead):
+    return torch.empty_like(p, memory_format=torch.contiguous_format), tau.new_empty(tau.shape)
+
+
+__all__ = ["ev_softmax", "project", "project_backward", "r_softmax_threshold", "r_softmax_forward",
+           "r_softmax_backward"]

@@ -185,4 +185,5 @@ class Extension:
 
 EVIDENTIAL = Extension("evidential", "ev-softmax")
 PROJECTION = Extension("projection", "sparsemax/entmax15")
-EXTENSIONS = (EVIDENTIAL, PROJECTION)
+RSOFTMAX = Extension("rsoftmax", "r-softmax")
+EXTENSIONS = (EVIDENTIAL, PROJECTION, RSOFTMAX)

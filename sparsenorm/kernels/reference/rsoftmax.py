@@ -13,7 +13,7 @@ weight ``frac`` of ``x_(hi)``, and ``d tau / d r = (n_valid - 1)(x_(hi) - x_(lo)
 """
 from __future__ import annotations
 
-from typing import Union
+from typing import Optional, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -102,7 +102,7 @@ def quantile_threshold_sorted(x: Tensor, r: Tensor):
     frac = pos - lo
     rank = (lo.long() + (n - n_valid)).clamp(0, n - 1)
     rank_hi = (rank + 1).clamp(max=n - 1)
-    values, order = torch.sort(x, -1)
+    values, order = torch.sort(x, dim=-1, stable=True)  # ties in index order, as the C++ kernel
     x_lo, x_hi = values.gather(-1, rank), values.gather(-1, rank_hi)
     lo_idx, hi_idx = order.gather(-1, rank), order.gather(-1, rank_hi)
     tau = torch.lerp(x_lo, x_hi, frac)
@@ -110,3 +110,84 @@ def quantile_threshold_sorted(x: Tensor, r: Tensor):
     empty = n_valid == 0
     return (tau.masked_fill(empty, float("inf")), lo_idx, hi_idx, frac,
             dtau_dr.masked_fill(empty, 0.0))
+
+
+# ---------------------------------------------------------------------------------------------
+# The weighted softmax shared by t-softmax and r-softmax, and its closed-form backward
+# ---------------------------------------------------------------------------------------------
+def weighted_softmax(x: Tensor, tau: Tensor, m: Tensor) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
+    """``p = w exp(x) / sum(w exp(x))`` with ``w = relu(x - tau)``, computed as ``softmax(x) * w``
+    renormalized (torch's fused softmax does the exponentials), plus what the backward needs.
+
+    Returns ``(p, w_safe, dead)``: ``w_safe = max(w, tiny)`` (so ``h / w_safe`` is 0 off the
+    support, where ``h = 0``), and ``dead`` (a ``(..., 1)`` bool) marking rows whose
+    gradient is 0: rows with no valid entry (``m = -inf``), which give ``p = 0``, and rows where
+    every weight is 0 (``tau >= max``), which get the uniform distribution over their arg-max
+    entries, the limit ``tau -> max`` from below (``r -> 1``; Theorem 1's one-hot for small ``t``).
+    Sync-free: the dead rows are handled with ``torch.where`` whether there are any or not.
+    """
+    w = (x - tau).clamp_min_(0)
+    num = _softmax_last(x, m).mul_(w)
+    z = num.sum(-1, keepdim=True)
+    p = num.div_(z.masked_fill_(z == 0, 1.0))
+    w_safe = w.clamp_min_(torch.finfo(x.dtype).tiny)
+    empty = m == float("-inf")
+    no_weight = (tau >= m) & ~empty
+    dead = empty | no_weight
+    ties = ((x == m) & no_weight).to(p.dtype)
+    p = torch.where(dead, ties / ties.sum(-1, keepdim=True).clamp_min(1), p)
+    return p, w_safe, dead
+
+
+def backward_common(g: Tensor, p: Tensor, w_safe: Tensor, dead: Tensor) -> Tuple[Tensor, Tensor]:
+    """``(p + e)(g - <g, p>)`` with ``e = p / w``, and ``C = -sum_j e_j (g_j - <g, p>)``.
+
+    ``h = p (g - <g, p>)`` is softmax's backward (torch's fused kernel); the result is
+    ``h + h / w``, and ``C = -sum(h / w) = -sum(result)`` because ``sum(h) = 0``.
+    """
+    h = _softmax_backward(g, p)
+    grad = h.addcdiv_(h, w_safe).masked_fill_(dead, 0.0)
+    return grad, grad.sum(-1, keepdim=True).neg_()
+
+
+# Below this many elements, plain elementwise ops (which stay single-threaded) beat torch's fused
+# softmax kernels, whose parallel region has a fixed cost of milliseconds on a busy CPU.
+_FUSED_MIN_NUMEL = 1 << 16
+
+
+def _softmax_last(x: Tensor, m: Tensor) -> Tensor:
+    if x.numel() >= _FUSED_MIN_NUMEL:
+        return torch.softmax(x, -1)
+    ex = (x - m.masked_fill(m == float("-inf"), 0.0)).exp_()
+    return ex.div_(ex.sum(-1, keepdim=True))
+
+
+def _softmax_backward(g: Tensor, p: Tensor) -> Tensor:
+    if _FUSED_SOFTMAX_BACKWARD is not None and p.numel() >= _FUSED_MIN_NUMEL:
+        return _FUSED_SOFTMAX_BACKWARD(g.contiguous(), p, -1, p.dtype)
+    return (g - torch.linalg.vecdot(g, p).unsqueeze(-1)).mul_(p)
+
+
+_FUSED_SOFTMAX_BACKWARD = getattr(torch, "_softmax_backward_data", None)
+
+
+
+
+def forward(x: Tensor, r: Tensor, sorted_threshold: bool = True):
+    """r-softmax of the rows of ``x``: ``(p, tau, lo_idx, hi_idx, frac, dtau_dr, dead)``."""
+    threshold = quantile_threshold_sorted if sorted_threshold else quantile_threshold
+    tau, lo_idx, hi_idx, frac, dtau_dr = threshold(x, r)
+    p, _, dead = weighted_softmax(x, tau, x.amax(-1, keepdim=True))
+    frac = frac if isinstance(frac, Tensor) else torch.full_like(tau, frac)
+    dtau_dr = dtau_dr if isinstance(dtau_dr, Tensor) else torch.full_like(tau, dtau_dr)
+    return p, tau, lo_idx, hi_idx, frac.expand_as(tau), dtau_dr.expand_as(tau), dead
+
+
+def backward(g: Tensor, p: Tensor, x: Tensor, tau: Tensor, lo_idx: Tensor, hi_idx: Tensor, frac: Tensor,
+             dead: Tensor) -> Tuple[Tensor, Tensor]:
+    """``(dL/dx, C)`` of r-softmax (see ``sparsenorm/rsoftmax.py``); ``dL/dr = C dtau_dr``."""
+    w_safe = (x - tau).clamp_min_(torch.finfo(x.dtype).tiny)
+    grad, c = backward_common(g, p, w_safe, dead)
+    grad.scatter_add_(-1, lo_idx, c * (1 - frac))
+    grad.scatter_add_(-1, hi_idx, c * frac)
+    return grad, c
