@@ -144,7 +144,7 @@ def _build() -> Dict[str, Normalizer]:
             "r_softmax", "r-softmax (Bałazy et al., Eq. 3): a fraction r of the entries is zero.",
             bind(rsoftmax.r_softmax, r=0.5), bind(rsoftmax.r_softmax, r=0.5), None,
             bind(r_losses.r_softmax_loss, r=0.5), bind(r_losses.r_softmax_loss, r=0.5),
-            sparse=True, params={"r": 0.5},
+            sparse=True, params={"r": 0.5}, cpu_kernel=True,
         ),
         Normalizer(
             "sparsehourglass", "Sparsehourglass (Laha et al. 2018): sparsemax of a rescaled input.",

@@ -122,9 +122,9 @@ def test_capability_fields_match_what_the_functions_do():
         if entry.attention:
             assert entry.supports_mask and not entry.posthoc
         # cpu_kernel: the forward runs an operator with a C++ implementation
-        assert entry.cpu_kernel == (name in ("ev_softmax", "sparsemax", "entmax15")), name
+        assert entry.cpu_kernel == (name in ("ev_softmax", "sparsemax", "entmax15", "r_softmax")), name
         if entry.entmax_twin is not None:
             entmax = pytest.importorskip("entmax")
             twin = getattr(entmax, entry.entmax_twin)
             torch.testing.assert_close(entry.forward(x, dim=-1), twin(x, dim=-1, **entry.params))
-    assert {e.stem for e in cpu.EXTENSIONS} == {"evidential", "projection"}
+    assert {e.stem for e in cpu.EXTENSIONS} == {"evidential", "projection", "rsoftmax"}
