@@ -18,4 +18,4 @@ test-slow: venv
 	.venv/bin/python -m pytest -q -m slow
 
 bench: venv
-	.venv/bin/python -m sparsenorm.bench --cpu-kernels
+	.venv/bin/python -m sparsenorm.bench

@@ -12,6 +12,9 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
 fi
 stamp=.venv/.sparsenorm-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-    .venv/bin/pip install --quiet -e ".[test,experiments]"
+    .venv/bin/pip install --quiet -e ".[test,experiments,fast]"
     touch "$stamp"
 fi
+# Build the C++ CPU kernels once into the cache (a no-op when built; on failure one warning line,
+# and the pure-PyTorch path is used).
+.venv/bin/python -c "import sparsenorm.kernels as k; k.build()" || true

@@ -1,8 +1,11 @@
 """sparsenorm: sparse probability-mapping functions for PyTorch.
 
 Functional API at the top level, one ``nn.Module`` per function; losses in ``sparsenorm.losses``
-(re-exported here); every normalizer by name in ``sparsenorm.registry``.
+(re-exported here); every normalizer by name in ``sparsenorm.registry``; the kernel layer in
+``sparsenorm.kernels``. ``sparsenorm.registry``, ``sparsenorm.attention``, ``sparsenorm.hf`` and
+``sparsenorm.marginalize`` are importable as attributes (loaded on first access).
 """
+import importlib as _importlib
 from .evidential import (
     EvSoftmax,
     EvSoftmaxTrain,
@@ -13,10 +16,11 @@ from .evidential import (
     log_ev_softmax_train,
     posthoc_evidential,
 )
-from ._cpu_kernels import use_cpu_kernels
+from . import kernels
+from .kernels import use_cpu_kernels
 from .hourglass import SparseHourglass, sparsehourglass
 from .rsoftmax import RSoftmax, TSoftmax, r_softmax, t_softmax
-from .sparsemax import (
+from .entmax import (
     Entmax15,
     EntmaxBisect,
     Sparsemax,
@@ -38,6 +42,19 @@ __all__ = [
     "Sparsemax", "SparsemaxBisect", "Entmax15", "EntmaxBisect",
     "t_softmax", "r_softmax", "TSoftmax", "RSoftmax",
     "sparsehourglass", "SparseHourglass",
-    "use_cpu_kernels",
+    "use_cpu_kernels", "kernels",
     *_loss_names,
 ]
+
+_LAZY_SUBMODULES = ("registry", "attention", "hf", "marginalize", "bench", "demo", "cli", "experiments")
+
+
+def __getattr__(name: str):
+    """``sparsenorm.registry`` (and the other submodules above) without an explicit import."""
+    if name in _LAZY_SUBMODULES:
+        try:
+            return _importlib.import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"{__name__}.{name}":
+                raise
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,18 +1,79 @@
-"""Argument checks and dtype/mask handling shared by every normalizer.
+"""The one entry path of every normalizer, and every argument check.
 
-Each public function calls these first, so that bad input fails here with a message that names
-the argument, never deep inside a kernel.
+Every public function goes through :func:`normalize`: check ``x`` -> normalize ``dim`` -> upcast
+(float16/bfloat16 are computed in float32) -> apply the "not there" rule and ``mask`` -> call the
+algorithm on rows along the LAST dimension -> move the dimension back and cast to the input dtype.
+Bad input fails here with a message that names the argument, never deep inside a kernel.
+
+"Not there" (the same rule everywhere in sparsenorm): an entry is not there when it is ``-inf``,
+when ``mask`` is False there (True = keep), or when it is at or below ``finfo(dtype).min / 2``
+(an additive mask such as Hugging Face's ``torch.finfo(dtype).min``), with ``dtype`` the input's
+dtype. Such entries get exactly zero probability (log-probability ``-inf``) and a zero gradient,
+and are left out of every statistic of the row (ev-softmax's mean, sparsehourglass's sum, the
+r-softmax quantile). A row with no entry that is there gives zeros.
+
+Value checks of tensor arguments (a NaN ``r``, an out-of-range class index) read the tensor on
+the host; they run in eager mode on CPU only, so that no public function synchronises with an
+accelerator or breaks ``torch.compile(fullgraph=True)``.
 """
 from __future__ import annotations
 
-from typing import Optional, Union
+import math
+from typing import Callable, Dict, Optional, Union
 
 import torch
 from torch import Tensor
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 
+Number = Union[float, int, Tensor]
 
+
+# ---------------------------------------------------------------------------------------- "not there"
+def not_there_level(dtype: torch.dtype) -> float:
+    """Entries at or below this value (``finfo(dtype).min / 2``) are "not there"."""
+    return torch.finfo(dtype).min / 2
+
+
+def compute_dtype(x: Tensor) -> torch.dtype:
+    """float16 and bfloat16 are computed in float32 (then cast back); other dtypes as they are."""
+    return torch.float32 if x.dtype in _LOW_PRECISION else x.dtype
+
+
+def check_mask(mask: Tensor, x: Tensor, name: str = "mask") -> None:
+    if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
+        got = mask.dtype if isinstance(mask, Tensor) else type(mask).__name__
+        raise TypeError(f"{name} must be a boolean tensor (True = keep), got {got}")
+    try:
+        ok = torch.broadcast_shapes(mask.shape, x.shape) == x.shape
+    except RuntimeError:
+        ok = False
+    if not ok:
+        raise ValueError(
+            f"{name} of shape {tuple(mask.shape)} does not broadcast to the input's shape {tuple(x.shape)}"
+        )
+    if mask.device != x.device:
+        raise ValueError(f"{name} is on {mask.device} but the input is on {x.device}")
+
+
+def mark_not_there(x: Tensor, mask: Optional[Tensor] = None, source_dtype: Optional[torch.dtype] = None,
+                   name: str = "mask") -> Tensor:
+    """``x`` (upcast to its compute dtype) with every entry that is not there set to ``-inf``.
+
+    ``source_dtype`` is the dtype whose ``finfo.min / 2`` applies (default: ``x.dtype``). NaN
+    stays NaN. Masked entries are filled (not multiplied), so their gradient is exactly 0.
+    """
+    source_dtype = source_dtype or x.dtype
+    if mask is not None:
+        check_mask(mask, x, name)
+    z = x.to(compute_dtype(x))
+    drop = z <= not_there_level(source_dtype)
+    if mask is not None:
+        drop = drop | ~mask
+    return z.masked_fill(drop, -math.inf)
+
+
+# ---------------------------------------------------------------------------------------- checks
 def check_floating(x: Tensor, name: str = "X") -> None:
     """Raise ``TypeError`` unless ``x`` is a floating-point tensor."""
     if not isinstance(x, Tensor):
@@ -23,7 +84,7 @@ def check_floating(x: Tensor, name: str = "X") -> None:
 
 def normalize_dim(x: Tensor, dim: int, name: str = "dim") -> int:
     """Return ``dim`` as a non-negative index, raising ``IndexError`` naming ``dim`` if out of range."""
-    if not isinstance(dim, int):
+    if isinstance(dim, bool) or not isinstance(dim, int):
         raise TypeError(f"{name} must be an int, got {type(dim).__name__}")
     ndim = max(x.dim(), 1)
     if not -ndim <= dim < ndim:
@@ -31,36 +92,9 @@ def normalize_dim(x: Tensor, dim: int, name: str = "dim") -> int:
     return dim % ndim
 
 
-def compute_dtype(x: Tensor) -> torch.dtype:
-    """float16 and bfloat16 are computed in float32 (then cast back); other dtypes as they are."""
-    return torch.float32 if x.dtype in _LOW_PRECISION else x.dtype
-
-
-def upcast(x: Tensor) -> Tensor:
-    return x.to(compute_dtype(x))
-
-
-def apply_mask(x: Tensor, mask: Optional[Tensor], dim: int, name: str = "mask") -> Tensor:
-    """Return ``x`` with entries where ``mask`` is False set to ``-inf`` (True = keep).
-
-    ``mask`` must be boolean and broadcastable to ``x``. ``-inf`` means "not there" for every
-    normalizer in sparsenorm, so a boolean mask and ``-inf`` padding behave the same way.
-    """
-    if mask is None:
-        return x
-    if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
-        got = mask.dtype if isinstance(mask, Tensor) else type(mask).__name__
-        raise TypeError(f"{name} must be a boolean tensor (True = keep), got {got}")
-    try:
-        torch.broadcast_shapes(mask.shape, x.shape)
-    except RuntimeError:
-        raise ValueError(
-            f"{name} of shape {tuple(mask.shape)} does not broadcast to the input's shape {tuple(x.shape)}"
-        ) from None
-    return x.masked_fill(~mask, float("-inf"))
-
-
-Number = Union[float, int, Tensor]
+def value_checks_enabled(t: Tensor) -> bool:
+    """Whether checks that read tensor values on the host may run: eager mode, CPU tensors."""
+    return t.device.type == "cpu" and not torch.compiler.is_compiling()
 
 
 def check_param(
@@ -75,9 +109,12 @@ def check_param(
     """Raise ``ValueError`` naming ``name`` if ``value`` (number or tensor) leaves the given range.
 
     NaN parameters are rejected too: a NaN ``t`` or ``r`` is a bug in the caller, not data.
+    Tensor values are checked where :func:`value_checks_enabled` allows it.
     """
     if isinstance(value, Tensor):
-        if value.numel() == 0:
+        if not value.is_floating_point():
+            value = value.to(torch.get_default_dtype())
+        if value.numel() == 0 or not value_checks_enabled(value):
             return
         v = value.detach()
         if torch.isnan(v).any():
@@ -95,3 +132,103 @@ def check_param(
     if high is not None and (vmax > high or (not high_inclusive and vmax == high)):
         op = "<=" if high_inclusive else "<"
         raise ValueError(f"{name} must be {op} {high}, got {vmax}")
+
+
+def check_eps(eps: float) -> None:
+    """ev-softmax's ``eps``: a finite Python number >= 0."""
+    if isinstance(eps, Tensor):
+        raise TypeError("eps must be a Python number, not a tensor")
+    check_param(eps, "eps", low=0.0)
+    if math.isinf(eps):
+        raise ValueError(f"eps must be finite, got {eps}")
+
+
+def check_k(k: Optional[int]) -> None:
+    """The entmax package's partial-sort hint: None or an int >= 1."""
+    if k is None:
+        return
+    if isinstance(k, bool) or not isinstance(k, int):
+        raise TypeError(f"k must be a positive int or None, got {type(k).__name__}")
+    if k < 1:
+        raise ValueError(f"k must be >= 1 (or None for a full sort), got {k}")
+
+
+def check_n_iter(n_iter: int) -> None:
+    if isinstance(n_iter, bool) or not isinstance(n_iter, int):
+        raise TypeError(f"n_iter must be a positive int, got {type(n_iter).__name__}")
+    if n_iter < 1:
+        raise ValueError(f"n_iter must be >= 1, got {n_iter}")
+
+
+# ---------------------------------------------------------------------------------------- entry path
+def row_param(value: Number, x: Tensor, dim: int, name: str) -> Union[float, Tensor]:
+    """A per-row parameter of ``x`` (normalized over ``dim``) in the layout of ``x.movedim(dim, -1)``.
+
+    Accepted: a number (returned as a float), a 0-d tensor, one value per row (``x``'s shape
+    without ``dim``) or a tensor broadcastable to ``x`` with size 1 along ``dim``. Tensors come
+    back with shape ``x.shape[:dim] + x.shape[dim+1:] + (1,)`` (expanded, differentiable).
+    """
+    if not isinstance(value, Tensor):
+        return float(value)
+    row_shape = tuple(x.shape[:dim]) + tuple(x.shape[dim + 1:])
+    v = value
+    if v.dim() > 0 and tuple(v.shape) == row_shape and v.dim() == x.dim() - 1:
+        v = v.unsqueeze(dim)
+    keep_shape = list(x.shape)
+    keep_shape[dim] = 1
+    try:
+        if v.dim() > x.dim():
+            raise RuntimeError
+        v = v.reshape((1,) * (x.dim() - v.dim()) + tuple(v.shape)).expand(keep_shape)
+    except RuntimeError:
+        raise ValueError(
+            f"{name} of shape {tuple(value.shape)} must be a number, a 0-d tensor, one value per row "
+            f"(shape {row_shape}) or broadcastable to {tuple(keep_shape)} (size 1 along dim)"
+        ) from None
+    v = v if dim == x.dim() - 1 else v.movedim(dim, -1)
+    return v.to(device=x.device, dtype=compute_dtype(x))
+
+
+def normalize(
+    fn: Callable[..., Tensor],
+    x: Tensor,
+    dim: int,
+    mask: Optional[Tensor] = None,
+    *args,
+    params: Optional[Dict[str, Number]] = None,
+    name: str = "x",
+    marks_not_there: bool = True,
+) -> Tensor:
+    """The one entry path: ``fn(rows, *params.values(), *args)`` with the normalized dim last.
+
+    ``fn`` receives a tensor of rows along its last dimension in the compute dtype, in which
+    every entry that is not there is ``-inf`` (with ``marks_not_there=False`` only ``mask`` and
+    the low-precision upcast are applied: ``fn`` then treats entries ``<= finfo.min / 2`` itself,
+    which saves a pass), and the per-row ``params`` (see :func:`row_param`). Its output has the
+    rows' shape; it is moved back and cast to ``x``'s dtype. A 0-d ``x`` is one row of one
+    entry; an empty dimension gives an empty result.
+    """
+    check_floating(x, name)
+    d = normalize_dim(x, dim)
+    out_dtype = x.dtype
+    if mask is not None:
+        check_mask(mask, x)
+    scalar = x.dim() == 0
+    if scalar:
+        x = x.reshape(1)
+        mask = None if mask is None else mask.reshape(1)
+    if marks_not_there or x.dtype in _LOW_PRECISION:
+        z = mark_not_there(x, mask)
+    elif mask is not None:
+        z = x.masked_fill(~mask, -math.inf)
+    else:
+        z = x
+    rows_params = [row_param(v, z, d, k) for k, v in (params or {}).items()]
+    last = d == z.dim() - 1
+    rows = z if last else z.movedim(d, -1)
+    if rows.numel() == 0:  # nothing to normalize (as torch.softmax)
+        out = rows.clone()
+    else:
+        out = fn(rows, *rows_params, *args)
+    out = (out if last else out.movedim(-1, d)).to(out_dtype)
+    return out.reshape(()) if scalar else out

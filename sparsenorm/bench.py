@@ -1,31 +1,37 @@
 """Benchmark: every normalizer against ``torch.softmax`` and the ``entmax`` package, side by side.
 
     python -m sparsenorm.bench [--shapes 4096x128,1024x1024] [--rounds 7] [--normalizers a,b]
-                               [--device cpu] [--json FILE] [--cpu-kernels] [--clock wall|thread]
+                               [--device cpu] [--json FILE] [--no-compile] [--clock wall|thread]
 
 Times float32 forward and forward+backward for each shape. Every candidate is timed once per round,
 in a fresh random order each round (interleaved, so machine noise hits all alike), and the
 median over rounds is reported. Ratios are against ``torch.softmax`` (``torch.log_softmax`` for
 log-probability functions) and against the ``entmax`` package's best setting of the same
-function (full sort or ``k=64``), when that package is installed. ``--cpu-kernels`` adds
-"[cpp]" rows for the functions that have an opt-in fused C++ kernel (ev-softmax's three forms,
-sparsemax, entmax15), built first.
-``--clock thread`` runs on one thread and times per-thread CPU time (``time.thread_time``), which
-other processes on a busy machine disturb much less than wall time.
+function (full sort or ``k=64``), when that package is installed.
+
+Rows come from the registry (``sparsenorm.registry``), which says what each normalizer has:
+the default path (what a user gets: the C++ CPU kernels where built), a "[reference]" row (the
+pure-PyTorch path, ``sparsenorm.kernels.disabled()``) for those with ``cpu_kernel``, a
+"[compile]" row (``torch.compile(dynamic=True)`` of the default path, compiled in the warm-up) for each,
+and the ``entmax`` package's twin (``entmax_twin``). ``--clock thread`` runs on one thread and
+times per-thread CPU time (``time.thread_time``), which other processes on a busy machine
+disturb much less than wall time.
 """
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import random
 import statistics
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
-from . import registry
+from . import kernels, registry
 
 DEFAULT_SHAPES = [(4096, 128), (1024, 1024), (256, 32000), (4 * 8 * 512, 512)]
 
@@ -35,86 +41,105 @@ class Candidate:
     label: str
     fn: Callable[[torch.Tensor], torch.Tensor]
     baseline: str  # "softmax" or "log_softmax": what its ratio is taken against
-    entmax_twin: Optional[str] = None  # the entmax-package function it replaces, if any
+    entmax_twin: Optional[str] = None  # the registry name whose entmax-package twin it is compared with
 
 
-def _entmax_references() -> Dict[str, Dict[str, Callable]]:
-    """The entmax package's implementations, by our name, each with and without k (if installed)."""
+def default_names() -> List[str]:
+    """Every registry normalizer that is a function of the logits alone, softmax (the baseline) aside."""
+    return [n for n in registry.names() if n != "softmax" and not registry.get(n).posthoc]
+
+
+def _entmax_references(names: List[str]) -> Dict[str, Dict[str, Callable]]:
+    """The entmax package's twins of the given normalizers, by registry name, each with and
+    without ``k`` where the twin takes it (if the package is installed)."""
     try:
         import entmax
     except ImportError:
         return {}
-    return {
-        "sparsemax": {
-            "entmax.sparsemax": lambda x: entmax.sparsemax(x, dim=-1),
-            "entmax.sparsemax(k=64)": lambda x: entmax.sparsemax(x, dim=-1, k=64),
-        },
-        "entmax15": {
-            "entmax.entmax15": lambda x: entmax.entmax15(x, dim=-1),
-            "entmax.entmax15(k=64)": lambda x: entmax.entmax15(x, dim=-1, k=64),
-        },
-        "entmax_bisect": {"entmax.entmax_bisect": lambda x: entmax.entmax_bisect(x, alpha=1.5, dim=-1)},
-    }
+    refs: Dict[str, Dict[str, Callable]] = {}
+    for name in names:
+        norm = registry.get(name)
+        twin = getattr(entmax, norm.entmax_twin, None) if norm.entmax_twin else None
+        if twin is None:
+            continue
+        params = dict(norm.params)
+        impls = {f"entmax.{norm.entmax_twin}": lambda x, f=twin, kw=params: f(x, dim=-1, **kw)}
+        if "k" in inspect.signature(twin).parameters:
+            impls[f"entmax.{norm.entmax_twin}(k=64)"] = lambda x, f=twin, kw=params: f(x, dim=-1, k=64, **kw)
+        refs[name] = impls
+    return refs
 
 
-def build_candidates(names: List[str]) -> Tuple[List[Candidate], Dict[str, Dict[str, Callable]]]:
+def _same_function(f: Callable, g: Callable) -> bool:
+    """f and g are the same callable, or partials of one function with the same arguments."""
+    if isinstance(f, partial) and isinstance(g, partial):
+        return f.func is g.func and f.args == g.args and f.keywords == g.keywords
+    return f is g
+
+
+def _reference_path(fn: Callable) -> Callable:
+    """fn on the pure-PyTorch path (forward and backward)."""
+
+    def run(x):
+        with kernels.disabled():
+            return fn(x)
+
+    run.disables_kernels = True  # backward must run inside the block too
+    return run
+
+
+def build_candidates(names: List[str], compile_rows: bool = True) -> Tuple[List[Candidate], Dict]:
     candidates = [
         Candidate("torch.softmax", lambda x: torch.softmax(x, dim=-1), "softmax"),
         Candidate("torch.log_softmax", lambda x: torch.log_softmax(x, dim=-1), "log_softmax"),
     ]
-    refs = _entmax_references()
+    refs = _entmax_references(names)
     for name in names:
         norm = registry.get(name)
-        if name in ("softmax", "posthoc_evidential"):
-            continue  # softmax is the baseline; post-hoc evidential is not a function of logits alone
-        candidates.append(Candidate(name, lambda x, f=norm.forward: f(x, dim=-1), "softmax",
-                                    entmax_twin=name if name in refs else None))
-        if norm.train_forward is not norm.forward and name == "ev_softmax":
-            candidates.append(Candidate(f"{name} (train, Eq. 10)",
-                                        lambda x, f=norm.train_forward: f(x, dim=-1), "softmax"))
+        forms = [(name, norm.forward, "softmax")]
+        if not _same_function(norm.train_forward, norm.forward):
+            forms.append((f"{name} (train)", norm.train_forward, "softmax"))
         if norm.log_prob is not None:
-            candidates.append(Candidate(f"{name} (log, train)",
-                                        lambda x, f=norm.log_prob: f(x, dim=-1), "log_softmax"))
-    for twin, impls in refs.items():
-        if twin in names:
-            candidates += [Candidate(label, fn, "softmax") for label, fn in impls.items()]
+            forms.append((f"{name} (log, train)", norm.log_prob, "log_softmax"))
+        for label, f, base in forms:
+            fn = (lambda x, f=f: f(x, dim=-1))
+            twin = name if name in refs and label == name else None
+            candidates.append(Candidate(label, fn, base, twin))
+            if norm.cpu_kernel:
+                candidates.append(Candidate(f"{label} [reference]", _reference_path(fn), base, twin))
+            if compile_rows and label == name:
+                candidates.append(Candidate(f"{label} [compile]", torch.compile(fn, dynamic=True), base, twin))
+    for impls in refs.values():
+        candidates += [Candidate(label, fn, "softmax") for label, fn in impls.items()]
     return candidates, refs
 
 
 _clock = time.perf_counter  # time.thread_time with --clock thread
-# Registry names whose forward has an opt-in fused C++ CPU kernel (sparsenorm.use_cpu_kernels).
-KERNEL_FUNCTIONS = ("ev_softmax", "sparsemax", "entmax15")
-
-
-def _with_cpu_kernels(fn: Callable) -> Callable:
-    """fn with sparsenorm's opt-in C++ CPU kernels switched on for the call (forward only: the
-    backward is the same either way)."""
-    from . import _cpu_kernels
-
-    def run(x):
-        saved = _cpu_kernels._enabled
-        _cpu_kernels.use_cpu_kernels(True)
-        try:
-            return fn(x)
-        finally:
-            _cpu_kernels._enabled = saved
-
-    return run
 
 
 def _time_once(fn: Callable, x: torch.Tensor, grad: Optional[torch.Tensor], reps: int) -> float:
     sync = torch.cuda.synchronize if x.is_cuda else (lambda: None)
+    guard = kernels.disabled if getattr(fn, "disables_kernels", False) else _no_guard
     sync()
     start = _clock()
-    for _ in range(reps):
-        if grad is None:
-            with torch.no_grad():
-                fn(x)
-        else:
-            x.grad = None
-            fn(x).backward(grad)
+    with guard():
+        for _ in range(reps):
+            if grad is None:
+                with torch.no_grad():
+                    fn(x)
+            else:
+                x.grad = None
+                fn(x).backward(grad)
     sync()
     return (_clock() - start) / reps
+
+
+class _no_guard:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
 
 
 def bench_shape(candidates: List[Candidate], shape: Tuple[int, int], rounds: int, device: str,
@@ -188,12 +213,11 @@ def main(argv: Optional[List[str]] = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", type=_parse_shapes, default=DEFAULT_SHAPES)
     parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--normalizers", default="ev_softmax,sparsemax,entmax15,r_softmax,t_softmax,sparsehourglass",
+    parser.add_argument("--normalizers", default=",".join(default_names()),
                         help=f"comma-separated registry names (known: {', '.join(registry.names())})")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--json", help="also write the results to this JSON file")
-    parser.add_argument("--cpu-kernels", action="store_true",
-                        help="add rows run by the opt-in fused C++ CPU kernels")
+    parser.add_argument("--no-compile", action="store_true", help="leave out the torch.compile rows")
     parser.add_argument("--clock", choices=("wall", "thread"), default="wall",
                         help="thread: one thread, per-thread CPU time (less noisy on a busy machine)")
     args = parser.parse_args(argv)
@@ -203,16 +227,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         _clock = time.thread_time
     names = [n.strip() for n in args.normalizers.split(",") if n.strip()]
     for n in names:
-        registry.get(n)  # unknown names fail here, listing the known ones
-    candidates, refs = build_candidates(names)
-    if args.cpu_kernels:
-        from ._cpu_kernels import EVIDENTIAL, SPARSEMAX
-
-        for kernels in (EVIDENTIAL, SPARSEMAX):  # build now, not inside a timing
-            if kernels.load() is None:
-                parser.error(f"--cpu-kernels: a C++ kernel could not be built: {kernels.error}")
-        candidates += [Candidate(f"{c.label} [cpp]", _with_cpu_kernels(c.fn), c.baseline, c.entmax_twin)
-                       for c in list(candidates) if c.label.split(" ")[0] in KERNEL_FUNCTIONS]
+        if registry.get(n).posthoc:  # unknown names fail in get(), listing the known ones
+            parser.error(f"{n} is not a function of the logits alone (post-hoc); it cannot be timed here")
+    # One compiled graph per (normalizer, grad mode, shape): more than dynamo's default cache holds.
+    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 256)
+    candidates, refs = build_candidates(names, compile_rows=not args.no_compile)
+    print(f"kernels in use: {kernels.available()}")
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, device {args.device}, "
           f"median of {args.rounds} interleaved rounds, {args.clock} clock")
     report = {}

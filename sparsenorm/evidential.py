@@ -10,240 +10,39 @@ Equation numbers refer to the ev-softmax paper (``shared/papers/ev-softmax-paper
 
 Shared conventions (every function here):
 
-* ``-inf`` entries (and ``False`` entries of a boolean ``mask``, True = keep) are "not there": they
-  get exactly 0 probability and are left out of the mean, so padding does not turn ev-softmax
-  into softmax.
-* A row with no valid entry returns all zeros (``log_ev_softmax_train``: all ``-inf``) with a zero
+* Entries that are "not there" -- ``-inf``, ``False`` in a boolean ``mask`` (True = keep), or at or
+  below ``finfo(dtype).min / 2`` (an additive mask, e.g. Hugging Face's ``finfo.min``) -- get
+  exactly 0 probability (log: ``-inf``) and a zero gradient, and are left out of the mean, so
+  padding does not turn ev-softmax into softmax.
+* A row with no entry there returns all zeros (``log_ev_softmax_train``: all ``-inf``) with a zero
   gradient. NaN in a row gives NaN in that row only (``+inf`` too, as for ``torch.softmax``).
-* float16/bfloat16 are computed in float32 and returned in the input dtype (the float32 output is
-  what backward keeps for them).
-* Ties with the mean are kept (``>=``, Eq. 7). The exact mean never exceeds the maximum, but the
-  floating-point mean of equal entries can, by rounding; no row is ever left without support.
-  Without ``-inf`` entries such a row (all entries equal up to rounding) counts as all ties, so
-  all-equal entries give the uniform distribution; with ``-inf`` entries (and for
-  ``log_ev_softmax_train`` with eps = 0) the threshold is capped at the row maximum.
+* float16/bfloat16 are computed in float32 and returned in the input dtype.
+* Ties with the mean are kept (``>=``, Eq. 7). The threshold is ``min(mean, max)``: the exact mean
+  never exceeds the maximum, but the floating-point mean of near-equal entries can, by rounding;
+  capping it keeps the maximal entries, so no row is ever left without support, and all-equal
+  entries give the uniform distribution.
 
-Implementation: ev-softmax is ``softmax`` of ``x - threshold`` with the entries below the
-threshold filled with ``-inf`` (or the most negative float, see :func:`_support_logits`), and
-Eq. 10 is ``softmax(x + log(1{x >= threshold} + eps))``. The shift is piecewise constant, so the
+Implementation: the registered operator ``sparsenorm::ev_softmax`` (``sparsenorm.kernels.ops``):
+a fused C++ kernel on CPU where built, else the pure-PyTorch reference
+(``kernels/reference/evidential.py``), which is ``softmax`` of ``x`` with the entries below the
+threshold replaced by ``-inf`` (Eq. 7) or shifted by ``log(eps) - log(1 + eps)`` (Eq. 10), so its
+float32 accuracy is that of a masked ``torch.softmax``. The shift is piecewise constant, so the
 backward pass is exactly softmax's (resp. log-softmax's) backward on the saved output, which is
-all each ``autograd.Function`` saves; it uses differentiable ops, so double backward works. On CPU
-the softmax is computed in place in the buffer that holds the shifted logits, which saves an
-allocation (large fresh allocations cost page faults comparable to the kernel itself).
-
-Opt-in C++ kernel: with ``sparsenorm.use_cpu_kernels(True)`` (or ``SPARSENORM_CPU_KERNELS=1``) the
-CPU float32/float64 forward runs a fused kernel (``csrc/evidential_cpu.cpp``, 3 passes per row as
-softmax) with the same rules; its row mean is summed in another order (in double), so outputs
-agree with this path to rounding, and the support can differ only for an entry within rounding
-of its row's mean. Backward is unchanged.
+all the operator saves; it uses differentiable ops, so double backward works. The kernel sums the
+row mean in double, so the support can differ from the reference only for an entry within
+rounding of its row's mean.
 """
 from __future__ import annotations
 
-import math
-from typing import Optional, Tuple
+from typing import Optional
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-from . import _cpu_kernels
-from ._validation import apply_mask, check_floating, check_param, compute_dtype, normalize_dim
+from ._validation import check_eps, check_floating, compute_dtype, normalize
+from .kernels import ops
 
 _NEG_INF = float("-inf")
-
-
-# ----------------------------------------------------------------------------------------------
-# Support threshold
-# ----------------------------------------------------------------------------------------------
-def _threshold(x: Tensor, dim: int, cap: bool = False) -> Tuple[Tensor, Optional[Tensor]]:
-    """The support threshold of each row, and the rows with no valid entry.
-
-    Fast path (no ``-inf``, ``+inf`` or NaN anywhere): the row mean, from one ``mean`` pass; the
-    finiteness check runs on the per-row means only, never on ``x``. With ``cap`` the threshold
-    is ``min(mean, max)``, so that rounding of the mean can never leave a row without support.
-    A ``-inf`` entry makes its row's mean ``-inf`` (or NaN with ``+inf``), which sends the whole
-    call to the masked path: ``min(mean, max)`` over the valid (non ``-inf``) entries, and
-    ``empty`` (bool, keepdim) marking rows with none; ``empty`` is None on the fast path.
-    """
-    if x.shape[dim] == 0:  # no classes: nothing to threshold (amax refuses empty dims)
-        return x.new_zeros(x.shape[:dim] + (1,) + x.shape[dim + 1:]), None
-    mean = x.mean(dim, keepdim=True)
-    # One scalar read instead of an elementwise isfinite: a non-finite row mean makes the sum
-    # non-finite (so can an overflowing sum of finite means; the masked path is right then too).
-    if x.numel() == 0 or math.isfinite(mean.sum().item()):
-        return (torch.minimum(mean, x.amax(dim, keepdim=True)) if cap else mean), None
-    valid = x != _NEG_INF  # NaN counts as valid, so it reaches the row's mean and output
-    count = valid.sum(dim, keepdim=True)
-    total = x.masked_fill(~valid, 0.0).sum(dim, keepdim=True)
-    empty = count == 0
-    mean = total / count.clamp_min(1).to(x.dtype)
-    return torch.minimum(mean, x.amax(dim, keepdim=True)), empty
-
-
-def _prepare(x: Tensor, dim: int, mask: Optional[Tensor], name: str = "x") -> Tuple[Tensor, int]:
-    check_floating(x, name)
-    dim = normalize_dim(x, dim)
-    x = x.to(compute_dtype(x))
-    x = apply_mask(x, mask, dim)
-    return x, dim
-
-
-def _check_eps(eps: float) -> None:
-    if isinstance(eps, Tensor):
-        raise TypeError("eps must be a Python number, not a tensor")
-    check_param(eps, "eps", low=0.0)
-    if math.isinf(eps):
-        raise ValueError(f"eps must be finite, got {eps}")
-
-
-def _support_logits(x: Tensor, dim: int, exact_zero_log: bool = False) -> Tuple[Tensor, Optional[Tensor]]:
-    """A new tensor ``x - threshold`` on the support and a fill value off it (its softmax is Eq. 7).
-
-    Centering first lets one scalar-threshold kernel decide ``x >= threshold`` as
-    ``c > -smallest_normal``: the difference of two unequal floats is at least the smallest
-    normal number in magnitude unless both are below about ``2**-100`` (float32), so this is
-    ``c >= 0`` everywhere else, and it does not depend on denormals (flush-to-zero mode). This
-    avoids boolean temporaries, which are several times slower than float ones on CPU.
-
-    The fill is ``-inf`` on the masked path and where ``exact_zero_log`` asks for log 0 = ``-inf``
-    (both use the capped threshold, so no row loses its support). Otherwise it is the most
-    negative finite number, whose softmax weight is exactly 0 next to any kept entry; should
-    rounding put the mean above every entry of a row (all entries equal up to rounding), the
-    whole row is filled and its softmax is uniform, i.e. all entries count as ties. This saves
-    the ``amax`` pass of the capped threshold.
-    """
-    thr, empty = _threshold(x, dim, cap=exact_zero_log)
-    fill = _NEG_INF if (exact_zero_log or empty is not None) else torch.finfo(x.dtype).min
-    # A contiguous buffer of our own: the softmax is then computed in place in it (see
-    # _softmax_into), which needs contiguous memory.
-    c = torch.sub(x, thr).contiguous()
-    F.threshold_(c, -torch.finfo(c.dtype).smallest_normal, fill)
-    return c, empty
-
-
-def _train_logits(x: Tensor, dim: int, eps: float) -> Tuple[Tensor, Optional[Tensor]]:
-    """A new tensor of logits whose softmax is Eq. 10: ``x`` on the support, ``x + log(eps) -
-    log(1 + eps)`` off it. (Eq. 10 adds eps to every entry; the constant ``log(1 + eps)`` is
-    subtracted from all entries, which softmax ignores.)
-    """
-    if eps == 0.0:
-        return _support_logits(x, dim, exact_zero_log=True)
-    # Uncapped mean: if rounding puts it above every entry, every entry is shifted alike and the
-    # row is uniform, i.e. all entries count as ties.
-    thr, empty = _threshold(x, dim)
-    off_support = torch.empty(x.shape, dtype=x.dtype, device=x.device)  # contiguous, ours
-    torch.lt(x, thr, out=off_support)  # 1.0 / 0.0 as floats: fast kernels, reused as the output
-    torch.add(x, off_support, alpha=math.log(eps) - math.log1p(eps), out=off_support)
-    return off_support, empty
-
-
-# ----------------------------------------------------------------------------------------------
-# autograd Functions: forward on prepared (upcast, masked) input, backward from the output only
-# ----------------------------------------------------------------------------------------------
-def _softmax_backward(grad: Tensor, out: Tensor, dim: int) -> Tensor:
-    return torch._softmax_backward_data(grad, out, dim, out.dtype)
-
-
-def _log_softmax_backward(grad: Tensor, out: Tensor, dim: int, zero_at_neg_inf: bool) -> Tensor:
-    if zero_at_neg_inf:
-        # A -inf output is constant (the entry is not there): its incoming gradient is dropped
-        # before the sum, and the entry itself then gets exactly 0.
-        grad = grad.masked_fill(out == _NEG_INF, 0.0)
-    return torch._log_softmax_backward_data(grad, out, dim, out.dtype)
-
-
-class EvSoftmaxFunction(torch.autograd.Function):
-    """Eq. 7 (``eps=None``) or Eq. 10 forward; the backward is softmax's on the output (Eq. 9: the
-    indicator and Eq. 10's log-shift are piecewise constant, so nothing else depends on x)."""
-
-    @staticmethod
-    def forward(ctx, x: Tensor, dim: int, eps: Optional[float]) -> Tensor:
-        fused = _fused_forward(x, dim, eps=eps, log=False)
-        if fused is not None:
-            out = fused[0]
-        else:
-            z, empty = _support_logits(x, dim) if eps is None else _train_logits(x, dim, eps)
-            out = _finish_softmax(z, dim, empty)
-        ctx.dim = dim
-        ctx.save_for_backward(out)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        (out,) = ctx.saved_tensors
-        return _softmax_backward(grad, out, ctx.dim), None, None
-
-
-class LogEvSoftmaxTrainFunction(torch.autograd.Function):
-    """log of Eq. 10 via log_softmax; backward is log_softmax's on the output."""
-
-    @staticmethod
-    def forward(ctx, x: Tensor, dim: int, eps: float) -> Tensor:
-        fused = _fused_forward(x, dim, eps=eps, log=True)
-        if fused is not None:
-            out, masked = fused
-        else:
-            z, empty = _train_logits(x, dim, eps)
-            masked = empty is not None
-            if masked:
-                z = z.masked_fill(empty, 0.0)
-            out = _softmax_into(z, dim, log=True)
-            if masked:
-                out = out.masked_fill(empty, _NEG_INF)
-        ctx.dim = dim
-        # -inf outputs exist only on the masked path or with eps == 0.
-        ctx.zero_at_neg_inf = masked or eps == 0.0
-        ctx.save_for_backward(out)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        (out,) = ctx.saved_tensors
-        return _log_softmax_backward(grad, out, ctx.dim, ctx.zero_at_neg_inf), None, None
-
-
-def _fused_forward(x: Tensor, dim: int, eps: Optional[float], log: bool) -> Optional[Tuple[Tensor, bool]]:
-    """The forward by the opt-in C++ CPU kernel (see ``sparsenorm._cpu_kernels``), or None where it
-    is off or does not apply. ``eps=None`` is Eq. 7; else Eq. 10 (``eps = 0``: capped support).
-
-    Returns the output and whether the call took the masked path (a row with -inf, +inf or NaN).
-    The kernel follows the rules above row by row; the one rule that spans rows (a non-finite
-    row anywhere caps every row's threshold) is applied here by re-running capped, which only
-    changes rows whose mean rounded above their max (reported by the kernel).
-    """
-    ext = _cpu_kernels.EVIDENTIAL.kernel_for(x)
-    if ext is None or x.dim() == 0:
-        return None
-    if eps is None:
-        kind, shift, cap = 0, 0.0, False
-    elif eps == 0.0:
-        kind, shift, cap = 0, 0.0, True
-    else:
-        kind, shift, cap = 1, math.log(eps) - math.log1p(eps), False
-    rows = x.movedim(dim, -1)
-    flat = rows.reshape(-1, rows.shape[-1]).contiguous()
-    out, nonfinite_rows, rounded_rows = ext.ev_softmax_forward(flat, kind, shift, cap, log)
-    if nonfinite_rows and rounded_rows and not cap:
-        out, _, _ = ext.ev_softmax_forward(flat, kind, shift, True, log)
-    return out.view(rows.shape).movedim(-1, dim), nonfinite_rows > 0
-
-
-def _finish_softmax(z: Tensor, dim: int, empty: Optional[Tensor]) -> Tensor:
-    """``softmax(z)`` written into ``z`` (a fresh tensor: saves softmax's allocation, which on CPU
-    costs more than the kernel); rows with no valid entry become zeros instead of NaN."""
-    if empty is not None:
-        z = z.masked_fill_(empty, 0.0)
-    out = _softmax_into(z, dim, log=False)
-    return out if empty is None else out.masked_fill_(empty, 0.0)
-
-
-def _softmax_into(z: Tensor, dim: int, log: bool) -> Tensor:
-    """(log-)softmax of a contiguous tensor of ours, in place on CPU (where softmax's kernels read
-    each entry before writing it); a fresh output elsewhere."""
-    if z.device.type == "cpu":
-        op = torch.ops.aten._log_softmax.out if log else torch.ops.aten._softmax.out
-        return op(z, dim, False, out=z)
-    return torch.log_softmax(z, dim) if log else torch.softmax(z, dim)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -252,8 +51,8 @@ def _softmax_into(z: Tensor, dim: int, log: bool) -> Tensor:
 def ev_softmax(x: Tensor, dim: int = -1, mask: Optional[Tensor] = None) -> Tensor:
     r"""Evidential softmax, Eq. 7: ``p_k ∝ 1{x_k >= mean(x)} exp(x_k)``.
 
-    The mean is over the valid entries of the row only (``-inf`` and ``mask == False`` entries
-    are excluded and get probability 0). Ties with the mean are kept (``>=``); rounding in the
+    The mean is over the entries of the row that are there only (``-inf``, ``mask == False`` and
+    entries ``<= finfo(dtype).min / 2`` are excluded and get probability 0). Ties with the mean are kept (``>=``); rounding in the
     mean can never empty a row (see the module notes). K = 1 gives 1, all-equal
     entries the uniform distribution, K = 2 the one-hot argmax (a tie gives (1/2, 1/2)).
 
@@ -265,9 +64,7 @@ def ev_softmax(x: Tensor, dim: int = -1, mask: Optional[Tensor] = None) -> Tenso
         dim: dimension to normalize over.
         mask: optional boolean tensor broadcastable to ``x``; True = keep.
     """
-    dtype = x.dtype if isinstance(x, Tensor) else None
-    z, dim = _prepare(x, dim, mask)
-    return EvSoftmaxFunction.apply(z, dim, None).to(dtype)
+    return normalize(ops.ev_softmax, x, dim, mask, None, False, marks_not_there=False)
 
 
 def ev_softmax_train(x: Tensor, dim: int = -1, eps: float = 1e-6, mask: Optional[Tensor] = None) -> Tensor:
@@ -282,10 +79,8 @@ def ev_softmax_train(x: Tensor, dim: int = -1, eps: float = 1e-6, mask: Optional
     Raises:
         ValueError: if ``eps`` is negative, NaN or infinite.
     """
-    _check_eps(eps)
-    dtype = x.dtype if isinstance(x, Tensor) else None
-    z, dim = _prepare(x, dim, mask)
-    return EvSoftmaxFunction.apply(z, dim, float(eps)).to(dtype)
+    check_eps(eps)
+    return normalize(ops.ev_softmax, x, dim, mask, float(eps), False, marks_not_there=False)
 
 
 def log_ev_softmax_train(
@@ -304,10 +99,8 @@ def log_ev_softmax_train(
     Raises:
         ValueError: if ``eps`` is negative, NaN or infinite.
     """
-    _check_eps(eps)
-    dtype = x.dtype if isinstance(x, Tensor) else None
-    z, dim = _prepare(x, dim, mask)
-    return LogEvSoftmaxTrainFunction.apply(z, dim, float(eps)).to(dtype)
+    check_eps(eps)
+    return normalize(ops.ev_softmax, x, dim, mask, float(eps), True, marks_not_there=False)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -419,7 +212,7 @@ class _TrainFormModule(nn.Module):
 
     def __init__(self, dim: int = -1, eps: float = 1e-6):
         super().__init__()
-        _check_eps(eps)
+        check_eps(eps)
         self.dim = dim
         self.eps = eps
 

@@ -4,49 +4,50 @@
 ``sparsehourglass(z) = sparsemax(alpha(z) * z)`` with ``alpha(z) = (1 + q K) / (|sum_i z_i| + q K)``
 (formulas in ``shared/papers/README.md``). The scale ``alpha`` is computed here with plain
 differentiable torch ops, so the gradient through ``alpha(z)`` comes from autograd composed with
-sparsemax's closed-form backward (``sparsenorm.sparsemax``).
+sparsemax's closed-form backward (``sparsenorm.entmax``).
 """
 from __future__ import annotations
 
-from typing import Union
+from typing import Optional, Union
 
 from torch import Tensor, nn
 
-from ._validation import check_floating, check_param, compute_dtype, normalize_dim
-from .sparsemax import sparsemax
+from ._validation import check_param, normalize, not_there_level
+from .entmax import sparsemax
 
 Param = Union[float, int, Tensor]
 
 
 def hourglass_scale(z: Tensor, q: Param = 1.0, dim: int = -1) -> Tensor:
-    """``alpha(z) = (1 + q K) / (|sum z| + q K)`` over the finite entries of each row (keepdim).
+    """``alpha(z) = (1 + q K) / (|sum z| + q K)`` over the entries of each row that are there (keepdim).
 
-    ``-inf`` entries are "not there": they are left out of both ``sum z`` and ``K``, so padding
-    a row with ``-inf`` does not change the result (counting them would make the sum ``-inf``
-    and ``alpha`` 0). A row with no finite entry gets ``alpha = 1``. ``q`` is a number or a
-    tensor broadcastable to the keepdim row shape.
+    Entries that are not there (``-inf`` or ``<= finfo(dtype).min / 2``) are left out of both
+    ``sum z`` and ``K``, so padding a row does not change the result (counting them would make
+    the sum ``-inf`` and ``alpha`` 0). A row with no entry there gets ``alpha = 1``. ``q`` is a
+    number or a tensor broadcastable to the keepdim row shape. Sync-free.
     """
     return _scale_and_mask(z, q, dim)[0]
 
 
 def _scale_and_mask(z: Tensor, q: Param, dim: int):
-    """``(alpha, neg_inf)``: the scale, and the ``-inf`` mask (None when there is no ``-inf``)."""
-    neg_inf = None
-    if bool((z.amin(dim) == float("-inf")).any()):  # a reduction, no full-size mask, in the common case
-        neg_inf = z == float("-inf")
-        k = (~neg_inf).sum(dim, keepdim=True).to(z.dtype)
-        total = z.masked_fill(neg_inf, 0.0).sum(dim, keepdim=True)
-    else:
-        k = z.shape[dim]
-        total = z.sum(dim, keepdim=True)
+    """``(alpha, absent)``: the scale, and the mask of the entries that are not there."""
+    absent = z <= not_there_level(z.dtype)
+    k = (~absent).sum(dim, keepdim=True).to(z.dtype)
+    total = z.masked_fill(absent, 0.0).sum(dim, keepdim=True)
     qk = q * k
-    denom = total.abs() + qk
-    if neg_inf is not None:
-        denom = denom.masked_fill(k == 0, 1.0)  # then qk = 0 too: alpha = 1, no 1/0 in the graph
-    return (1 + qk) / denom, neg_inf
+    denom = (total.abs() + qk).masked_fill(k == 0, 1.0)  # then qk = 0 too: alpha = 1, no 1/0 in the graph
+    return (1 + qk) / denom, absent
 
 
-def sparsehourglass(x: Tensor, q: Param = 1.0, dim: int = -1) -> Tensor:
+def _sparsehourglass_rows(z: Tensor, q: Param) -> Tensor:
+    alpha, absent = _scale_and_mask(z, q, -1)
+    # Not-there entries stay -inf, but multiply finite values only: d(z * alpha)/d alpha = z would
+    # put 0 * -inf = NaN into alpha's gradient.
+    scaled = (z.masked_fill(absent, 0.0) * alpha).masked_fill(absent, float("-inf"))
+    return sparsemax(scaled, dim=-1)
+
+
+def sparsehourglass(x: Tensor, q: Param = 1.0, dim: int = -1, mask: Optional[Tensor] = None) -> Tensor:
     r"""Sparsehourglass (Laha et al. 2018): sparsemax of the rescaled scores ``alpha(z) z``.
 
     .. math:: \mathrm{sparsehg}(z) = \mathrm{sparsemax}(\alpha(z) z), \quad
@@ -60,38 +61,25 @@ def sparsehourglass(x: Tensor, q: Param = 1.0, dim: int = -1) -> Tensor:
     Args:
         x: floating tensor of scores.
         q: ``q > 0``; a number, or a tensor broadcastable to ``x`` with size 1 along ``dim``
-            (per row). A tensor ``q`` with ``requires_grad`` gets a gradient (autograd).
+            (per row), or one value per row. A tensor ``q`` with ``requires_grad`` gets a
+            gradient (autograd).
         dim: dimension to normalize over.
+        mask: optional boolean tensor broadcastable to ``x``; True = keep.
 
-    Edge cases: ``-inf`` entries get exactly 0 and are excluded from ``sum z`` and from ``K``
-    (so ``-inf`` padding/masking leaves the other entries' output unchanged); a row with no
-    finite entry returns zeros with zero gradient; NaN in a row gives NaN in that row;
-    float16/bfloat16 are computed in float32 and returned in the input dtype. ``q <= 0`` raises
-    ``ValueError``; a non-floating ``x`` raises ``TypeError``. Gradient: autograd through
-    ``alpha`` composed with sparsemax's closed-form backward.
+    Edge cases: entries that are not there (``-inf``, ``mask == False`` or ``<= finfo(dtype).min
+    / 2``) get exactly 0 and are excluded from ``sum z`` and from ``K`` (so padding/masking leaves
+    the other entries' output unchanged); a row with no entry there returns zeros with zero
+    gradient; NaN in a row gives NaN in that row; float16/bfloat16 are computed in float32 and
+    returned in the input dtype. ``q <= 0`` raises ``ValueError``; a non-floating ``x`` raises
+    ``TypeError``. Gradient: autograd through ``alpha`` composed with sparsemax's closed-form
+    backward.
     """
-    check_floating(x, "x")
     check_param(q, "q", low=0.0, low_inclusive=False)
-    if x.dim() == 0:
-        return sparsehourglass(x.reshape(1), q, 0).reshape(())
-    dim = normalize_dim(x, dim)
-    if x.shape[dim] == 0:
-        return x.clone()  # nothing to normalize (as torch.softmax)
-    z = x.to(compute_dtype(x))
-    if isinstance(q, Tensor):
-        q = q.to(device=z.device, dtype=z.dtype)
-    alpha, neg_inf = _scale_and_mask(z, q, dim)
-    if neg_inf is not None:
-        # -inf stays -inf, but multiply finite values only: d(z * alpha)/d alpha = z would put
-        # 0 * -inf = NaN into alpha's gradient.
-        scaled = (z.masked_fill(neg_inf, 0.0) * alpha).masked_fill(neg_inf, float("-inf"))
-    else:
-        scaled = z * alpha
-    return sparsemax(scaled, dim=dim).to(x.dtype)
+    return normalize(_sparsehourglass_rows, x, dim, mask, params={"q": q})
 
 
 class SparseHourglass(nn.Module):
-    """Sparsehourglass as a module: ``SparseHourglass(q=1.0, dim=-1)``."""
+    """Sparsehourglass as a module: ``SparseHourglass(q=1.0, dim=-1)``; ``forward(x, mask=None)``."""
 
     def __init__(self, q: float = 1.0, dim: int = -1):
         super().__init__()
@@ -99,8 +87,8 @@ class SparseHourglass(nn.Module):
         self.q = float(q)
         self.dim = dim
 
-    def forward(self, x: Tensor) -> Tensor:
-        return sparsehourglass(x, q=self.q, dim=self.dim)
+    def forward(self, x: Tensor, mask: Optional[Tensor] = None) -> Tensor:
+        return sparsehourglass(x, q=self.q, dim=self.dim, mask=mask)
 
     def extra_repr(self) -> str:
         return f"q={self.q}, dim={self.dim}"

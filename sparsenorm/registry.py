@@ -1,9 +1,11 @@
 """The one table of normalizers: experiments, benchmarks and the CLI take a normalizer by name here.
 
 Each entry pairs a normalizer's evaluation-time function with its training-time form, its
-log-probability function (where one exists) and its default losses for single-label (class index)
-and multi-label (target distribution / multi-hot) targets. Nothing else in sparsenorm lists
-normalizers.
+log-probability function (where one exists), its default losses for single-label (class index)
+and multi-label (target distribution / multi-hot) targets, and its capabilities (``cpu_kernel``,
+``supports_mask``, ``attention``, ``entmax_twin``), which is what the benchmark, the experiments and
+the attention layer select by. Code elsewhere takes normalizers from here rather than listing
+names (the experiments are being moved onto these fields).
 
 All callables take logits first and normalize over ``dim=-1`` (functions) or classes on dim 1
 (losses, as ``torch.nn.CrossEntropyLoss``). Parameters such as ``alpha``, ``t``, ``r`` and ``q``
@@ -19,9 +21,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ._validation import mark_not_there
+
 from . import evidential, hourglass, rsoftmax
-# Imported by name: the attribute ``sparsenorm.sparsemax`` is the function, shadowing its module.
-from .sparsemax import entmax15, entmax_bisect, sparsemax
+from .entmax import entmax15, entmax_bisect, sparsemax
 from .losses import evidential as ev_losses
 from .losses import fenchel_young, hourglass as hourglass_losses, rsoftmax as r_losses
 
@@ -47,6 +50,15 @@ class Normalizer:
     params: Dict[str, float] = field(default_factory=dict)
     posthoc: bool = False
     """True for post-hoc evidential: trained as softmax, sparsified from the last linear layer."""
+    cpu_kernel: bool = False
+    """Whether ``forward`` runs a fused C++ kernel on CPU (``sparsenorm.kernels``) where built."""
+    supports_mask: bool = True
+    """Whether ``forward`` takes ``mask=`` (boolean, True = keep)."""
+    attention: bool = True
+    """Whether ``forward`` is usable as an attention normalizer: a function of the scores alone
+    (no linear layer), taking ``mask=``, differentiable w.r.t. the scores."""
+    entmax_twin: Optional[str] = None
+    """The ``entmax`` package's function computing the same map, if any (for comparisons)."""
 
     def probs_from_linear(self, features: Tensor, layer: nn.Linear) -> Tensor:
         """Evaluation-time probabilities of ``layer(features)``.
@@ -57,6 +69,22 @@ class Normalizer:
         if self.posthoc:
             return evidential.posthoc_evidential(features, layer.weight, layer.bias)
         return self.forward(layer(features), dim=-1)
+
+
+def _masked_softmax(x: Tensor, dim: int = -1, mask: Optional[Tensor] = None) -> Tensor:
+    """``torch.softmax`` with sparsenorm's "not there" rule (``mask``, ``-inf``, ``<= finfo.min / 2``):
+    such entries get exactly 0, and a row with none there gives zeros (not NaN)."""
+    z = mark_not_there(x, mask)
+    out = torch.softmax(z, dim).masked_fill(~(z > float("-inf")).any(dim, keepdim=True), 0.0)
+    return out.to(x.dtype)
+
+
+def _masked_log_softmax(x: Tensor, dim: int = -1, mask: Optional[Tensor] = None) -> Tensor:
+    """``torch.log_softmax`` with the "not there" rule (log 0 = ``-inf``)."""
+    z = mark_not_there(x, mask)
+    empty = ~(z > float("-inf")).any(dim, keepdim=True)
+    return torch.log_softmax(z.masked_fill(empty, 0.0), dim).masked_fill(empty | (z == float("-inf")),
+                                                                          float("-inf")).to(x.dtype)
 
 
 def _softmax_multilabel_loss(logits: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
@@ -72,7 +100,7 @@ def _build() -> Dict[str, Normalizer]:
     entries = [
         Normalizer(
             "softmax", "Softmax: dense, the baseline.",
-            torch.softmax, torch.softmax, torch.log_softmax,
+            _masked_softmax, _masked_softmax, _masked_log_softmax,
             F.cross_entropy, _softmax_multilabel_loss, sparse=False,
         ),
         Normalizer(
@@ -80,29 +108,31 @@ def _build() -> Dict[str, Normalizer]:
             evidential.ev_softmax, bind(evidential.ev_softmax_train, eps=1e-6),
             bind(evidential.log_ev_softmax_train, eps=1e-6),
             ev_losses.ev_softmax_nll_loss, ev_losses.ev_softmax_multilabel_loss, sparse=True,
-            params={"eps": 1e-6},
+            params={"eps": 1e-6}, cpu_kernel=True,
         ),
         Normalizer(
             "posthoc_evidential",
             "Post-hoc evidential sparsification (Itkina et al. 2020): softmax-trained, sparsified at test time.",
-            torch.softmax, torch.softmax, torch.log_softmax,
-            F.cross_entropy, _softmax_multilabel_loss, sparse=True, posthoc=True,
+            _masked_softmax, _masked_softmax, _masked_log_softmax,
+            F.cross_entropy, _softmax_multilabel_loss, sparse=True, posthoc=True, attention=False,
         ),
         Normalizer(
             "sparsemax", "Sparsemax (Martins & Astudillo 2016): Euclidean projection onto the simplex.",
             sparsemax, sparsemax, None,
             fenchel_young.sparsemax_loss, fenchel_young.sparsemax_loss, sparse=True,
+            cpu_kernel=True, entmax_twin="sparsemax",
         ),
         Normalizer(
-            "entmax15", "1.5-entmax (Peters et al. 2019), exact sort-based.",
+            "entmax15", "1.5-entmax (Peters et al. 2019), exact threshold (no full sort).",
             entmax15, entmax15, None,
             fenchel_young.entmax15_loss, fenchel_young.entmax15_loss, sparse=True,
+            cpu_kernel=True, entmax_twin="entmax15",
         ),
         Normalizer(
             "entmax_bisect", "alpha-entmax by bisection (default alpha=1.5).",
             bind(entmax_bisect, alpha=1.5), bind(entmax_bisect, alpha=1.5), None,
             bind(fenchel_young.entmax_bisect_loss, alpha=1.5), bind(fenchel_young.entmax_bisect_loss, alpha=1.5),
-            sparse=True, params={"alpha": 1.5},
+            sparse=True, params={"alpha": 1.5}, entmax_twin="entmax_bisect",
         ),
         Normalizer(
             "t_softmax", "t-softmax (Bałazy et al., r-softmax paper Eq. 1), temperature-like t.",
@@ -114,7 +144,7 @@ def _build() -> Dict[str, Normalizer]:
             "r_softmax", "r-softmax (Bałazy et al., Eq. 3): a fraction r of the entries is zero.",
             bind(rsoftmax.r_softmax, r=0.5), bind(rsoftmax.r_softmax, r=0.5), None,
             bind(r_losses.r_softmax_loss, r=0.5), bind(r_losses.r_softmax_loss, r=0.5),
-            sparse=True, params={"r": 0.5},
+            sparse=True, params={"r": 0.5}, cpu_kernel=True,
         ),
         Normalizer(
             "sparsehourglass", "Sparsehourglass (Laha et al. 2018): sparsemax of a rescaled input.",
@@ -160,4 +190,5 @@ def _rebind(entry: Normalizer, params: Dict[str, float]) -> Normalizer:
         entry.name, entry.description, rebind(entry.forward), rebind(entry.train_forward),
         rebind(entry.log_prob) if entry.log_prob else None, rebind(entry.single_label_loss),
         rebind(entry.multi_label_loss), entry.sparse, params, entry.posthoc,
+        entry.cpu_kernel, entry.supports_mask, entry.attention, entry.entmax_twin,
     )

@@ -9,14 +9,15 @@ Both are a *weighted softmax* ``p_i = w_i exp(x_i) / sum_j w_j exp(x_j)`` with t
   linearly interpolated quantile of the row (the paper's definition, the same as
   ``torch.quantile(..., interpolation="linear")``).
 
-Layering: :func:`_order_statistics` selects the two order statistics the quantile interpolates
-with ``torch.topk`` from the nearer end of the row (selection, no full sort);
-:func:`_weighted_softmax` evaluates the weighted softmax as ``softmax(x) * w`` renormalized (torch's
-fused softmax does the exponentials); the ``autograd.Function`` classes save the output ``p`` plus
-one tensor, ``max(w, tiny)`` (the Jacobian has ``1 / w_i`` terms, so one tensor beyond the output
-is unavoidable), and per-row indices, and apply the closed-form backward below;
-:func:`t_softmax` / :func:`r_softmax` validate and wrap; the modules :class:`TSoftmax` /
-:class:`RSoftmax` store ``dim`` and the parameter.
+Layering: the registered operator ``sparsenorm::r_softmax_threshold`` (``sparsenorm.kernels.ops``)
+finds the quantile's two order statistics (on CPU by ``torch.topk`` from the nearer end of the row,
+no full sort; elsewhere by a sync-free sort); :func:`_weighted_softmax` evaluates the weighted
+softmax as ``softmax(x) * w`` renormalized (torch's fused softmax does the exponentials); the
+``autograd.Function`` classes save the output ``p`` plus one tensor, ``max(w, tiny)`` (the
+Jacobian has ``1 / w_i`` terms, so one tensor beyond the output is unavoidable), and per-row
+indices, and apply the closed-form backward below; :func:`t_softmax` / :func:`r_softmax` validate
+and go through the entry path (``sparsenorm._validation.normalize``); the modules
+:class:`TSoftmax` / :class:`RSoftmax` store ``dim`` and the parameter.
 
 Closed-form backward. With ``e_i = exp(x_i) / sum_j w_j exp(x_j)`` on the support (0 off it),
 ``<g, p> = sum_i g_i p_i`` and ``C = -sum_i e_i (g_i - <g, p>)``::
@@ -31,13 +32,6 @@ With ``h = p (g - <g, p>)`` (softmax's own backward, torch's fused kernel), ``e_
 h_j / w_j``, so ``dL/dx = h + h / w`` plus the ``C`` term, and ``C = -sum(h + h / w)`` because
 ``sum(h) = 0``: softmax's backward, one ``addcdiv`` and one sum.
 
-Cost (float32 CPU, forward + backward, r = 0.5, shapes (4096, 128) to (256, 32000), medians of
-single-thread CPU time on a shared 2-core machine): t-softmax 3-3.5x ``torch.softmax``; r-softmax
-8-11x, of which the exact selection (``topk``, which copies every (value, index) pair whatever
-``k``) is 4-6x on its own. A C++ ``std::nth_element`` per row measured 3-4.5x softmax there, so
-no comparison-based exact quantile meets the 4x target without a fused kernel (radix select
-over the float bits, a few vectorized histogram passes, would be the way). The same formula with
-``torch.quantile`` (full sort) measured 26-52x.
 """
 from __future__ import annotations
 
@@ -47,7 +41,10 @@ import torch
 from torch import Tensor, nn
 from torch.autograd import Function
 
-from ._validation import check_floating, check_param, compute_dtype, normalize_dim
+from ._validation import check_param, normalize
+from .kernels import ops
+from .kernels.reference.rsoftmax import backward_common as _backward_common
+from .kernels.reference.rsoftmax import weighted_softmax as _weighted_softmax
 
 Param = Union[float, int, Tensor]
 
@@ -55,97 +52,6 @@ Param = Union[float, int, Tensor]
 # --------------------------------------------------------------------------------------------
 # helpers
 # --------------------------------------------------------------------------------------------
-def _row_param(value: Param, x: Tensor, name: str) -> Union[float, Tensor]:
-    """A per-row parameter as a float or a tensor of shape ``x.shape[:-1] + (1,)``-broadcastable.
-
-    ``x`` has its normalized dimension last. Accepted tensor shapes: 0-d, broadcastable to ``x``
-    with size 1 on the last dim, or ``x``'s shape without its last dim (one value per row).
-    """
-    if not isinstance(value, Tensor):
-        return float(value)
-    if value.dim() == 0:
-        value = value.reshape([1] * x.dim())
-    elif value.dim() == x.dim() - 1 and tuple(value.shape) == tuple(x.shape[:-1]):
-        value = value.unsqueeze(-1)
-    row_shape = tuple(x.shape[:-1]) + (1,)
-    try:
-        if torch.broadcast_shapes(value.shape, row_shape) != torch.Size(row_shape):
-            raise RuntimeError
-    except RuntimeError:
-        raise ValueError(
-            f"{name} of shape {tuple(value.shape)} must be a number, a 0-d tensor, one value per row "
-            f"(shape {tuple(x.shape[:-1])}) or broadcastable to {row_shape} (size 1 along dim)"
-        ) from None
-    return value.to(device=x.device, dtype=x.dtype)
-
-
-def _move_param(value: Param, x: Tensor, dim: int) -> Param:
-    """Move a per-row parameter given in ``x``'s layout so that ``dim`` becomes the last dim."""
-    if isinstance(value, Tensor) and value.dim() == x.dim() and x.dim() > 0:
-        return value.movedim(dim, -1)
-    return value
-
-
-def _weighted_softmax(x: Tensor, tau: Tensor, m: Tensor) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
-    """``p = w exp(x) / sum(w exp(x))`` with ``w = relu(x - tau)``, computed as ``softmax(x) * w``
-    renormalized (torch's fused softmax does the exponentials), plus what the backward needs.
-
-    Returns ``(p, w_safe, dead)``: ``w_safe = max(w, tiny)`` (so ``h / w_safe`` is 0 off the
-    support, where ``h = 0``), and ``dead`` (a ``(..., 1)`` bool or None) marking rows whose
-    gradient is 0: rows with no valid entry (``m = -inf``), which give ``p = 0``, and rows where
-    every weight is 0 (``tau >= max``), which get the uniform distribution over their arg-max
-    entries, the limit ``tau -> max`` from below (``r -> 1``; Theorem 1's one-hot for small ``t``).
-    Two full-size allocations; the rest is in place.
-    """
-    w = (x - tau).clamp_min_(0)
-    num = _softmax_last(x, m).mul_(w)
-    z = num.sum(-1, keepdim=True)
-    p = num.div_(z.masked_fill_(z == 0, 1.0))
-    w_safe = w.clamp_min_(torch.finfo(x.dtype).tiny)
-    empty = m == float("-inf")
-    no_weight = (tau >= m) & ~empty
-    dead = None
-    if bool(empty.any()) or bool(no_weight.any()):
-        dead = empty | no_weight
-        ties = ((x == m) & no_weight).to(p.dtype)
-        p = torch.where(dead, ties / ties.sum(-1, keepdim=True).clamp_min(1), p)
-    return p, w_safe, dead
-
-
-def _backward_common(g: Tensor, p: Tensor, w_safe: Tensor, dead: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
-    """``(p + e)(g - <g, p>)`` with ``e = p / w``, and ``C = -sum_j e_j (g_j - <g, p>)``.
-
-    ``h = p (g - <g, p>)`` is softmax's backward (torch's fused kernel); the result is
-    ``h + h / w``, and ``C = -sum(h / w) = -sum(result)`` because ``sum(h) = 0``.
-    """
-    h = _softmax_backward(g, p)
-    grad = h.addcdiv_(h, w_safe)
-    if dead is not None:
-        grad = grad.masked_fill_(dead, 0.0)
-    return grad, grad.sum(-1, keepdim=True).neg_()
-
-
-# Below this many elements, plain elementwise ops (which stay single-threaded) beat torch's fused
-# softmax kernels, whose parallel region has a fixed cost of milliseconds on a busy CPU.
-_FUSED_MIN_NUMEL = 1 << 16
-
-
-def _softmax_last(x: Tensor, m: Tensor) -> Tensor:
-    if x.numel() >= _FUSED_MIN_NUMEL:
-        return torch.softmax(x, -1)
-    ex = (x - m.masked_fill(m == float("-inf"), 0.0)).exp_()
-    return ex.div_(ex.sum(-1, keepdim=True))
-
-
-def _softmax_backward(g: Tensor, p: Tensor) -> Tensor:
-    if _FUSED_SOFTMAX_BACKWARD is not None and p.numel() >= _FUSED_MIN_NUMEL:
-        return _FUSED_SOFTMAX_BACKWARD(g.contiguous(), p, -1, p.dtype)
-    return (g - torch.linalg.vecdot(g, p).unsqueeze(-1)).mul_(p)
-
-
-_FUSED_SOFTMAX_BACKWARD = getattr(torch, "_softmax_backward_data", None)
-
-
 def _row_max(x: Tensor) -> Tensor:
     """Row max (keepdim). ``amax``, not ``max(dim)``, which also builds indices and is much slower on CPU."""
     return x.amax(-1, keepdim=True)
@@ -203,7 +109,7 @@ class TSoftmaxFunction(Function):
         return grad, grad_t
 
 
-def t_softmax(x: Tensor, t: Param, dim: int = -1) -> Tensor:
+def t_softmax(x: Tensor, t: Param, dim: int = -1, mask: Optional[Tensor] = None) -> Tensor:
     r"""t-softmax (r-softmax paper, Eq. 1): a weighted softmax with weights ``relu(x_i + t - max(x))``.
 
     .. math:: \mathrm{t\text{-}softmax}(x, t)_i =
@@ -220,129 +126,49 @@ def t_softmax(x: Tensor, t: Param, dim: int = -1) -> Tensor:
             ``requires_grad`` gets a gradient (the paper learns ``t`` by backpropagation).
         dim: dimension to normalize over.
 
-    Edge cases: a ``-inf`` entry gets exactly 0; a row with no finite entry returns zeros with
-    zero gradient; NaN in a row gives NaN in that row; float16/bfloat16 are computed in float32
+        mask: optional boolean tensor broadcastable to ``x``; True = keep.
+
+    Edge cases: an entry that is not there (``-inf``, ``mask == False``, or ``<= finfo(dtype).min
+    / 2``) gets exactly 0; a row with none there returns zeros with zero gradient; NaN in a row gives NaN in that row; float16/bfloat16 are computed in float32
     and returned in the input dtype. ``t <= 0`` (or NaN) raises ``ValueError``; a non-floating
     ``x`` raises ``TypeError``. Backward is closed-form (module docstring); double backward
     raises a clear ``RuntimeError``.
     """
-    check_floating(x, "x")
     check_param(t, "t", low=0.0, low_inclusive=False)
-    if x.dim() == 0:
-        x_work = x.reshape(1)
-        return t_softmax(x_work, t, 0).reshape(())
-    dim = normalize_dim(x, dim)
-    if x.shape[dim] == 0:
-        return x.clone()  # nothing to normalize (as torch.softmax)
-    last = dim == x.dim() - 1
-    xc = (x if last else x.movedim(dim, -1)).to(compute_dtype(x))
-    tt = _row_param(t if last else _move_param(t, x, dim), xc, "t")
-    out = TSoftmaxFunction.apply(xc, tt).to(x.dtype)
-    return out if last else out.movedim(-1, dim)
+    return normalize(TSoftmaxFunction.apply, x, dim, mask, params={"t": t})
 
 
 # --------------------------------------------------------------------------------------------
 # r-softmax
 # --------------------------------------------------------------------------------------------
-def _order_statistics(x: Tensor, rank: Union[int, Tensor]):
-    """Values and indices of the order statistics ``x_(rank)`` and ``x_(rank + 1)`` of each row.
-
-    ``rank`` is 0-based ascending (an int shared by all rows, or a ``(..., 1)`` long tensor);
-    ``rank + 1`` is clamped to ``n - 1``. Uses ``torch.topk`` from whichever end of the row is
-    nearer: O(n) selection per row, no full sort.
-    """
-    n = x.shape[-1]
-    if isinstance(rank, int):
-        if rank >= n - 1:
-            idx = x.argmax(-1, keepdim=True)
-            v = x.gather(-1, idx)
-            return v, v, idx, idx
-        if rank + 2 <= n - rank:  # the rank + 2 smallest; the two largest of them
-            vals, ids = torch.topk(x, rank + 2, -1, largest=False, sorted=False)
-            two, j = torch.topk(vals, 2, -1, largest=True, sorted=True)
-            hi, lo = two.split(1, -1)
-            hi_idx, lo_idx = ids.gather(-1, j).split(1, -1)
-        else:  # the n - rank largest; the two smallest of them
-            vals, ids = torch.topk(x, n - rank, -1, largest=True, sorted=False)
-            two, j = torch.topk(vals, 2, -1, largest=False, sorted=True)
-            lo, hi = two.split(1, -1)
-            lo_idx, hi_idx = ids.gather(-1, j).split(1, -1)
-        return lo, hi, lo_idx, hi_idx
-    rank_hi = (rank + 1).clamp_(max=n - 1)
-    k_small = int(rank_hi.max()) + 1
-    k_large = n - int(rank.min())
-    if k_small <= k_large:
-        vals, ids = torch.topk(x, k_small, -1, largest=False, sorted=True)
-        pos_lo, pos_hi = rank, rank_hi
-    else:  # descending: rank rho sits at position n - 1 - rho
-        vals, ids = torch.topk(x, k_large, -1, largest=True, sorted=True)
-        pos_lo, pos_hi = n - 1 - rank, n - 1 - rank_hi
-    return vals.gather(-1, pos_lo), vals.gather(-1, pos_hi), ids.gather(-1, pos_lo), ids.gather(-1, pos_hi)
-
-
-def _quantile_threshold(x: Tensor, r: Union[float, Tensor]):
-    """The paper's linear-interpolated ``quantile(x, r)`` over the finite entries of each row.
-
-    ``-inf`` entries are "not there": the quantile is over the ``n_valid`` other entries, so
-    ``r`` is the fraction of zeros among them (they rank first, so the rank is shifted by their
-    count). Returns ``(tau, lo_idx, hi_idx, frac, dtau_dr)``: the threshold (``+inf`` for a row
-    without a valid entry), the indices of ``x_(lo)`` and ``x_(hi)``, the weight ``frac`` of
-    ``x_(hi)`` and ``d tau / d r = (n_valid - 1)(x_(hi) - x_(lo))``.
-    """
-    n = x.shape[-1]
-    has_masked = bool((x.amin(-1) == float("-inf")).any())
-    if not has_masked and not isinstance(r, Tensor):
-        pos = r * (n - 1)
-        rank = min(int(pos), n - 1)
-        frac: Union[float, Tensor] = pos - rank
-        n_valid_m1: Union[int, Tensor] = n - 1
-    else:
-        n_valid = n - torch.isneginf(x).sum(-1, keepdim=True) if has_masked else torch.full_like(x[..., :1], n, dtype=torch.long)
-        n_valid_m1 = (n_valid - 1).clamp_min(0).to(x.dtype)
-        pos = (r * n_valid_m1).expand(x.shape[:-1] + (1,))
-        lo = pos.floor()
-        frac = pos - lo
-        rank = (lo.long() + (n - n_valid)).clamp_(0, n - 1)
-        if rank.numel() and bool((rank == rank.reshape(-1)[0]).all()):
-            rank = int(rank.reshape(-1)[0])  # one shared rank: the faster unsorted path
-    x_lo, x_hi, lo_idx, hi_idx = _order_statistics(x, rank)
-    tau = torch.lerp(x_lo, x_hi, frac)
-    dtau_dr = (x_hi - x_lo) * n_valid_m1
-    if has_masked:
-        empty = n_valid == 0
-        tau = tau.masked_fill(empty, float("inf"))
-        dtau_dr = dtau_dr.masked_fill(empty, 0.0)
-    return tau, lo_idx, hi_idx, frac, dtau_dr
-
-
 class RSoftmaxFunction(Function):
-    """r-softmax over the last dim; ``r`` a float or a tensor broadcastable to ``x[..., :1]``."""
+    """r-softmax over the last dim; ``r`` a float or a tensor broadcastable to ``x[..., :1]``.
+
+    Forward and backward are the registered operators ``sparsenorm::r_softmax_forward`` /
+    ``r_softmax_backward`` (a fused C++ kernel on CPU where built, else the reference)."""
 
     @staticmethod
     def forward(ctx, x: Tensor, r: Union[float, Tensor]) -> Tensor:
-        tau, lo_idx, hi_idx, frac, dtau_dr = _quantile_threshold(x, r)
-        # tau >= max (r = 1, n = 1, or the quantile tied with the max) makes every weight 0:
-        # _weighted_softmax then returns the r -> 1 limit, uniform over the arg-max entries.
-        p, w_safe, dead = _weighted_softmax(x, tau, _row_max(x))
+        r_rows = r if isinstance(r, Tensor) else torch.full(x.shape[:-1] + (1,), r, dtype=x.dtype, device=x.device)
+        # tau >= max (r = 1, n = 1, or the quantile tied with the max) makes every weight 0: the
+        # output is then the r -> 1 limit, uniform over the arg-max entries (a "dead" row).
+        p, tau, lo_idx, hi_idx, frac, dtau_dr, dead = ops.r_softmax_forward(x, r_rows.expand(x.shape[:-1] + (1,)))
         ctx.r_shape = r.shape if isinstance(r, Tensor) else None
-        frac_t = frac if isinstance(frac, Tensor) else torch.full_like(tau, frac)
-        ctx.save_for_backward(p, w_safe, lo_idx, hi_idx, frac_t, dtau_dr, dead)
+        ctx.save_for_backward(p, x, tau, lo_idx, hi_idx, frac, dtau_dr, dead)
         return p
 
     @staticmethod
     @_first_order_only
     def backward(ctx, g: Tensor):
-        p, w_safe, lo_idx, hi_idx, frac, dtau_dr, dead = ctx.saved_tensors
-        grad, c = _backward_common(g, p, w_safe, dead)
-        grad.scatter_add_(-1, lo_idx, c * (1 - frac))
-        grad.scatter_add_(-1, hi_idx, c * frac)
+        p, x, tau, lo_idx, hi_idx, frac, dtau_dr, dead = ctx.saved_tensors
+        grad, c = ops.r_softmax_backward(g, p, x, tau, lo_idx, hi_idx, frac, dead)
         grad_r = None
         if ctx.r_shape is not None and ctx.needs_input_grad[1]:
             grad_r = (c * dtau_dr).sum_to_size(ctx.r_shape)
         return grad, grad_r
 
 
-def r_softmax(x: Tensor, r: Param, dim: int = -1) -> Tensor:
+def r_softmax(x: Tensor, r: Param, dim: int = -1, mask: Optional[Tensor] = None) -> Tensor:
     r"""r-softmax (r-softmax paper, Eq. 3): t-softmax with ``t_r = max(x) - quantile(x, r)``.
 
     .. math:: \mathrm{r\text{-}softmax}(x, r)_i =
@@ -367,8 +193,10 @@ def r_softmax(x: Tensor, r: Param, dim: int = -1) -> Tensor:
             ``r`` with ``requires_grad`` gets the (piecewise) gradient ``d tau / d r``.
         dim: dimension to normalize over.
 
-    Masks: a ``-inf`` entry is "not there": it gets exactly 0 and the quantile is taken over the
-    finite entries only (``r`` is the fraction of zeros among them). (The authors' code instead
+        mask: optional boolean tensor broadcastable to ``x``; True = keep.
+
+    Masks: an entry that is "not there" (``-inf``, ``mask == False``, or ``<= finfo(dtype).min /
+    2``) gets exactly 0 and the quantile is taken over the entries that are there only (``r`` is the fraction of zeros among them). (The authors' code instead
     counts underflowed entries as zeros already present and adds ``eps = 1e-8`` to ``t``, so
     entries tied with the quantile keep a ~1e-8 weight; it also detaches ``t``. Here the formula
     is exact and the gradient flows through the quantile.) A row with no finite entry returns
@@ -376,18 +204,8 @@ def r_softmax(x: Tensor, r: Param, dim: int = -1) -> Tensor:
     in float32 and returned in the input dtype. ``r`` outside ``[0, 1]`` raises ``ValueError``;
     a non-floating ``x`` raises ``TypeError``. Double backward (``create_graph=True``) raises a clear ``RuntimeError``.
     """
-    check_floating(x, "x")
     check_param(r, "r", low=0.0, high=1.0)
-    if x.dim() == 0:
-        return r_softmax(x.reshape(1), r, 0).reshape(())
-    dim = normalize_dim(x, dim)
-    if x.shape[dim] == 0:
-        return x.clone()  # nothing to normalize (as torch.softmax)
-    last = dim == x.dim() - 1
-    xc = (x if last else x.movedim(dim, -1)).to(compute_dtype(x))
-    rr = _row_param(r if last else _move_param(r, x, dim), xc, "r")
-    out = RSoftmaxFunction.apply(xc, rr).to(x.dtype)
-    return out if last else out.movedim(-1, dim)
+    return normalize(RSoftmaxFunction.apply, x, dim, mask, params={"r": r})
 
 
 # --------------------------------------------------------------------------------------------
@@ -418,8 +236,9 @@ class TSoftmax(nn.Module):
     def t(self) -> Tensor:
         return self.log_t.exp()
 
-    def forward(self, x: Tensor) -> Tensor:
-        return t_softmax(x, self.t.to(x.dtype if x.is_floating_point() else self.log_t.dtype), dim=self.dim)
+    def forward(self, x: Tensor, mask: Optional[Tensor] = None) -> Tensor:
+        return t_softmax(x, self.t.to(x.dtype if x.is_floating_point() else self.log_t.dtype), dim=self.dim,
+                         mask=mask)
 
     def extra_repr(self) -> str:
         return f"t={float(self.t):.4g}, dim={self.dim}, learnable={self.learnable}"
@@ -442,8 +261,8 @@ class RSoftmax(nn.Module):
         self.r = float(r)
         self.dim = dim
 
-    def forward(self, x: Tensor, r: Optional[Param] = None) -> Tensor:
-        return r_softmax(x, self.r if r is None else r, dim=self.dim)
+    def forward(self, x: Tensor, r: Optional[Param] = None, mask: Optional[Tensor] = None) -> Tensor:
+        return r_softmax(x, self.r if r is None else r, dim=self.dim, mask=mask)
 
     def extra_repr(self) -> str:
         return f"r={self.r}, dim={self.dim}"

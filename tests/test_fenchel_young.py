@@ -298,8 +298,8 @@ def test_errors():
         sparsemax_loss(z, y, reduction="avg")
     with pytest.raises(ValueError, match="reduction"):
         SparsemaxLoss(reduction="avg")
-    with pytest.raises(ValueError, match="alpha"):
-        entmax_bisect_loss(z, y, alpha=0.9)
+    with pytest.raises(ValueError, match="alpha"):  # 0 < alpha < 1 is accepted, as by entmax
+        entmax_bisect_loss(z, y, alpha=0.0)
     with pytest.raises(ValueError, match="k"):
         entmax15_loss(z, y, k=0)
     with pytest.raises(ValueError, match="n_iter"):

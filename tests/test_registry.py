@@ -84,3 +84,47 @@ def test_override_rebinds_parameters():
         registry.get("entmax_bisect").forward.func(x, alpha=1.3, dim=-1),
     )
     assert registry.get("entmax_bisect").params["alpha"] == 1.5  # the table itself is unchanged
+
+
+def test_submodules_are_attributes_of_the_package():
+    import importlib
+
+    import sparsenorm
+
+    assert sparsenorm.registry is importlib.import_module("sparsenorm.registry")
+    assert sparsenorm.kernels is importlib.import_module("sparsenorm.kernels")
+    for name in ("attention", "hf", "marginalize"):  # created by other work; importable once present
+        try:
+            importlib.import_module(f"sparsenorm.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"sparsenorm.{name}":
+                raise
+            with pytest.raises(AttributeError, match=name):
+                getattr(sparsenorm, name)
+        else:
+            assert getattr(sparsenorm, name) is importlib.import_module(f"sparsenorm.{name}")
+    with pytest.raises(AttributeError, match="no_such_thing"):
+        sparsenorm.no_such_thing  # noqa: B018
+
+
+def test_capability_fields_match_what_the_functions_do():
+    import inspect
+
+    from sparsenorm.kernels import cpu
+
+    for name in registry.names():
+        entry = registry.get(name)
+        x = torch.randn(3, 6)
+        mask = torch.tensor([True, False, True, True, False, True])
+        if entry.supports_mask:
+            assert "mask" in inspect.signature(entry.forward).parameters
+            assert (entry.forward(x, dim=-1, mask=mask)[:, ~mask] == 0).all(), name
+        if entry.attention:
+            assert entry.supports_mask and not entry.posthoc
+        # cpu_kernel: the forward runs an operator with a C++ implementation
+        assert entry.cpu_kernel == (name in ("ev_softmax", "sparsemax", "entmax15", "r_softmax")), name
+        if entry.entmax_twin is not None:
+            entmax = pytest.importorskip("entmax")
+            twin = getattr(entmax, entry.entmax_twin)
+            torch.testing.assert_close(entry.forward(x, dim=-1), twin(x, dim=-1, **entry.params))
+    assert {e.stem for e in cpu.EXTENSIONS} == {"evidential", "projection", "rsoftmax"}

@@ -1,6 +1,9 @@
 """Shape handling and reduction shared by every loss, following ``torch.nn.CrossEntropyLoss``.
 
-Logits are ``(C,)``, ``(N, C)`` or ``(N, C, d1, ...)`` (classes on dim 1). Targets are either class
+Logits are ``(C,)``, ``(N, C)`` or ``(N, C, d1, ...)`` (classes on dim 1), with an optional boolean
+``mask`` broadcastable to them (True = keep): classes that are not there (``mask == False``,
+``-inf``, or ``<= finfo(dtype).min / 2``) are ``-inf`` in the flattened logits, which are in the
+compute dtype (float32 for float16/bfloat16). Targets are either class
 indices (integer dtype, the logits' shape without the class dim) or a target distribution /
 multi-hot vector (floating, the logits' shape). Every loss flattens to ``(M, C)`` rows with
 :func:`flatten_logits_and_target`, computes a per-row loss, and finishes with :func:`reduce_loss`.
@@ -13,7 +16,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from .._validation import check_floating
+from .._validation import check_floating, mark_not_there, value_checks_enabled
 
 REDUCTIONS = ("mean", "sum", "none", "elementwise_mean")
 
@@ -25,7 +28,7 @@ class FlatBatch:
     logits: Tensor  # (M, C)
     target_index: Optional[Tensor]  # (M,) long with ignored rows replaced by 0, or None
     target_dist: Optional[Tensor]  # (M, C) floating, or None
-    valid: Optional[Tensor]  # (M,) bool: False where target == ignore_index; None if all valid
+    valid: Optional[Tensor]  # (M,) bool: False where target == ignore_index; None for distribution targets
     out_shape: Tuple[int, ...]  # shape of the unreduced loss
 
 
@@ -50,8 +53,11 @@ def flatten_logits_and_target(
     allow_dist: bool = True,
     logits_name: str = "input",
     target_name: str = "target",
+    mask: Optional[Tensor] = None,
 ) -> FlatBatch:
-    """Validate shapes/dtypes and flatten ``logits`` and ``target`` to rows of classes."""
+    """Validate shapes/dtypes and flatten ``logits`` (not-there classes as ``-inf``, compute dtype)
+    and ``target`` to rows of classes. Sync-free (value checks of the target run in eager mode
+    on CPU only)."""
     check_floating(logits, logits_name)
     if not isinstance(target, Tensor):
         raise TypeError(f"{target_name} must be a torch.Tensor, got {type(target).__name__}")
@@ -59,6 +65,7 @@ def flatten_logits_and_target(
         raise ValueError(f"{logits_name} must have a class dimension, got a 0-d tensor")
     if target.device != logits.device:
         raise ValueError(f"{target_name} is on {target.device} but {logits_name} is on {logits.device}")
+    logits = mark_not_there(logits, mask)
     class_dim = 0 if logits.dim() == 1 else 1
     n_classes = logits.shape[class_dim]
     if n_classes == 0:
@@ -88,13 +95,15 @@ def flatten_logits_and_target(
         )
     flat_t = target.reshape(-1).long()
     valid = flat_t != ignore_index
-    checked = flat_t[valid]
-    if checked.numel() and (checked.min() < 0 or checked.max() >= n_classes):
-        bad = checked[(checked < 0) | (checked >= n_classes)][0].item()
-        raise IndexError(f"{target_name} contains class index {bad}, outside [0, {n_classes}) (ignore_index={ignore_index})")
-    all_valid = bool(valid.all())
-    safe_t = flat_t if all_valid else flat_t.masked_fill(~valid, 0)
-    return FlatBatch(_to_rows(logits), safe_t, None, None if all_valid else valid, expected)
+    if value_checks_enabled(flat_t):
+        checked = flat_t[valid]
+        if checked.numel() and (checked.min() < 0 or checked.max() >= n_classes):
+            bad = checked[(checked < 0) | (checked >= n_classes)][0].item()
+            raise IndexError(
+                f"{target_name} contains class index {bad}, outside [0, {n_classes}) (ignore_index={ignore_index})"
+            )
+    safe_t = flat_t.masked_fill(~valid, 0)
+    return FlatBatch(_to_rows(logits), safe_t, None, valid, expected)
 
 
 def one_hot_like(batch: FlatBatch) -> Tensor:
@@ -145,6 +154,7 @@ def reduce_loss(
         denom = row_weight if batch.valid is None else row_weight.masked_fill(~batch.valid, 0.0)
         denom = denom.sum()
     else:
-        denom = per_row.new_tensor(float(per_row.numel() if batch.valid is None else batch.valid.sum()))
+        denom = (per_row.new_tensor(float(per_row.numel())) if batch.valid is None
+                 else batch.valid.sum().to(per_row.dtype))
     # total is 0 when denom is 0 (all rows ignored), so dividing by 1 there gives 0, not NaN.
     return total / torch.where(denom == 0, torch.ones_like(denom), denom)

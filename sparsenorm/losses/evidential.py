@@ -11,8 +11,8 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
-from .._validation import check_floating
-from ..evidential import _check_eps, log_ev_softmax_train
+from .._validation import check_eps, check_floating, compute_dtype, value_checks_enabled
+from ..evidential import log_ev_softmax_train
 from ._common import (
     FlatBatch,
     check_reduction,
@@ -37,6 +37,7 @@ def ev_softmax_nll_loss(
     weight: Optional[Tensor] = None,
     ignore_index: int = -100,
     reduction: str = "mean",
+    mask: Optional[Tensor] = None,
 ) -> Tensor:
     r"""Negative log-likelihood of the training-time ev-softmax (Eq. 10), in log space.
 
@@ -50,12 +51,13 @@ def ev_softmax_nll_loss(
 
     Finite for eps > 0 even when the target lies outside the ev-softmax support; its gradient is
     ``ev_softmax_train(input) - q`` exactly, which tends to Eq. 12 as eps → 0. Computed in float32
-    for float16/bfloat16 input and returned in the input dtype.
+    for float16/bfloat16 input and returned in the input dtype. ``mask`` (boolean, broadcastable
+    to ``input``, True = keep), ``-inf`` logits and logits ``<= finfo(dtype).min / 2`` mark classes
+    that are not there (probability 0; a target on one gives ``+inf``).
     """
-    _check_eps(eps)
+    check_eps(eps)
     check_floating(input, "input")
-    compute = input.float() if input.dtype in (torch.float16, torch.bfloat16) else input
-    batch = flatten_logits_and_target(compute, target, ignore_index=ignore_index)
+    batch = flatten_logits_and_target(input, target, ignore_index=ignore_index, mask=mask)
     logp = log_ev_softmax_train(batch.logits, dim=1, eps=eps)
     per_row = _cross_entropy_rows(logp, batch)
     loss = reduce_loss(per_row, batch, reduction, class_weight_per_row(batch, weight))
@@ -73,17 +75,17 @@ class EvSoftmaxNLLLoss(nn.Module):
         reduction: str = "mean",
     ):
         super().__init__()
-        _check_eps(eps)
+        check_eps(eps)
         check_reduction(reduction)
         self.eps = eps
         self.ignore_index = ignore_index
         self.reduction = reduction
         self.register_buffer("weight", weight)
 
-    def forward(self, input: Tensor, target: Tensor) -> Tensor:
+    def forward(self, input: Tensor, target: Tensor, mask: Optional[Tensor] = None) -> Tensor:
         return ev_softmax_nll_loss(
             input, target, eps=self.eps, weight=self.weight,
-            ignore_index=self.ignore_index, reduction=self.reduction,
+            ignore_index=self.ignore_index, reduction=self.reduction, mask=mask,
         )
 
     def extra_repr(self) -> str:
@@ -99,14 +101,16 @@ def ev_softmax_kl_div(
     eps: float = 1e-6,
     dim: int = -1,
     reduction: str = "mean",
+    mask: Optional[Tensor] = None,
 ) -> Tensor:
     r"""``KL(p ‖ q)`` between two training-time ev-softmax distributions given by their logits.
 
     ``p = ev_softmax_train(p_logits)``, ``q = ev_softmax_train(q_logits)`` (Eq. 10, the same eps),
     ``KL = Σ_k p_k (log p_k - log q_k)`` over ``dim`` with both logs in log space: the KL term of
     the ELBO in the ev-softmax paper's VAEs (p the posterior, q the prior). Differentiable w.r.t.
-    both logits. Entries that are ``-inf`` in ``p_logits`` contribute 0; an entry valid in p but
-    ``-inf`` in q gives ``+inf`` (as KL should).
+    both logits. Entries that are not there in ``p_logits`` (``-inf``, ``<= finfo(dtype).min / 2``,
+    or ``mask == False``, which applies to both) contribute 0; an entry there in p but not in q
+    gives ``+inf`` (as KL should).
 
     Reduction: 'none' gives the KL of each distribution (the logits' shape without ``dim``);
     'sum' sums them; 'mean' (alias 'batchmean') averages them, i.e. the sum over classes and the
@@ -123,12 +127,13 @@ def ev_softmax_kl_div(
         raise TypeError(f"p_logits and q_logits must have the same dtype, got {p_logits.dtype} and {q_logits.dtype}")
     if reduction not in _KL_REDUCTIONS:
         raise ValueError(f"reduction must be one of {_KL_REDUCTIONS}, got {reduction!r}")
-    _check_eps(eps)
-    compute = torch.float32 if p_logits.dtype in (torch.float16, torch.bfloat16) else p_logits.dtype
-    log_p = log_ev_softmax_train(p_logits.to(compute), dim=dim, eps=eps)
-    log_q = log_ev_softmax_train(q_logits.to(compute), dim=dim, eps=eps)
+    check_eps(eps)
+    log_p = log_ev_softmax_train(p_logits, dim=dim, eps=eps, mask=mask).to(compute_dtype(p_logits))
+    log_q = log_ev_softmax_train(q_logits, dim=dim, eps=eps, mask=mask).to(compute_dtype(q_logits))
     p = log_p.exp()
-    terms = torch.where(p > 0, p * (log_p - log_q), torch.zeros_like(p))
+    # log_p - log_q is -inf - (...) where p = 0: zero it before the product, so that its
+    # gradient (0 * -inf) is not NaN.
+    terms = p * torch.where(p > 0, log_p - log_q, torch.zeros_like(p))
     kl = terms.sum(dim)
     if reduction == "none":
         out = kl
@@ -144,6 +149,7 @@ def ev_softmax_multilabel_loss(
     target: Tensor,
     eps: float = 1e-6,
     reduction: str = "mean",
+    mask: Optional[Tensor] = None,
 ) -> Tensor:
     r"""Multi-label loss: cross-entropy of Eq. 10 to the normalized label vector ``q = y / |y|``.
 
@@ -152,12 +158,13 @@ def ev_softmax_multilabel_loss(
     ``target`` is a multi-hot (bool, integer or floating) tensor, or a nonnegative distribution,
     of the input's shape ((N, C) or (N, C, d1, ...), classes on dim 1). A row with no label
     (``|y| = 0``) has loss 0 and zero gradient; it still counts in the 'mean' (as
-    ``cross_entropy`` with the all-zero row ``y / max(|y|, 1)`` does).
+    ``cross_entropy`` with the all-zero row ``y / max(|y|, 1)`` does). ``mask`` as in
+    :func:`ev_softmax_nll_loss`.
 
     Raises:
         ValueError: on a shape mismatch or a negative target entry.
     """
-    _check_eps(eps)
+    check_eps(eps)
     check_floating(input, "input")
     if not isinstance(target, Tensor):
         raise TypeError(f"target must be a torch.Tensor, got {type(target).__name__}")
@@ -167,13 +174,13 @@ def ev_softmax_multilabel_loss(
         )
     if target.is_complex():
         raise TypeError(f"target must be real, got {target.dtype}")
-    compute = torch.float32 if input.dtype in (torch.float16, torch.bfloat16) else input.dtype
+    compute = compute_dtype(input)
     y = target.to(compute)
-    if y.numel() and bool((y < 0).any()):
+    if value_checks_enabled(y) and y.numel() and bool((y < 0).any()):
         raise ValueError("target must be nonnegative (a multi-hot vector or label weights)")
     class_dim = 0 if input.dim() == 1 else 1
     q = y / y.sum(class_dim, keepdim=True).clamp_min(torch.finfo(compute).tiny)
-    batch = flatten_logits_and_target(input.to(compute), q)
+    batch = flatten_logits_and_target(input, q, mask=mask)
     logp = log_ev_softmax_train(batch.logits, dim=1, eps=eps)
     per_row = _cross_entropy_rows(logp, batch)
     return reduce_loss(per_row, batch, reduction).to(input.dtype)

@@ -11,7 +11,8 @@ It is >= 0, and 0 exactly when ``p*(z) = q``. With ``H`` the Tsallis entropy
 
 * ``alpha = 2``: the sparsemax loss (Martins & Astudillo 2016, Eq. 19 multi-class and its
   multi-label form ``-q^T z + 1/2 sum_{j in S} (z_j^2 - tau^2) + 1/2 ||q||^2``);
-* ``alpha = 1.5``: the 1.5-entmax loss; any ``alpha >= 1`` with the bisection versions.
+* ``alpha = 1.5``: the 1.5-entmax loss; any ``alpha > 0`` with the bisection versions (as the
+  ``entmax`` package).
 
 Targets follow ``torch.nn.CrossEntropyLoss``: logits ``(N, C)`` / ``(N, C, d1, ...)`` / ``(C,)``,
 with either integer class indices (``q = e_y``; ``ignore_index``, default -100 and negative values
@@ -20,7 +21,9 @@ to ``q = y / sum(y)``, as the sparsemax paper does; a row with no mass gives los
 gradient; negative entries raise ``ValueError``). ``weight`` (C,) weights each row by its target
 class (``q @ weight`` for distributions), and ``'mean'`` divides by the total weight, as
 CrossEntropyLoss does. ``reduction`` is ``'mean'`` (``'elementwise_mean'`` is the ``entmax``
-package's name for it), ``'sum'`` or ``'none'``.
+package's name for it), ``'sum'`` or ``'none'``. ``mask`` (boolean, broadcastable to the logits,
+True = keep) marks classes that are not there, as do ``-inf`` logits and logits at or below
+``finfo(dtype).min / 2``: they get probability 0 (a target on one gives an infinite loss).
 
 Differences from the ``entmax`` package: its functional losses take ``(X, target, k)`` and return
 per-row losses; here the functions take CrossEntropyLoss's keywords and reduce by default (pass
@@ -36,9 +39,9 @@ import torch
 from torch import Tensor, nn
 from torch.autograd import Function
 
-from .._threshold import sqrt_nonneg
-from .._validation import check_floating, check_param, compute_dtype
-from ..sparsemax import _check_k, _check_n_iter, entmax15, entmax_bisect, sparsemax, sparsemax_bisect
+from .._validation import check_floating, check_k, check_n_iter, check_param, compute_dtype, value_checks_enabled
+from ..entmax import entmax15, entmax_bisect, sparsemax, sparsemax_bisect
+from ..kernels.reference.projection import sqrt_nonneg
 from ._common import check_reduction, class_weight_per_row, flatten_logits_and_target, reduce_loss
 
 __all__ = [
@@ -88,11 +91,11 @@ def _tsallis_entropy_dalpha(p: Tensor, a: Tensor) -> Tensor:
 # ----------------------------------------------------------------------------- the loss
 
 class FenchelYoungLossFunction(Function):
-    """Per-row ``H(p*) - H(q) + <p* - q, z>`` with backward ``p* - q`` (and d/d alpha)."""
+    """Per-row ``H(p*) - H(q) + <p* - q, z>`` with backward ``p* - q`` (and d/d alpha); ``p`` is
+    ``p*(z)``, computed by the caller without a graph."""
 
     @staticmethod
-    def forward(ctx, z: Tensor, q: Tensor, alpha: Union[float, Tensor], project: Callable[[Tensor], Tensor]) -> Tensor:
-        p = project(z)
+    def forward(ctx, z: Tensor, q: Tensor, alpha: Union[float, Tensor], p: Tensor) -> Tensor:
         diff = p - q
         # Shift by the row max: <p - q, z> is unchanged (both sum to 1) and large logits keep
         # their precision. 0 * (-inf) for absent classes is 0, not NaN.
@@ -154,32 +157,30 @@ def _fenchel_young_loss(
     weight: Optional[Tensor],
     ignore_index: int,
     reduction: str,
+    mask: Optional[Tensor] = None,
 ) -> Tensor:
     _check_weight(weight)
     check_reduction(reduction)
     check_floating(input, "input")
-    batch = flatten_logits_and_target(input, target, ignore_index=ignore_index)
+    batch = flatten_logits_and_target(input, target, ignore_index=ignore_index, mask=mask)
     dtype = compute_dtype(input)
     z = batch.logits.to(dtype)
-    has_mass = None
-    if batch.target_dist is not None:
-        y = batch.target_dist.to(dtype)
-        if bool((y < 0).any()):
-            raise ValueError("target distribution has negative entries")
-        mass = y.sum(-1, keepdim=True)
-        has_mass = mass.squeeze(-1) > 0
-        q = y / torch.where(mass > 0, mass, torch.ones_like(mass))
-        batch.target_dist = q
-    else:
-        q = torch.zeros_like(z).scatter_(1, batch.target_index.unsqueeze(1), 1.0)
     a = _alpha_rows(alpha, input, batch.out_shape, z.shape[0], dtype)
     project = make_project(a)
-    if has_mass is not None and not bool(has_mass.all()):
+    with torch.no_grad():
+        p = project(z.detach())
+    if batch.target_dist is not None:
+        y = batch.target_dist.to(dtype)
+        if value_checks_enabled(y) and bool((y < 0).any()):
+            raise ValueError("target distribution has negative entries")
+        mass = y.sum(-1, keepdim=True)
+        q = y / torch.where(mass > 0, mass, torch.ones_like(mass))
+        batch.target_dist = q
         # Rows without labels: make the target equal the prediction, so loss and gradient are 0.
-        with torch.no_grad():
-            p_now = project(z)
-        q = torch.where(has_mass.unsqueeze(-1), q, p_now)
-    per_row = FenchelYoungLossFunction.apply(z, q, a, project)
+        q = torch.where(mass > 0, q, p)
+    else:
+        q = torch.zeros_like(z).scatter_(1, batch.target_index.unsqueeze(1), 1.0)
+    per_row = FenchelYoungLossFunction.apply(z, q, a, p)
     row_weight = class_weight_per_row(batch, weight)
     if row_weight is not None:
         row_weight = row_weight.to(dtype)
@@ -196,6 +197,7 @@ def sparsemax_loss(
     ignore_index: int = -100,
     reduction: str = "mean",
     k: Optional[int] = None,
+    mask: Optional[Tensor] = None,
 ) -> Tensor:
     """Sparsemax loss (Martins & Astudillo 2016, Eq. 19): ``-z_y + 1/2 sum_{j in S}(z_j^2 - tau^2) + 1/2``.
 
@@ -206,8 +208,9 @@ def sparsemax_loss(
     ``k`` is the partial-sort speed hint of :func:`sparsenorm.sparsemax`. See the module docstring
     for the target/weight/reduction conventions.
     """
-    _check_k(k)
-    return _fenchel_young_loss(input, target, lambda a: lambda z: sparsemax(z, dim=-1, k=k), 2.0, weight, ignore_index, reduction)
+    check_k(k)
+    return _fenchel_young_loss(input, target, lambda a: lambda z: sparsemax(z, dim=-1, k=k), 2.0, weight, ignore_index,
+                               reduction, mask)
 
 
 def sparsemax_bisect_loss(
@@ -217,11 +220,13 @@ def sparsemax_bisect_loss(
     ignore_index: int = -100,
     reduction: str = "mean",
     n_iter: int = 50,
+    mask: Optional[Tensor] = None,
 ) -> Tensor:
     """Sparsemax loss with ``p*`` computed by bisection (:func:`sparsenorm.sparsemax_bisect`)."""
-    _check_n_iter(n_iter)
+    check_n_iter(n_iter)
     return _fenchel_young_loss(
-        input, target, lambda a: lambda z: sparsemax_bisect(z, dim=-1, n_iter=n_iter), 2.0, weight, ignore_index, reduction
+        input, target, lambda a: lambda z: sparsemax_bisect(z, dim=-1, n_iter=n_iter), 2.0, weight, ignore_index,
+        reduction, mask,
     )
 
 
@@ -232,11 +237,13 @@ def entmax15_loss(
     ignore_index: int = -100,
     reduction: str = "mean",
     k: Optional[int] = None,
+    mask: Optional[Tensor] = None,
 ) -> Tensor:
     """1.5-entmax Fenchel–Young loss ``H_1.5(p*) - H_1.5(q) + <p* - q, z>``,
     ``H_1.5(p) = (1 - sum p^1.5) / 0.75``; gradient ``entmax15(z) - q``."""
-    _check_k(k)
-    return _fenchel_young_loss(input, target, lambda a: lambda z: entmax15(z, dim=-1, k=k), 1.5, weight, ignore_index, reduction)
+    check_k(k)
+    return _fenchel_young_loss(input, target, lambda a: lambda z: entmax15(z, dim=-1, k=k), 1.5, weight, ignore_index,
+                               reduction, mask)
 
 
 def entmax_bisect_loss(
@@ -247,23 +254,25 @@ def entmax_bisect_loss(
     reduction: str = "mean",
     alpha: Union[float, Tensor] = 1.5,
     n_iter: int = 50,
+    mask: Optional[Tensor] = None,
 ) -> Tensor:
     """alpha-entmax Fenchel–Young loss ``H_alpha(p*) - H_alpha(q) + <p* - q, z>`` with
     ``H_alpha(p) = (1 - sum p^alpha) / (alpha (alpha - 1))`` (Shannon at ``alpha = 1``, giving
     cross-entropy/KL); ``p*`` by bisection. Gradient ``p* - q``; with a tensor ``alpha`` (float or
     broadcastable to the per-example loss shape) also ``dL/dalpha = dH_alpha(p*)/dalpha -
-    dH_alpha(q)/dalpha`` (Danskin), returned as 0 at ``alpha = 1`` where it is 0/0.
+    dH_alpha(q)/dalpha`` (Danskin), returned as 0 at ``alpha = 1`` where it is 0/0. Any
+    ``alpha > 0`` (``0 < alpha < 1``: a dense map, as in the ``entmax`` package).
     """
-    _check_n_iter(n_iter)
+    check_n_iter(n_iter)
     if isinstance(alpha, Tensor):
         check_floating(alpha, "alpha")
-    check_param(alpha, "alpha", low=1.0)
+    check_param(alpha, "alpha", low=0.0, low_inclusive=False)
 
     def make_project(a: Union[float, Tensor]) -> Callable[[Tensor], Tensor]:
         a_rows = a.detach().unsqueeze(-1) if isinstance(a, Tensor) else a
         return lambda z: entmax_bisect(z, alpha=a_rows, dim=-1, n_iter=n_iter)
 
-    return _fenchel_young_loss(input, target, make_project, alpha, weight, ignore_index, reduction)
+    return _fenchel_young_loss(input, target, make_project, alpha, weight, ignore_index, reduction, mask)
 
 
 # ----------------------------------------------------------------------------- modules
@@ -283,12 +292,12 @@ class SparsemaxLoss(_FenchelYoungLoss):
 
     def __init__(self, k: Optional[int] = None, ignore_index: int = -100, reduction: str = "elementwise_mean",
                  weight: Optional[Tensor] = None):
-        _check_k(k)
+        check_k(k)
         super().__init__(ignore_index, reduction, weight)
         self.k = k
 
-    def forward(self, input: Tensor, target: Tensor) -> Tensor:
-        return sparsemax_loss(input, target, self.weight, self.ignore_index, self.reduction, k=self.k)
+    def forward(self, input: Tensor, target: Tensor, mask: Optional[Tensor] = None) -> Tensor:
+        return sparsemax_loss(input, target, self.weight, self.ignore_index, self.reduction, k=self.k, mask=mask)
 
 
 class SparsemaxBisectLoss(_FenchelYoungLoss):
@@ -296,12 +305,13 @@ class SparsemaxBisectLoss(_FenchelYoungLoss):
 
     def __init__(self, n_iter: int = 50, ignore_index: int = -100, reduction: str = "elementwise_mean",
                  weight: Optional[Tensor] = None):
-        _check_n_iter(n_iter)
+        check_n_iter(n_iter)
         super().__init__(ignore_index, reduction, weight)
         self.n_iter = n_iter
 
-    def forward(self, input: Tensor, target: Tensor) -> Tensor:
-        return sparsemax_bisect_loss(input, target, self.weight, self.ignore_index, self.reduction, n_iter=self.n_iter)
+    def forward(self, input: Tensor, target: Tensor, mask: Optional[Tensor] = None) -> Tensor:
+        return sparsemax_bisect_loss(input, target, self.weight, self.ignore_index, self.reduction, n_iter=self.n_iter,
+                                     mask=mask)
 
 
 class Entmax15Loss(_FenchelYoungLoss):
@@ -310,12 +320,12 @@ class Entmax15Loss(_FenchelYoungLoss):
 
     def __init__(self, k: Optional[int] = 100, ignore_index: int = -100, reduction: str = "elementwise_mean",
                  weight: Optional[Tensor] = None):
-        _check_k(k)
+        check_k(k)
         super().__init__(ignore_index, reduction, weight)
         self.k = k
 
-    def forward(self, input: Tensor, target: Tensor) -> Tensor:
-        return entmax15_loss(input, target, self.weight, self.ignore_index, self.reduction, k=self.k)
+    def forward(self, input: Tensor, target: Tensor, mask: Optional[Tensor] = None) -> Tensor:
+        return entmax15_loss(input, target, self.weight, self.ignore_index, self.reduction, k=self.k, mask=mask)
 
 
 class EntmaxBisectLoss(_FenchelYoungLoss):
@@ -324,11 +334,11 @@ class EntmaxBisectLoss(_FenchelYoungLoss):
 
     def __init__(self, alpha: Union[float, Tensor] = 1.5, n_iter: int = 50, ignore_index: int = -100,
                  reduction: str = "elementwise_mean", weight: Optional[Tensor] = None):
-        _check_n_iter(n_iter)
+        check_n_iter(n_iter)
         super().__init__(ignore_index, reduction, weight)
         self.alpha = alpha
         self.n_iter = n_iter
 
-    def forward(self, input: Tensor, target: Tensor) -> Tensor:
+    def forward(self, input: Tensor, target: Tensor, mask: Optional[Tensor] = None) -> Tensor:
         return entmax_bisect_loss(input, target, self.weight, self.ignore_index, self.reduction,
-                                  alpha=self.alpha, n_iter=self.n_iter)
+                                  alpha=self.alpha, n_iter=self.n_iter, mask=mask)

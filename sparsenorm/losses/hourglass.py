@@ -19,7 +19,7 @@ from typing import Optional, Union
 import torch
 from torch import Tensor, nn
 
-from .._validation import check_param, compute_dtype
+from .._validation import check_param, value_checks_enabled
 from ..hourglass import hourglass_scale
 from ._common import (
     check_reduction,
@@ -39,6 +39,7 @@ def sparsehourglass_hinge_loss(
     weight: Optional[Tensor] = None,
     ignore_index: int = -100,
     reduction: str = "mean",
+    mask: Optional[Tensor] = None,
 ) -> Tensor:
     r"""Multi-class sparsehourglass hinge loss (Laha et al. 2018).
 
@@ -55,32 +56,35 @@ def sparsehourglass_hinge_loss(
         ignore_index: target value whose rows contribute nothing (negative values work).
         reduction: ``'mean'`` | ``'sum'`` | ``'none'`` (``'elementwise_mean'`` = ``'mean'``).
 
-    A ``-inf`` logit is a class that is "not there": it is left out of ``alpha`` and its term
-    is 0. Gradient by autograd (through ``alpha(z)`` as well).
+    A class that is "not there" (``mask == False``, a ``-inf`` logit or one ``<= finfo(dtype).min /
+    2``) is left out of ``alpha`` and its term is 0 (a target on one gives ``+inf``). Gradient by
+    autograd (through ``alpha(z)`` as well).
     """
     check_param(q, "q", low=0.0, low_inclusive=False)
     check_reduction(reduction)
-    batch = flatten_logits_and_target(input, target, ignore_index=ignore_index, allow_dist=False)
-    z = batch.logits.to(compute_dtype(batch.logits))
+    batch = flatten_logits_and_target(input, target, ignore_index=ignore_index, allow_dist=False, mask=mask)
+    z = batch.logits
     alpha = hourglass_scale(z, q, dim=1)
     one_hot = one_hot_like(batch).to(z.dtype)
+    absent = z == float("-inf")
+    z_fin = z.masked_fill(absent, 0.0)
     z_y = z.gather(1, batch.target_index.unsqueeze(1))
-    margins = (1.0 - one_hot) - alpha * z_y + alpha * z
+    margins = torch.where(absent, 0.0, (1.0 - one_hot) - alpha * z_y + alpha * z_fin)
     per_row = margins.clamp_min(0).sum(1) / alpha.squeeze(1)
     loss = reduce_loss(per_row, batch, reduction, class_weight_per_row(batch, weight))
     return loss.to(input.dtype)
 
 
-def _multilabel_rows(input: Tensor, target: Tensor, ignore_index: int):
+def _multilabel_rows(input: Tensor, target: Tensor, ignore_index: int, mask: Optional[Tensor] = None):
     """Flatten, and return ``(batch, z, positive (M, C) bool, eta (M, C))``.
 
     ``eta = y / |y|_1`` over the positive labels (``target > 0``; for a 0/1 multi-hot target
     this is the paper's ``eta``); a row without a positive label has ``eta = 0``.
     """
-    batch = flatten_logits_and_target(input, target, ignore_index=ignore_index)
-    z = batch.logits.to(compute_dtype(batch.logits))
+    batch = flatten_logits_and_target(input, target, ignore_index=ignore_index, mask=mask)
+    z = batch.logits
     y = one_hot_like(batch).to(z.dtype)
-    if bool((y < 0).any()):
+    if value_checks_enabled(y) and bool((y < 0).any()):
         raise ValueError("target must be non-negative (a multi-hot vector or a distribution)")
     positive = y > 0
     eta = y / y.sum(1, keepdim=True).clamp_min(torch.finfo(z.dtype).tiny)
@@ -109,6 +113,7 @@ def sparsehourglass_multilabel_hinge_loss(
     q: Param = 1.0,
     reduction: str = "mean",
     ignore_index: int = -100,
+    mask: Optional[Tensor] = None,
 ) -> Tensor:
     r"""Multi-label (pairwise) sparsehourglass hinge loss (Laha et al. 2018).
 
@@ -130,12 +135,12 @@ def sparsehourglass_multilabel_hinge_loss(
         reduction: ``'mean'`` | ``'sum'`` | ``'none'``.
 
     Vectorised over all ordered pairs: O(C^2) memory per row (fine for C up to a few hundred).
-    ``-inf`` logits are left out of ``alpha`` and of every pair; a positive label on a ``-inf``
-    logit gives ``+inf``.
+    Classes that are not there (``mask == False``, ``-inf`` or ``<= finfo(dtype).min / 2``) are left
+    out of ``alpha`` and of every pair; a positive label on one gives ``+inf``.
     """
     check_param(q, "q", low=0.0, low_inclusive=False)
     check_reduction(reduction)
-    batch, z, positive, eta = _multilabel_rows(input, target, ignore_index)
+    batch, z, positive, eta = _multilabel_rows(input, target, ignore_index, mask)
     alpha = hourglass_scale(z, q, dim=1).unsqueeze(2)  # (M, 1, 1)
     pos_pos, pos_neg, bad_rows = pair_masks(z, positive)
     z_fin = z.masked_fill(z == float("-inf"), 0.0)  # masked classes are in no pair
@@ -159,8 +164,8 @@ class SparseHourglassHingeLoss(nn.Module):
         self.ignore_index = ignore_index
         self.reduction = reduction
 
-    def forward(self, input: Tensor, target: Tensor) -> Tensor:
-        return sparsehourglass_hinge_loss(input, target, self.q, self.weight, self.ignore_index, self.reduction)
+    def forward(self, input: Tensor, target: Tensor, mask: Optional[Tensor] = None) -> Tensor:
+        return sparsehourglass_hinge_loss(input, target, self.q, self.weight, self.ignore_index, self.reduction, mask)
 
 
 class SparseHourglassMultilabelHingeLoss(nn.Module):
@@ -174,5 +179,5 @@ class SparseHourglassMultilabelHingeLoss(nn.Module):
         self.reduction = reduction
         self.ignore_index = ignore_index
 
-    def forward(self, input: Tensor, target: Tensor) -> Tensor:
-        return sparsehourglass_multilabel_hinge_loss(input, target, self.q, self.reduction, self.ignore_index)
+    def forward(self, input: Tensor, target: Tensor, mask: Optional[Tensor] = None) -> Tensor:
+        return sparsehourglass_multilabel_hinge_loss(input, target, self.q, self.reduction, self.ignore_index, mask)

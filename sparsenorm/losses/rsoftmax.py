@@ -43,9 +43,10 @@ def _eq4_loss(
     target: Tensor,
     reduction: str,
     ignore_index: int,
+    mask: Optional[Tensor] = None,
 ) -> Tensor:
     check_reduction(reduction)
-    batch, z, positive, eta = _multilabel_rows(input, target, ignore_index)
+    batch, z, positive, eta = _multilabel_rows(input, target, ignore_index, mask)
     p = normalizer(z, batch)
     y = positive.to(z.dtype)
     fit = (y * (p - eta)).pow(2).sum(1)
@@ -63,6 +64,7 @@ def r_softmax_loss(
     r: Param = 0.5,
     reduction: str = "mean",
     ignore_index: int = -100,
+    mask: Optional[Tensor] = None,
 ) -> Tensor:
     r"""The r-softmax paper's multi-label loss (Eq. 4) with ``f = r-softmax(., r)``.
 
@@ -84,15 +86,15 @@ def r_softmax_loss(
             ``requires_grad`` gets r-softmax's gradient w.r.t. ``r``.
         reduction: ``'mean'`` | ``'sum'`` | ``'none'``.
 
-    ``-inf`` logits are classes that are "not there" (excluded from the quantile and from every
-    pair); a positive label on one gives ``+inf``. The pair term uses O(C^2) memory per row.
+    Classes that are "not there" (``mask == False``, ``-inf`` logits or logits ``<= finfo(dtype).min
+    / 2``) are excluded from the quantile and from every pair; a positive label on one gives ``+inf``. The pair term uses O(C^2) memory per row.
     """
     check_param(r, "r", low=0.0, high=1.0)
 
     def normalizer(z: Tensor, batch: FlatBatch) -> Tensor:
         return r_softmax(z, _per_row_param(r, batch, "r"), dim=1)
 
-    return _eq4_loss(normalizer, input, target, reduction, ignore_index)
+    return _eq4_loss(normalizer, input, target, reduction, ignore_index, mask)
 
 
 def t_softmax_loss(
@@ -101,6 +103,7 @@ def t_softmax_loss(
     t: Param = 1.0,
     reduction: str = "mean",
     ignore_index: int = -100,
+    mask: Optional[Tensor] = None,
 ) -> Tensor:
     r"""The r-softmax paper's multi-label loss (Eq. 4) with ``f = t-softmax(., t)`` (Eq. 1).
 
@@ -112,7 +115,7 @@ def t_softmax_loss(
     def normalizer(z: Tensor, batch: FlatBatch) -> Tensor:
         return t_softmax(z, _per_row_param(t, batch, "t"), dim=1)
 
-    return _eq4_loss(normalizer, input, target, reduction, ignore_index)
+    return _eq4_loss(normalizer, input, target, reduction, ignore_index, mask)
 
 
 class RSoftmaxLoss(nn.Module):
@@ -126,8 +129,8 @@ class RSoftmaxLoss(nn.Module):
         self.reduction = reduction
         self.ignore_index = ignore_index
 
-    def forward(self, input: Tensor, target: Tensor, r: Optional[Param] = None) -> Tensor:
-        return r_softmax_loss(input, target, self.r if r is None else r, self.reduction, self.ignore_index)
+    def forward(self, input: Tensor, target: Tensor, r: Optional[Param] = None, mask: Optional[Tensor] = None) -> Tensor:
+        return r_softmax_loss(input, target, self.r if r is None else r, self.reduction, self.ignore_index, mask)
 
 
 class TSoftmaxLoss(nn.Module):
@@ -153,8 +156,8 @@ class TSoftmaxLoss(nn.Module):
     def t(self) -> Tensor:
         return self.log_t.exp()
 
-    def forward(self, input: Tensor, target: Tensor) -> Tensor:
-        return t_softmax_loss(input, target, self.t, self.reduction, self.ignore_index)
+    def forward(self, input: Tensor, target: Tensor, mask: Optional[Tensor] = None) -> Tensor:
+        return t_softmax_loss(input, target, self.t, self.reduction, self.ignore_index, mask)
 
 
 class SparsityRatePredictor(nn.Module):

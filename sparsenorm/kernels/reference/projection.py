@@ -1,12 +1,16 @@
-"""Thresholds, projection and support-restricted backward of sparsemax and 1.5-entmax.
+"""Thresholds, projection and backward of sparsemax and 1.5-entmax on rows along the last dim.
 
 Both maps are ``p = [z - tau]_+`` (sparsemax) and ``p = [z/2 - tau]_+^2`` (1.5-entmax) with the
-row threshold ``tau`` chosen so that ``p`` sums to one. :func:`project` is the entry point; the
-sort-based solvers (``*_tau_sort``, the entmax package's algorithm) are the fallback. The solvers
-work on the LAST dimension of rows already shifted by their maximum (largest finite entry 0);
-``-inf`` entries are "not there" and rows with no finite entry get ``tau = 0`` (zeros out).
-:func:`project` moves the normalized dimension last first, which is also what makes ``k`` work
-with a negative ``dim`` (it does not in the ``entmax`` package).
+row threshold ``tau`` chosen so that ``p`` sums to one. Two forward algorithms:
+
+* :func:`project_sorted`, sync-free (full sort, the entmax package's algorithm): the reference on
+  every device;
+* :func:`project`, the CPU variant without a kernel: an exact iteration without a full sort that
+  reads row counts on the host to shrink its work (free on a CPU; a stall on an accelerator).
+
+The sort-based solvers (``*_tau_sort``) work on rows already shifted by their maximum (largest
+finite entry 0). Entries at or below ``finfo.min / 2`` are "not there"; rows with none there give
+zeros.
 """
 from __future__ import annotations
 
@@ -15,7 +19,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from ._cpu_kernels import SPARSEMAX as _SPARSEMAX_KERNEL
+from ..._validation import not_there_level
 
 
 def _ranks(n: int, like: Tensor) -> Tensor:
@@ -77,7 +81,7 @@ def entmax15_tau_sort(z: Tensor, k: Optional[int] = None) -> Tensor:
 
 # ----------------------------------------------------------------------------- fast projection
 #
-# A full sort costs 16-30x softmax. Instead the threshold is found by an exact iteration that
+# A full sort is slow on CPU. Instead the threshold is found by an exact iteration that
 # uses only elementwise ops and row reductions, on rows shifted so their maximum is 0:
 #
 # * sparsemax (Michelot 1986): tau <- (sum_{z > tau} z - 1) / |{z > tau}| from tau = -1 (a lower
@@ -221,9 +225,6 @@ def project(x: Tensor, dim: int, kind: str, k: Optional[int] = None) -> Tensor:
     moved = x.movedim(dim, -1)
     n_cols = moved.shape[-1]
     x2 = moved.reshape(-1, n_cols).contiguous()
-    kernel = _SPARSEMAX_KERNEL.kernel_for(x2)
-    if kernel is not None:  # opt-in fused C++ kernel (same results)
-        return _restore(kernel.forward(x2, kind == "entmax15"), moved, dim, x)
     n_rows = x2.shape[0]
     block = _block_size(n_cols)
     blocks = None
@@ -234,8 +235,10 @@ def project(x: Tensor, dim: int, kind: str, k: Optional[int] = None) -> Tensor:
     else:
         row_max = x2.amax(-1, keepdim=True)
     bad_rows = torch.isnan(row_max) | (row_max == float("inf"))
+    empty_rows = row_max <= not_there_level(x.dtype)  # no entry there: zeros
     any_bad = bool(bad_rows.any())
-    shift = row_max.masked_fill(torch.isinf(row_max) | bad_rows, 0.0)
+    any_empty = bool(empty_rows.any())
+    shift = row_max.masked_fill(empty_rows | bad_rows, 0.0)
     if blocks is not None:
         # Widen the window by more than the rounding of ``shift - offset`` so no candidate is lost.
         eps = torch.finfo(x.dtype).eps
@@ -252,6 +255,8 @@ def project(x: Tensor, dim: int, kind: str, k: Optional[int] = None) -> Tensor:
                 idx = heavy.nonzero().squeeze(1)
                 z = x2.index_select(0, idx).sub_(shift.index_select(0, idx))
                 out.index_copy_(0, idx, _map_(z, _iterate_tau(z, kind, k), kind))
+            if any_empty:
+                out.masked_fill_(empty_rows, 0.0)
             if any_bad:
                 out.masked_fill_(bad_rows, float("nan"))
             return _restore(out, moved, dim, x)
@@ -265,6 +270,8 @@ def project(x: Tensor, dim: int, kind: str, k: Optional[int] = None) -> Tensor:
     else:
         z = x2 - shift
         p2 = _map_(z, _iterate_tau(z, kind, k), kind)
+    if any_empty:
+        p2.masked_fill_(empty_rows, 0.0)
     if any_bad:
         p2.masked_fill_(bad_rows, float("nan"))
     return _restore(p2, moved, dim, x)
@@ -289,20 +296,6 @@ def _project_blocks(blocks, chosen, per_row, width, shift, kind, k) -> Tensor:
     out = blocks.new_zeros(blocks.shape)
     out[row_of, block_of] = p[row_of, slot]
     return out.view(n_rows, n_blocks * block)
-
-
-def kernel_backward(p: Tensor, g: Tensor, dim: int, kind: str) -> Optional[Tensor]:
-    """The backward by the opt-in fused C++ kernel, or None (not enabled / not applicable)."""
-    if torch.is_grad_enabled() or p.dim() == 0:
-        return None
-    kernel = _SPARSEMAX_KERNEL.kernel_for(p)
-    if kernel is None:
-        return None
-    moved = p.movedim(dim, -1)
-    n_cols = moved.shape[-1]
-    p2 = moved.reshape(-1, n_cols).contiguous()
-    g2 = g.to(p.dtype).movedim(dim, -1).reshape(-1, n_cols).contiguous()
-    return _restore(kernel.backward(p2, g2, kind == "entmax15"), moved, dim, p)
 
 
 def support_backward(p: Tensor, g: Tensor, dim: int, kind: str) -> Optional[Tensor]:
@@ -340,3 +333,48 @@ def support_backward(p: Tensor, g: Tensor, dim: int, kind: str) -> Optional[Tens
     out = torch.zeros_like(p)
     out.view(n_rows, n_cols // block, block)[row_of, block_of] = vals.to(p.dtype)
     return out
+
+
+def project_sorted(x: Tensor, kind: str) -> Tensor:
+    """Exact sparsemax / 1.5-entmax of the rows of ``x`` (last dim) by a full sort; sync-free.
+
+    Rows with no entry there give zeros; rows with NaN or ``+inf`` give NaN.
+    """
+    x = x.masked_fill(x <= not_there_level(x.dtype), float("-inf"))
+    row_max = x.amax(-1, keepdim=True)
+    z = x - row_max.masked_fill(row_max == float("-inf"), 0.0)
+    if kind == "entmax15":
+        z = z * 0.5
+        tau = entmax15_tau_sort(z)
+        return (z - tau).clamp_min(0).square()
+    return (z - sparsemax_tau_sort(z)).clamp_min(0)
+
+
+def dense_backward(p: Tensor, g: Tensor, kind: str) -> Tensor:
+    """``w * (g - sum(w g) / sum(w))`` over the last dim with ``w = 1{p > 0}`` (sparsemax) or
+    ``sqrt(p)`` (1.5-entmax), in differentiable ops (double backward works; the derivative of
+    ``sqrt(p)`` at ``p = 0`` is taken as 0). NaN rows stay NaN."""
+    if kind == "sparsemax":
+        w = torch.sign(p)
+    else:
+        on = p > 0
+        w = torch.where(on, torch.where(on, p, torch.ones_like(p)).sqrt(), torch.where(p == p, 0.0, p))
+    total = w.sum(-1, keepdim=True)
+    total = torch.where(total > 0, total, torch.ones_like(total))
+    q = (g * w).sum(-1, keepdim=True) / total
+    return (g - q) * w
+
+
+def fast_backward(p: Tensor, g: Tensor, kind: str) -> Tensor:
+    """:func:`dense_backward` without double-backward support, on the support's blocks only for
+    long sparse rows (CPU variant: reads block counts on the host) and with softmax's fused
+    backward kernel otherwise."""
+    sparse = support_backward(p, g, p.dim() - 1, kind)
+    if sparse is not None:
+        return sparse
+    w = torch.sign(p) if kind == "sparsemax" else sqrt_nonneg(p)
+    total = w.sum(-1, keepdim=True)
+    total = torch.where(total > 0, total, torch.ones_like(total))
+    u = w.div_(total)
+    g = g if g.shape == u.shape else g.expand_as(u)
+    return torch._softmax_backward_data(g.contiguous(), u, -1, u.dtype).mul_(total)

@@ -1,10 +1,10 @@
-"""The opt-in fused C++ CPU kernel for ev-softmax (sparsenorm/_cpu_kernels.py, csrc/evidential_cpu.cpp).
+"""The fused C++ CPU kernel for ev-softmax (sparsenorm/kernels/cpu/evidential.cpp).
 
-Oracle: the pure-PyTorch path of sparsenorm/evidential.py (itself tested against the paper's
-formulas in test_evidential.py). Agreement standard: the support (exact zeros of probabilities,
+Oracle: the pure-PyTorch reference (sparsenorm/kernels/reference/evidential.py, itself tested
+against the paper's formulas in test_evidential.py), run with ``sparsenorm.kernels.disabled()``. Agreement standard: the support (exact zeros of probabilities,
 -inf of log-probabilities) and the NaN pattern are identical; values agree to rounding,
 |Δ| <= 16 ulp relative + 8 ulp · (1 + max|x|) absolute, since both paths round ``x - threshold``
-(resp. ``x - max``) to the input's precision before the exp. Not bitwise: the kernel sums the
+to the input's precision before the exp. Not bitwise: the kernel sums the
 row mean in another order (in double) and the exp is vectorised differently.
 
 The extension is compiled once per session (module fixture; about a minute the first time on a
@@ -23,8 +23,8 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
 import sparsenorm
-from sparsenorm import _cpu_kernels, ev_softmax, ev_softmax_train, log_ev_softmax_train
-from sparsenorm.evidential import _fused_forward
+from sparsenorm import ev_softmax, ev_softmax_train, log_ev_softmax_train, kernels
+from sparsenorm.kernels import cpu as cpu_kernels
 
 NEG_INF = float("-inf")
 
@@ -44,24 +44,26 @@ DTYPES = [torch.float32, torch.float64]
 @pytest.fixture(scope="module", autouse=True)
 def kernel():
     """Build (or load the cached) extension once; skip the module if it cannot be built."""
-    saved = _cpu_kernels._enabled
-    ext = _cpu_kernels.EVIDENTIAL.load()
+    saved = cpu_kernels._code_setting
+    ext = cpu_kernels.EVIDENTIAL.load()
     if ext is None:
-        pytest.skip(f"C++ CPU kernel could not be built: {_cpu_kernels.EVIDENTIAL.error}")
+        pytest.skip(f"C++ CPU kernel could not be built: {cpu_kernels.EVIDENTIAL.error}")
+    sparsenorm.use_cpu_kernels(True)
     yield ext
-    _cpu_kernels._enabled = saved
+    cpu_kernels._code_setting = saved
 
 
 def both_paths(fn, x, dim, **kw):
     """(pure-PyTorch output, kernel output) of fn(x, dim)."""
-    sparsenorm.use_cpu_kernels(False)
-    pure = fn(x, dim, **kw)
-    sparsenorm.use_cpu_kernels(True)
-    try:
-        fused = fn(x, dim, **kw)
-    finally:
-        sparsenorm.use_cpu_kernels(False)
+    with kernels.disabled():
+        pure = fn(x, dim, **kw)
+    fused = fn(x, dim, **kw)
     return pure, fused
+
+
+def kernel_runs(x):
+    """Whether the kernel (not the reference) would run on ``x`` (rows along the last dim)."""
+    return cpu_kernels.EVIDENTIAL.kernel_for(x) is not None
 
 
 def assert_agree(pure, fused, x, is_log):
@@ -90,6 +92,11 @@ def cases(dtype):
     with_nan[1, 3] = float("nan")
     with_nan[3, 0] = float("inf")
     with_nan[0, :] = NEG_INF
+    additive = randn(5, 33)
+    additive[0, ::3] = torch.finfo(dtype).min  # Hugging Face's additive mask: not there
+    additive[1, :] = torch.finfo(dtype).min
+    additive[2, :7] = torch.finfo(dtype).min / 2
+    additive[3, 5] = NEG_INF
     return [
         ("K=1", randn(6, 1), -1),
         ("small", randn(5, 13), -1),
@@ -106,6 +113,7 @@ def cases(dtype):
         ("-inf entries and an empty row", with_neg_inf, -1),
         ("-inf, dim 0", with_neg_inf.T.contiguous(), 0),
         ("NaN and +inf rows", with_nan, -1),
+        ("additive finfo.min masks", additive, -1),
         ("large magnitudes", randn(8, 300, scale=1e4), -1),
     ]
 
@@ -123,34 +131,44 @@ def test_kernel_matches_pure_path(label, fn, is_log, dtype):
 
 def test_kernel_path_is_taken_when_enabled_only():
     x = torch.randn(4, 10)
+    assert kernel_runs(x)
+    with kernels.disabled():
+        assert not kernel_runs(x)
+        with kernels.disabled():  # nested
+            assert not kernel_runs(x)
+        assert not kernel_runs(x)
+    assert kernel_runs(x)
+    assert not kernel_runs(x.half())  # upcast happens before
+    assert not kernel_runs(torch.randn(4, 0))  # K = 0: reference path
     sparsenorm.use_cpu_kernels(False)
-    assert _fused_forward(x, 1, eps=None, log=False) is None
-    sparsenorm.use_cpu_kernels(True)
     try:
-        assert _fused_forward(x, 1, eps=None, log=False) is not None
-        assert _fused_forward(x.half(), 1, eps=None, log=False) is None  # upcast happens before
-        assert _fused_forward(torch.randn(4, 0), 1, eps=None, log=False) is None  # K = 0: Python path
+        assert not kernel_runs(x)
     finally:
-        sparsenorm.use_cpu_kernels(False)
+        sparsenorm.use_cpu_kernels(True)
 
 
-def test_rounded_mean_row_is_capped_when_another_row_has_neg_inf():
-    # In float64 the mean of (0.1⁻, 0.1, 0.1) rounds above its max (in torch and in the kernel):
-    # alone the row is all ties (uniform); with a -inf anywhere in the call, every row's threshold
-    # is capped at its max (the Python masked path), leaving the two max entries.
+def test_disabled_is_per_thread():
+    import threading
+
+    seen = []
+    with kernels.disabled():
+        t = threading.Thread(target=lambda: seen.append(kernel_runs(torch.randn(2, 3))))
+        t.start()
+        t.join()
+    assert seen == [True]
+
+
+def test_rounded_mean_row_is_capped_row_by_row():
+    # In float64 the mean of (0.1⁻, 0.1, 0.1) rounds above its max: the threshold is capped at
+    # the max in both paths, whatever the other rows hold, leaving the two max entries.
     row = torch.tensor([math.nextafter(0.1, 0.0), 0.1, 0.1], dtype=torch.float64)
     assert row.mean() > row.max()
-    _, _, rounded = _cpu_kernels.EVIDENTIAL.load().ev_softmax_forward(row[None].contiguous(), 0, 0.0, False, False)
-    assert rounded == 1
-    alone_pure, alone_fused = both_paths(ev_softmax, row[None], -1)
-    torch.testing.assert_close(alone_fused, torch.full((1, 3), 1 / 3, dtype=torch.float64))
-    assert_agree(alone_pure, alone_fused, row, False)
-    x = torch.stack([row, torch.tensor([NEG_INF, 1.0, 2.0], dtype=torch.float64)])
-    for label, fn, is_log in FUNCS:
-        pure, fused = both_paths(fn, x, -1)
-        assert_agree(pure, fused, x, is_log)
-    pure, fused = both_paths(ev_softmax, x, -1)
-    assert fused[0, 0] == 0 and fused[0, 1] > 0
+    for x in (row[None], torch.stack([row, torch.tensor([NEG_INF, 1.0, 2.0], dtype=torch.float64)])):
+        for label, fn, is_log in FUNCS:
+            pure, fused = both_paths(fn, x, -1)
+            assert_agree(pure, fused, x, is_log)
+        pure, fused = both_paths(ev_softmax, x, -1)
+        assert fused[0, 0] == 0 and fused[0, 1] == fused[0, 2] == 0.5
 
 
 def finite_part(out):
@@ -164,14 +182,10 @@ def test_gradcheck_through_kernel(label, fn, is_log):
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(3, 6, 5, generator=gen, dtype=torch.float64)
     x[0, 0, 1] = NEG_INF  # masked path: -inf entries get zero gradient
-    sparsenorm.use_cpu_kernels(True)
-    try:
-        for dim in (-1, 1):
-            assert _fused_forward(x, dim, eps=None, log=False) is not None
-            inp = x.clone().requires_grad_(True)
-            assert torch.autograd.gradcheck(lambda t: finite_part(fn(t, dim)), (inp,))
-    finally:
-        sparsenorm.use_cpu_kernels(False)
+    assert kernel_runs(x)
+    for dim in (-1, 1):
+        inp = x.clone().requires_grad_(True)
+        assert torch.autograd.gradcheck(lambda t: finite_part(fn(t, dim)), (inp,))
 
 
 @pytest.mark.parametrize("label,fn,is_log", FUNCS, ids=FUNC_IDS)
@@ -182,12 +196,14 @@ def test_gradients_match_pure_path_and_empty_rows_get_zero(label, fn, is_log):
     x[3, :4] = NEG_INF
     grad_out = torch.randn(5, 33, generator=gen)
     grads = []
-    for enabled in (False, True):
-        sparsenorm.use_cpu_kernels(enabled)
+    for disable in (True, False):
         inp = x.clone().requires_grad_(True)
-        fn(inp, -1).backward(grad_out)
+        if disable:
+            with kernels.disabled():
+                fn(inp, -1).backward(grad_out)
+        else:
+            fn(inp, -1).backward(grad_out)
         grads.append(inp.grad)
-    sparsenorm.use_cpu_kernels(False)
     assert torch.isfinite(grads[1]).all()
     assert torch.equal(grads[1][1], torch.zeros(33))
     torch.testing.assert_close(grads[1], grads[0], rtol=1e-5, atol=1e-6)
@@ -210,29 +226,48 @@ def test_kernel_matches_pure_path_property(values):
         assert_agree(pure, fused, x, is_log)
 
 
-def test_off_by_default_and_env_switch(monkeypatch):
-    monkeypatch.setattr(_cpu_kernels, "_enabled", None)
+def test_env_switch_and_code_setting(monkeypatch):
+    monkeypatch.setattr(cpu_kernels, "_code_setting", None)
     monkeypatch.delenv("SPARSENORM_CPU_KERNELS", raising=False)
-    assert not _cpu_kernels.cpu_kernels_enabled()
+    assert cpu_kernels._policy() is None  # default: used where built, never built by a call
+    monkeypatch.setenv("SPARSENORM_CPU_KERNELS", "0")
+    assert not cpu_kernels.cpu_kernels_enabled()
     monkeypatch.setenv("SPARSENORM_CPU_KERNELS", "1")
-    assert _cpu_kernels.cpu_kernels_enabled()
+    assert cpu_kernels._policy() is True
     sparsenorm.use_cpu_kernels(False)  # code wins over the environment
-    assert not _cpu_kernels.cpu_kernels_enabled()
+    assert not cpu_kernels.cpu_kernels_enabled()
+
+
+def test_default_policy_loads_a_built_kernel_without_compiling(monkeypatch):
+    monkeypatch.setattr(cpu_kernels, "_code_setting", None)
+    monkeypatch.delenv("SPARSENORM_CPU_KERNELS", raising=False)
+    fresh = cpu_kernels.Extension("evidential", "ev-softmax")
+    assert fresh._import_built() is not None  # built by the fixture: found in the cache
+
+    def no_compiling(*args, **kwargs):
+        raise AssertionError("an ordinary call must not compile")
+
+    monkeypatch.setattr(fresh, "build", no_compiling)
+    assert fresh.get() is not None
+    missing = cpu_kernels.Extension("evidential", "ev-softmax")
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", "/nonexistent-sparsenorm-build-dir")
+    monkeypatch.setattr(missing, "build", no_compiling)
+    assert missing.get() is None  # not built: the reference path, nothing compiled
 
 
 def test_failed_build_warns_once_and_falls_back(monkeypatch, tmp_path):
-    monkeypatch.setattr(_cpu_kernels.EVIDENTIAL, "module", None)
-    monkeypatch.setattr(_cpu_kernels.EVIDENTIAL, "error", None)
-    monkeypatch.setattr(_cpu_kernels.EVIDENTIAL, "source", tmp_path / "missing.cpp")
+    monkeypatch.setattr(cpu_kernels.EVIDENTIAL, "module", None)
+    monkeypatch.setattr(cpu_kernels.EVIDENTIAL, "error", None)
+    monkeypatch.setattr(cpu_kernels.EVIDENTIAL, "source", tmp_path / "missing.cpp")
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "build"))
-    monkeypatch.setattr(_cpu_kernels, "_enabled", True)
+    monkeypatch.setattr(cpu_kernels, "_code_setting", True)
     x = torch.randn(3, 8)
-    with pytest.warns(RuntimeWarning, match="could not build the C\\+\\+ CPU kernels"):
+    with pytest.warns(RuntimeWarning, match="could not build the C\\+\\+ CPU kernel"):
         out = ev_softmax(x)
-    assert "missing.cpp" in _cpu_kernels.EVIDENTIAL.error
+    assert "missing.cpp" in cpu_kernels.EVIDENTIAL.error
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no second warning
         again = ev_softmax(x)
-    sparsenorm.use_cpu_kernels(False)
-    torch.testing.assert_close(out, ev_softmax(x), rtol=0, atol=0)
+    with kernels.disabled():
+        torch.testing.assert_close(out, ev_softmax(x), rtol=0, atol=0)
     torch.testing.assert_close(again, out, rtol=0, atol=0)

@@ -2,15 +2,16 @@
 //
 // One call handles a contiguous (rows, K) float32/float64 tensor, normalizing each row; rows are
 // split across threads with at::parallel_for. Per row, as many passes as softmax itself:
-//   1. sum and max together (the sum in double, over partial sums of 4 entries per SIMD lane);
-//      the max is always on the support;
+//   1. sum, max and min together (the sum in double, over partial sums of 4 entries per SIMD
+//      lane); the max is always on the support;
 //   2. exp(z - max) and its sum, z = x on the support and, off it, x + shift (Eq. 10) or
 //      "absent" (Eq. 7);
 //   3. normalize (log form: z - max - log(sum)).
-// The semantics are those of the pure-PyTorch path in sparsenorm/evidential.py (read its module
-// notes): the tie rule, the rounding rule for rows whose mean rounds above their max, -inf
-// entries left out of the mean, empty rows, NaN/+inf rows. Which rows need the capped threshold
-// is decided there per call, so this kernel is told (`cap`) and reports what it saw.
+// The rules are those of sparsenorm/kernels/reference/evidential.py, row by row: entries at or
+// below finfo.min / 2 (-inf included) are not there (left out of the mean, probability 0, log
+// -inf); the threshold is min(mean, max) (ties with the mean kept); a row with no entry that is
+// there gives zeros (log: -inf); NaN or +inf gives a NaN row. Probabilities are exp(x - max) on
+// the support, so their accuracy is that of softmax.
 //
 // The CPU_CAPABILITY_* macro that selects at::vec's SIMD width is set by the build script to
 // the one ATen dispatches to on this machine (so exp is the same Sleef routine torch links).
@@ -21,10 +22,8 @@
 #include <ATen/cpu/vec/vec.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <limits>
-#include <tuple>
 
 namespace {
 
@@ -39,6 +38,7 @@ template <typename scalar_t>
 struct RowStats {
   double sum = 0.0;
   scalar_t max = -std::numeric_limits<scalar_t>::infinity();
+  scalar_t min = std::numeric_limits<scalar_t>::infinity();
 };
 
 template <typename scalar_t>
@@ -48,6 +48,7 @@ RowStats<scalar_t> sum_and_max(const scalar_t* x, int64_t k) {
   constexpr int64_t kBlock = 4 * W;  // summed in scalar_t (4 adds per lane), then added in double
   // NaN is caught by the sum (non-finite rows are rescanned), so max may ignore it.
   Vec vmax(-std::numeric_limits<scalar_t>::infinity());
+  Vec vmin(std::numeric_limits<scalar_t>::infinity());
   double lane_sums[W] = {};
   scalar_t block[W];
   int64_t i = 0;
@@ -55,6 +56,7 @@ RowStats<scalar_t> sum_and_max(const scalar_t* x, int64_t k) {
     Vec a = Vec::loadu(x + i), b = Vec::loadu(x + i + W), c = Vec::loadu(x + i + 2 * W),
         d = Vec::loadu(x + i + 3 * W);
     vmax = at::vec::maximum(vmax, at::vec::maximum(at::vec::maximum(a, b), at::vec::maximum(c, d)));
+    vmin = at::vec::minimum(vmin, at::vec::minimum(at::vec::minimum(a, b), at::vec::minimum(c, d)));
     ((a + b) + (c + d)).store(block);
 #pragma omp simd
     for (int64_t j = 0; j < W; ++j) lane_sums[j] += static_cast<double>(block[j]);
@@ -62,6 +64,8 @@ RowStats<scalar_t> sum_and_max(const scalar_t* x, int64_t k) {
   // Horizontal reductions as trees: a serial loop over the lanes costs as much as a short row.
   scalar_t mx = at::vec::vec_reduce_all<scalar_t>(
       [](const Vec& a, const Vec& b) { return at::vec::maximum(a, b); }, vmax);
+  scalar_t mn = at::vec::vec_reduce_all<scalar_t>(
+      [](const Vec& a, const Vec& b) { return at::vec::minimum(a, b); }, vmin);
   for (int64_t w = W / 2; w > 0; w /= 2) {
 #pragma omp simd
     for (int64_t j = 0; j < w; ++j) lane_sums[j] += lane_sums[j + w];
@@ -70,64 +74,62 @@ RowStats<scalar_t> sum_and_max(const scalar_t* x, int64_t k) {
   for (; i < k; ++i) {
     sum += static_cast<double>(x[i]);
     mx = x[i] > mx ? x[i] : mx;
+    mn = x[i] < mn ? x[i] : mn;
   }
-  return {sum, mx};
+  return {sum, mx, mn};
 }
 
-// Whether x counts as on the support of threshold thr. Eq. 7 uses the centered test of the
-// Python path (x - thr > -smallest_normal, see _support_logits); Eq. 10 uses !(x < thr).
+// Whether x counts as on the support of threshold thr (ties kept, Eq. 7).
 template <typename scalar_t>
-inline bool on_support(scalar_t v, scalar_t thr, Kind kind) {
+inline bool on_support(scalar_t v, scalar_t thr) {
+  return v >= thr;
+}
+
+// z of one vector: x on the support; off it x + shift (kTrain) or -inf (kSupport); with
+// `absent`, entries at or below `level` are -inf (kSupport needs no test: they are below thr).
+template <typename scalar_t, Kind kind, bool absent>
+inline Vectorized<scalar_t> shifted(const Vectorized<scalar_t>& v, const Vectorized<scalar_t>& thr,
+                                    const Vectorized<scalar_t>& off_value, const Vectorized<scalar_t>& level) {
+  using Vec = Vectorized<scalar_t>;
+  const Vec keep = v >= thr;
   if (kind == Kind::kSupport) {
-    return v - thr > -std::numeric_limits<scalar_t>::min();
+    return Vec::blendv(off_value, v, keep);  // off_value = -inf
   }
-  return !(v < thr);
+  Vec z = v + Vec::blendv(off_value, Vec(scalar_t(0)), keep);
+  if (absent) {
+    z = Vec::blendv(Vec(-std::numeric_limits<scalar_t>::infinity()), z, v > level);
+  }
+  return z;
 }
 
-template <typename scalar_t>
-inline Vectorized<scalar_t> on_support_mask(const Vectorized<scalar_t>& v, const Vectorized<scalar_t>& thr,
-                                            const Vectorized<scalar_t>& neg_tiny, Kind kind) {
-  if (kind == Kind::kSupport) {
-    return (v - thr) > neg_tiny;
-  }
-  return v >= thr;  // same as !(v < thr) for non-NaN v; NaN rows never reach here
-}
-
-// z of one vector: x on the support; off it x + shift (kTrain) or -inf (kSupport).
-template <typename scalar_t>
-inline Vectorized<scalar_t> shifted(const Vectorized<scalar_t>& v, const Vectorized<scalar_t>& keep,
-                                    const Vectorized<scalar_t>& off_value, Kind kind) {
-  if (kind == Kind::kSupport) {
-    return Vectorized<scalar_t>::blendv(off_value, v, keep);  // off_value = -inf
-  }
-  return v + Vectorized<scalar_t>::blendv(off_value, Vectorized<scalar_t>(scalar_t(0)), keep);
-}
-
-template <typename scalar_t>
-inline scalar_t shifted_scalar(scalar_t v, scalar_t thr, scalar_t shift, Kind kind) {
-  if (on_support(v, thr, kind)) return v;
-  return kind == Kind::kSupport ? -std::numeric_limits<scalar_t>::infinity() : v + shift;
+template <typename scalar_t, Kind kind, bool absent>
+inline scalar_t shifted_scalar(scalar_t v, scalar_t thr, scalar_t shift, scalar_t level) {
+  constexpr scalar_t kInf = std::numeric_limits<scalar_t>::infinity();
+  if (absent && !(v > level)) return -kInf;
+  if (on_support(v, thr)) return v;
+  return kind == Kind::kSupport ? -kInf : v + shift;
 }
 
 // Passes 2 and 3 on one row with its threshold and max (max finite and on the support).
-template <typename scalar_t, Kind kind, bool log_output>
-void normalize_row(const scalar_t* x, scalar_t* out, int64_t k, scalar_t thr, scalar_t mx, scalar_t shift) {
+template <typename scalar_t, Kind kind, bool log_output, bool absent>
+void normalize_row(const scalar_t* x, scalar_t* out, int64_t k, scalar_t thr, scalar_t mx, scalar_t shift,
+                   scalar_t level) {
   using Vec = Vectorized<scalar_t>;
   constexpr int64_t W = Vec::size();
-  const Vec vthr(thr), vmax(mx), neg_tiny(-std::numeric_limits<scalar_t>::min());
+  const Vec vthr(thr), vmax(mx), vlevel(level);
   const Vec off_value(kind == Kind::kSupport ? -std::numeric_limits<scalar_t>::infinity() : shift);
   const int64_t k_vec = k - k % W;
 
   Vec acc(scalar_t(0));
   for (int64_t i = 0; i < k_vec; i += W) {
     Vec v = Vec::loadu(x + i);
-    Vec e = (shifted(v, on_support_mask(v, vthr, neg_tiny, kind), off_value, kind) - vmax).exp();
+    Vec e = (shifted<scalar_t, kind, absent>(v, vthr, off_value, vlevel) - vmax).exp();
     if (!log_output) e.store(out + i);
     acc = acc + e;
   }
   scalar_t sum = at::vec::vec_reduce_all<scalar_t>([](const Vec& a, const Vec& b) { return a + b; }, acc);
   for (int64_t i = k_vec; i < k; ++i) {
-    scalar_t e = std::exp(shifted_scalar(x[i], thr, shift, kind) - mx);
+    scalar_t e = std::exp(shifted_scalar<scalar_t, kind, absent>(x[i], thr, shift, level) - mx);
     if (!log_output) out[i] = e;
     sum += e;
   }
@@ -137,9 +139,9 @@ void normalize_row(const scalar_t* x, scalar_t* out, int64_t k, scalar_t thr, sc
     const Vec voffset(offset);
     for (int64_t i = 0; i < k_vec; i += W) {
       Vec v = Vec::loadu(x + i);
-      (shifted(v, on_support_mask(v, vthr, neg_tiny, kind), off_value, kind) - voffset).store(out + i);
+      (shifted<scalar_t, kind, absent>(v, vthr, off_value, vlevel) - voffset).store(out + i);
     }
-    for (int64_t i = k_vec; i < k; ++i) out[i] = shifted_scalar(x[i], thr, shift, kind) - offset;
+    for (int64_t i = k_vec; i < k; ++i) out[i] = shifted_scalar<scalar_t, kind, absent>(x[i], thr, shift, level) - offset;
   } else {
     const Vec vinv(scalar_t(1) / sum);
     for (int64_t i = 0; i < k_vec; i += W) (Vec::loadu(out + i) * vinv).store(out + i);
@@ -147,73 +149,53 @@ void normalize_row(const scalar_t* x, scalar_t* out, int64_t k, scalar_t thr, sc
   }
 }
 
-struct Counters {
-  std::atomic<int64_t> nonfinite_rows{0};  // rows with -inf/+inf/NaN (or a float64 sum overflow)
-  std::atomic<int64_t> rounded_rows{0};    // finite rows whose uncapped threshold left no support
-};
-
 template <typename scalar_t, Kind kind, bool log_output>
-void forward_row(const scalar_t* x, scalar_t* out, int64_t k, scalar_t shift, bool cap, Counters& counters) {
+void forward_row(const scalar_t* x, scalar_t* out, int64_t k, scalar_t shift) {
   constexpr scalar_t kInf = std::numeric_limits<scalar_t>::infinity();
+  const scalar_t level = std::numeric_limits<scalar_t>::lowest() / 2;
   const RowStats<scalar_t> stats = sum_and_max(x, k);
-  scalar_t mx = stats.max;
-  scalar_t thr;
-  if (std::isfinite(stats.sum)) {
+  const scalar_t mx = stats.max;
+  if (std::isfinite(stats.sum) && stats.min > level) {
+    // Every entry is there: the mean of the row, capped at its max (rounding can put the mean
+    // of near-equal entries above all of them).
     const scalar_t mean = static_cast<scalar_t>(stats.sum / static_cast<double>(k));
-    if (cap) {
-      thr = std::min(mean, mx);
-    } else if (on_support(mx, mean, kind)) {
-      thr = mean;
-    } else {
-      // The mean rounded above every entry (all entries equal up to rounding): all count as
-      // ties, i.e. the uniform distribution (Eq. 7, where the Python path fills the whole row
-      // alike) or softmax(x) (Eq. 10, every entry shifted alike).
-      counters.rounded_rows.fetch_add(1, std::memory_order_relaxed);
-      if (kind == Kind::kSupport) {
-        std::fill(out, out + k, scalar_t(1) / static_cast<scalar_t>(k));
-        return;
-      }
-      thr = -kInf;
-    }
-  } else {
-    // The masked path of the Python code: NaN or +inf makes the row NaN; otherwise the mean is
-    // over the entries that are not -inf, capped at the max; no valid entry -> empty row.
-    counters.nonfinite_rows.fetch_add(1, std::memory_order_relaxed);
-    int64_t count = 0;
-    double total = 0.0;
-    bool poisoned = false;
-    for (int64_t i = 0; i < k; ++i) {
-      if (std::isnan(x[i]) || x[i] == kInf) poisoned = true;
-      if (x[i] != -kInf) {
-        ++count;
-        total += static_cast<double>(x[i]);
-      }
-    }
-    if (poisoned) {
-      std::fill(out, out + k, std::numeric_limits<scalar_t>::quiet_NaN());
-      return;
-    }
-    if (count == 0) {
-      std::fill(out, out + k, log_output ? -kInf : scalar_t(0));
-      return;
-    }
-    thr = std::min(static_cast<scalar_t>(total / static_cast<double>(count)), mx);
+    normalize_row<scalar_t, kind, log_output, false>(x, out, k, std::min(mean, mx), mx, shift, level);
+    return;
   }
-  normalize_row<scalar_t, kind, log_output>(x, out, k, thr, mx, shift);
+  // NaN or +inf makes the row NaN; otherwise the mean is over the entries that are there,
+  // capped at the max; no entry there -> an empty row.
+  int64_t count = 0;
+  double total = 0.0;
+  bool poisoned = false;
+  for (int64_t i = 0; i < k; ++i) {
+    if (std::isnan(x[i]) || x[i] == kInf) poisoned = true;
+    if (x[i] > level) {
+      ++count;
+      total += static_cast<double>(x[i]);
+    }
+  }
+  if (poisoned) {
+    std::fill(out, out + k, std::numeric_limits<scalar_t>::quiet_NaN());
+    return;
+  }
+  if (count == 0) {
+    std::fill(out, out + k, log_output ? -kInf : scalar_t(0));
+    return;
+  }
+  const scalar_t thr = std::min(static_cast<scalar_t>(total / static_cast<double>(count)), mx);
+  normalize_row<scalar_t, kind, log_output, true>(x, out, k, thr, mx, shift, level);
 }
 
 }  // namespace
 
-// Returns (out, nonfinite_rows, rounded_rows). See the notes at the top and in evidential.py.
-std::tuple<at::Tensor, int64_t, int64_t> ev_softmax_forward(const at::Tensor& x, int64_t kind, double shift,
-                                                            bool cap, bool log_output) {
+// kind 0: Eq. 7, 1: Eq. 10 with off-support shift `shift` = log(eps) - log1p(eps).
+at::Tensor ev_softmax_forward(const at::Tensor& x, int64_t kind, double shift, bool log_output) {
   TORCH_CHECK(x.device().is_cpu(), "ev_softmax_forward: CPU tensors only");
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "ev_softmax_forward: expects a contiguous 2-D tensor");
   TORCH_CHECK(x.size(1) > 0, "ev_softmax_forward: rows must be non-empty");
   TORCH_CHECK(kind == 0 || kind == 1, "ev_softmax_forward: kind must be 0 or 1");
   at::Tensor out = at::empty_like(x);
   const int64_t rows = x.size(0), k = x.size(1);
-  Counters counters;
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "ev_softmax_forward", [&] {
     const scalar_t* in_ptr = x.const_data_ptr<scalar_t>();
     scalar_t* out_ptr = out.mutable_data_ptr<scalar_t>();
@@ -221,7 +203,7 @@ std::tuple<at::Tensor, int64_t, int64_t> ev_softmax_forward(const at::Tensor& x,
     auto run = [&](auto row_fn) {
       at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
         for (int64_t r = begin; r < end; ++r) {
-          row_fn(in_ptr + r * k, out_ptr + r * k, k, static_cast<scalar_t>(shift), cap, counters);
+          row_fn(in_ptr + r * k, out_ptr + r * k, k, static_cast<scalar_t>(shift));
         }
       });
     };
@@ -232,7 +214,7 @@ std::tuple<at::Tensor, int64_t, int64_t> ev_softmax_forward(const at::Tensor& x,
       log_output ? run(forward_row<scalar_t, Kind::kTrain, true>) : run(forward_row<scalar_t, Kind::kTrain, false>);
     }
   });
-  return {out, counters.nonfinite_rows.load(), counters.rounded_rows.load()};
+  return out;
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {

@@ -1,4 +1,4 @@
-// Fused CPU forward and backward of sparsemax and 1.5-entmax (opt-in, see sparsenorm/_cpu_kernels.py).
+// Fused CPU forward and backward of sparsemax and 1.5-entmax (see sparsenorm/kernels/cpu/__init__.py).
 //
 // One call handles a contiguous (rows, K) float32/float64 tensor, normalizing each row; rows are
 // split across threads with at::parallel_for. Per row, as many passes as softmax:
@@ -8,7 +8,7 @@
 //      them (usually a handful) and apply the sort-based formula of the entmax package
 //      (Martins & Astudillo 2016, Alg. 1; Peters et al. 2019, Alg. 2) -- exact;
 //   3. write p = [z - tau]_+ (squared for 1.5-entmax).
-// Rows with no finite entry give zeros. Backward: w = 1{p > 0} (sparsemax) or sqrt(p)
+// Rows with no entry above finfo.min / 2 ("not there") give zeros. Backward: w = 1{p > 0} (sparsemax) or sqrt(p)
 // (1.5-entmax), grad = w * (g - sum(w g) / sum(w)), in two passes.
 #include <torch/extension.h>
 
@@ -38,7 +38,7 @@ void forward_row(const scalar_t* x, scalar_t* out, int64_t k, bool entmax, std::
     std::fill(out, out + k, std::numeric_limits<scalar_t>::quiet_NaN());
     return;
   }
-  if (mx == -inf) {
+  if (mx <= std::numeric_limits<scalar_t>::lowest() / 2) {  // no entry is there
     std::fill(out, out + k, scalar_t(0));
     return;
   }

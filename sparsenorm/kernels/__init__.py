@@ -1,0 +1,46 @@
+"""The kernel layer: registered operators (``ops``), their pure-PyTorch reference
+(``reference/``) and fused C++ CPU kernels (``cpu/``).
+
+Public switches:
+
+* ``with sparsenorm.kernels.disabled(): ...`` runs the reference path on this thread;
+* :func:`build` compiles the CPU kernels once into the cache (``make venv`` and
+  ``sparsenorm build-kernels`` call it); built kernels are then used by default;
+* :func:`use_cpu_kernels` / ``SPARSENORM_CPU_KERNELS`` (see ``kernels/cpu``).
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Dict, Iterator, Optional
+
+from . import cpu
+from .cpu import cpu_kernels_enabled, use_cpu_kernels
+
+
+@contextlib.contextmanager
+def disabled() -> Iterator[None]:
+    """Run every operator's reference (pure-PyTorch) path inside the block, on this thread."""
+    cpu._local.disabled = getattr(cpu._local, "disabled", 0) + 1
+    try:
+        yield
+    finally:
+        cpu._local.disabled -= 1
+
+
+def build(verbose: bool = False) -> Dict[str, Optional[str]]:
+    """Compile every CPU kernel once into the cache (or find it built there).
+
+    Returns ``{kernel: None if built, else the reason it failed}``; a failure also warns once.
+    """
+    result = {}
+    for ext in cpu.EXTENSIONS:
+        result[ext.stem] = None if ext.build(verbose=verbose) is not None else (ext.error or "unknown error")
+    return result
+
+
+def available() -> Dict[str, bool]:
+    """Which CPU kernels are in use now (built and allowed), without compiling anything."""
+    return {ext.stem: ext.get() is not None for ext in cpu.EXTENSIONS}
+
+
+__all__ = ["disabled", "build", "available", "use_cpu_kernels", "cpu_kernels_enabled"]

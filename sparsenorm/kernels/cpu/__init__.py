@@ -1,0 +1,189 @@
+"""The fused C++/OpenMP CPU kernels: their sources (``*.cpp`` here), build and loading.
+
+Used by default once built: :func:`sparsenorm.kernels.build` (run by ``make venv`` and
+``sparsenorm build-kernels``) compiles every source once into ``$TORCH_EXTENSIONS_DIR`` or else
+``<sparsenorm cache dir>/torch_extensions``; later processes load the built library without
+compiling. An ordinary function call never compiles anything unless asked to:
+
+* ``SPARSENORM_CPU_KERNELS`` unset: a kernel is used where it is built, else the reference path;
+* ``SPARSENORM_CPU_KERNELS=0`` (or ``sparsenorm.use_cpu_kernels(False)``): never used;
+* ``SPARSENORM_CPU_KERNELS=1`` (or ``sparsenorm.use_cpu_kernels(True)``): built on first use.
+
+A failed build prints one line (a ``RuntimeWarning``) and leaves the reference path. The library
+file's name carries a hash of its source and of the SIMD flags, so a stale build is never loaded.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.machinery
+import importlib.util
+import os
+import sysconfig
+import threading
+import warnings
+from pathlib import Path
+from types import ModuleType
+from typing import Optional
+
+import torch
+
+_ENV_VAR = "SPARSENORM_CPU_KERNELS"
+_HERE = Path(__file__).resolve().parent
+
+_COMPLETE = "BUILD_COMPLETE"  # marker file written after a successful build
+_code_setting: Optional[bool] = None  # set by use_cpu_kernels; None: the environment decides
+_local = threading.local()  # .disabled: depth of `sparsenorm.kernels.disabled()` blocks
+
+
+def use_cpu_kernels(enabled: Optional[bool] = True) -> None:
+    """Process-wide switch: True builds the kernels on first use and uses them, False never
+    uses them, None restores the default (use them where built; ``SPARSENORM_CPU_KERNELS``)."""
+    global _code_setting
+    _code_setting = None if enabled is None else bool(enabled)
+
+
+def _policy() -> Optional[bool]:
+    """True: build on demand; False: off; None: use if already built."""
+    if getattr(_local, "disabled", 0):
+        return False
+    if _code_setting is not None:
+        return _code_setting
+    value = os.environ.get(_ENV_VAR, "").strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    return None
+
+
+def cpu_kernels_enabled() -> bool:
+    """Whether the kernels may be used now (built or to be built on demand)."""
+    return _policy() is not False
+
+
+def _build_directory() -> Path:
+    env = os.environ.get("TORCH_EXTENSIONS_DIR")
+    if env:
+        return Path(env).expanduser()
+    from ..._cache import cache_dir
+
+    return cache_dir() / "torch_extensions"
+
+
+def _capability_flags():
+    """The SIMD level ATen dispatches to here, as a name suffix and compiler flags, so at::vec's
+    exp is the same (exported) Sleef routine torch's own kernels call."""
+    capability = torch.backends.cpu.get_cpu_capability()
+    if capability.startswith("AVX512"):
+        return "avx512", ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx2", "-mfma",
+                          "-DCPU_CAPABILITY=AVX512", "-DCPU_CAPABILITY_AVX512"]
+    if capability == "AVX2":
+        return "avx2", ["-mavx2", "-mfma", "-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2"]
+    return "default", ["-DCPU_CAPABILITY=DEFAULT"]
+
+
+class Extension:
+    """One C++ source here, built into the cache once; :meth:`get` loads it without compiling."""
+
+    def __init__(self, stem: str, what: str):
+        self.source = _HERE / f"{stem}.cpp"
+        self.stem = stem
+        self.what = what  # for the warning: which functions fall back
+        self.module: Optional[ModuleType] = None
+        self.error: Optional[str] = None  # why the build failed (None if not tried or fine)
+        self._lock = threading.Lock()
+
+    def _name_and_flags(self):
+        suffix, flags = _capability_flags()
+        digest = hashlib.sha256(self.source.read_bytes() + " ".join(flags).encode()).hexdigest()[:10]
+        return f"sparsenorm_{self.stem}_{suffix}_{digest}", flags
+
+    def _library_path(self, name: str) -> Path:
+        return _build_directory() / name / f"{name}{sysconfig.get_config_var('EXT_SUFFIX') or '.so'}"
+
+    def _import_built(self) -> Optional[ModuleType]:
+        try:
+            name, _ = self._name_and_flags()
+        except OSError:
+            return None
+        path = self._library_path(name)
+        if not (path.parent / _COMPLETE).exists():  # a build still running (or failed) elsewhere
+            return None
+        if not path.exists():
+            path = path.with_name(f"{name}.so")
+            if not path.exists():
+                return None
+        loader = importlib.machinery.ExtensionFileLoader(name, str(path))
+        spec = importlib.util.spec_from_file_location(name, str(path), loader=loader)
+        module = importlib.util.module_from_spec(spec)
+        loader.exec_module(module)
+        return module
+
+    def build(self, verbose: bool = False) -> Optional[ModuleType]:
+        """Compile (or load the cached build); None, after one warning line, if that fails."""
+        with self._lock:
+            if self.module is not None:
+                return self.module
+            try:
+                from torch.utils import cpp_extension
+
+                name, simd_flags = self._name_and_flags()
+                build_dir = _build_directory() / name
+                build_dir.mkdir(parents=True, exist_ok=True)
+                self.module = cpp_extension.load(
+                    name=name,
+                    sources=[str(self.source)],
+                    extra_cflags=["-O3", "-fopenmp", *simd_flags],
+                    extra_ldflags=["-fopenmp"],
+                    build_directory=str(build_dir),
+                    verbose=verbose,
+                )
+                (build_dir / _COMPLETE).touch()  # other processes load the library only after this
+                self.error = None
+            except Exception as exc:  # compiler/ninja missing, compile error, ...: fall back, say why
+                self.error = f"{type(exc).__name__}: {exc}".strip()[:2000]
+                first_line = self.error.splitlines()[0][:300] if self.error else ""
+                warnings.warn(
+                    f"sparsenorm: could not build the C++ CPU kernel for {self.what}; using the reference "
+                    f"path (needs a C++ compiler and `pip install ninja`). {first_line}",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
+        return self.module
+
+    def load(self) -> Optional[ModuleType]:
+        """The built extension, compiling it if needed (the old opt-in entry point)."""
+        return self.module if self.module is not None else self.build()
+
+    def get(self) -> Optional[ModuleType]:
+        """The extension if the policy allows it: loaded if built, built only if asked to."""
+        policy = _policy()
+        if policy is False:
+            return None
+        if self.module is not None:
+            return self.module
+        if self.error is not None:
+            return None
+        if policy is None:
+            with self._lock:
+                if self.module is None:
+                    try:
+                        self.module = self._import_built()
+                    except Exception as exc:  # a broken library file: say so once, use the reference
+                        self.error = f"{type(exc).__name__}: {exc}"
+                        warnings.warn(f"sparsenorm: could not load the built C++ kernel for {self.what}: "
+                                      f"{self.error}", RuntimeWarning, stacklevel=3)
+            return self.module
+        return self.build()
+
+    def kernel_for(self, x: torch.Tensor) -> Optional[ModuleType]:
+        """The extension if it may be used and can take ``x`` (CPU float32/float64, non-empty)."""
+        if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.float64) or x.numel() == 0:
+            return None
+        return self.get()
+
+
+EVIDENTIAL = Extension("evidential", "ev-softmax")
+PROJECTION = Extension("projection", "sparsemax/entmax15")
+RSOFTMAX = Extension("rsoftmax", "r-softmax")
+EXTENSIONS = (EVIDENTIAL, PROJECTION, RSOFTMAX)

@@ -1,0 +1,220 @@
+"""The registered operators: one ``torch.library.custom_op`` per fused operation.
+
+Each op works on rows along the LAST dimension of its input (the entry path in
+``sparsenorm._validation`` moves the normalized dimension there) and has
+
+* a reference implementation (``kernels/reference``, pure PyTorch, sync-free) registered for
+  every device;
+* a CPU implementation: the fused C++ kernel (``kernels/cpu``) where it is built and allowed
+  (see :func:`sparsenorm.kernels.disabled`), else the reference (or its CPU variant);
+* a fake (shape) implementation, so ``torch.compile(fullgraph=True)`` traces through it;
+* its autograd formula, registered once here: closed-form from the saved output.
+
+The normalizers call these ops and never ask which kernel runs.
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from . import cpu
+from .reference import evidential as ref_evidential
+from .reference import projection as ref_projection
+from .reference import rsoftmax as ref_rsoftmax
+
+_NEG_INF = float("-inf")
+
+
+def _rows(x: Tensor) -> Tensor:
+    return x.reshape(-1, x.shape[-1]).contiguous()
+
+
+# ---------------------------------------------------------------------------------------------
+# ev-softmax: Eq. 7 (eps None or 0), Eq. 10 (eps > 0), and their log (log=True)
+# ---------------------------------------------------------------------------------------------
+@torch.library.custom_op("sparsenorm::ev_softmax", mutates_args=())
+def ev_softmax(x: Tensor, eps: Optional[float], log: bool) -> Tensor:
+    """ev-softmax of the rows of ``x`` (last dim); see ``kernels/reference/evidential.py``."""
+    return ref_evidential.ev_softmax_forward(x, eps, log)
+
+
+@ev_softmax.register_kernel("cpu")
+def _ev_softmax_cpu(x: Tensor, eps: Optional[float], log: bool) -> Tensor:
+    ext = cpu.EVIDENTIAL.kernel_for(x)
+    if ext is None or x.shape[-1] == 0:
+        return ref_evidential.ev_softmax_forward(x, eps, log)
+    if eps is None or eps == 0.0:
+        kind, shift = 0, 0.0
+    else:
+        kind, shift = 1, ref_evidential.off_support_shift(eps)
+    return ext.ev_softmax_forward(_rows(x), kind, shift, log).view(x.shape)
+
+
+@ev_softmax.register_fake
+def _ev_softmax_fake(x: Tensor, eps: Optional[float], log: bool) -> Tensor:
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+def _ev_softmax_setup(ctx, inputs, output) -> None:
+    ctx.log = inputs[2]
+    ctx.save_for_backward(output)
+
+
+def _ev_softmax_backward(ctx, grad: Tensor):
+    (out,) = ctx.saved_tensors
+    if ctx.log:
+        # A -inf output is constant (the entry is not there): its incoming gradient is dropped
+        # before the sum, and the entry itself then gets exactly 0.
+        grad = grad.masked_fill(out == _NEG_INF, 0.0)
+        return torch._log_softmax_backward_data(grad, out, -1, out.dtype), None, None
+    return torch._softmax_backward_data(grad, out, -1, out.dtype), None, None
+
+
+ev_softmax.register_autograd(_ev_softmax_backward, setup_context=_ev_softmax_setup)
+
+
+# ---------------------------------------------------------------------------------------------
+# sparsemax / 1.5-entmax (exact threshold)
+# ---------------------------------------------------------------------------------------------
+@torch.library.custom_op("sparsenorm::project", mutates_args=())
+def project(x: Tensor, kind: str, k: Optional[int]) -> Tensor:
+    """sparsemax (``kind='sparsemax'``) or 1.5-entmax (``'entmax15'``) of the rows of ``x``."""
+    return ref_projection.project_sorted(x, kind)
+
+
+@project.register_kernel("cpu")
+def _project_cpu(x: Tensor, kind: str, k: Optional[int]) -> Tensor:
+    ext = cpu.PROJECTION.kernel_for(x)
+    if ext is not None and x.shape[-1] > 0:
+        return ext.forward(_rows(x), kind == "entmax15").view(x.shape)
+    return ref_projection.project(x, -1, kind, k).contiguous()
+
+
+@project.register_fake
+def _project_fake(x: Tensor, kind: str, k: Optional[int]) -> Tensor:
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+@torch.library.custom_op("sparsenorm::project_backward", mutates_args=())
+def project_backward(p: Tensor, grad: Tensor, kind: str) -> Tensor:
+    """The closed-form backward of :func:`project` from its output ``p``."""
+    return ref_projection.dense_backward(p, grad, kind)
+
+
+@project_backward.register_kernel("cpu")
+def _project_backward_cpu(p: Tensor, grad: Tensor, kind: str) -> Tensor:
+    grad = grad.to(p.dtype).expand_as(p)
+    ext = cpu.PROJECTION.kernel_for(p)
+    if ext is not None and p.shape[-1] > 0:
+        return ext.backward(_rows(p), _rows(grad), kind == "entmax15").view(p.shape)
+    return ref_projection.fast_backward(p.contiguous(), grad, kind)
+
+
+@project_backward.register_fake
+def _project_backward_fake(p: Tensor, grad: Tensor, kind: str) -> Tensor:
+    return torch.empty_like(p, memory_format=torch.contiguous_format)
+
+
+def _project_setup(ctx, inputs, output) -> None:
+    ctx.kind = inputs[1]
+    ctx.save_for_backward(output)
+
+
+def _project_autograd(ctx, grad: Tensor):
+    (p,) = ctx.saved_tensors
+    if torch.is_grad_enabled():  # double backward: differentiable ops
+        return ref_projection.dense_backward(p, grad, ctx.kind), None, None
+    return project_backward(p, grad, ctx.kind), None, None
+
+
+project.register_autograd(_project_autograd, setup_context=_project_setup)
+
+
+# ---------------------------------------------------------------------------------------------
+# r-softmax: the quantile threshold (no autograd here: RSoftmaxFunction's closed form uses it)
+# ---------------------------------------------------------------------------------------------
+@torch.library.custom_op("sparsenorm::r_softmax_threshold", mutates_args=())
+def r_softmax_threshold(x: Tensor, r: Tensor) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """``(tau, lo_idx, hi_idx, frac, dtau_dr)`` of each row; see ``kernels/reference/rsoftmax.py``."""
+    return ref_rsoftmax.quantile_threshold_sorted(x, r)
+
+
+@r_softmax_threshold.register_kernel("cpu")
+def _r_softmax_threshold_cpu(x: Tensor, r: Tensor):
+    tau, *rest = ref_rsoftmax.quantile_threshold(x, r)
+    rest = [t.expand(tau.shape) if isinstance(t, Tensor) else torch.full_like(tau, t) for t in rest]
+    return _fresh((tau, *rest), (x, r))
+
+
+def _fresh(outs, inputs):
+    """Outputs as fresh contiguous tensors: an op's outputs may alias neither its inputs nor each other."""
+    fresh, seen = [], {t.untyped_storage().data_ptr() for t in inputs}
+    for t in outs:
+        if t.untyped_storage().data_ptr() in seen or not t.is_contiguous():
+            t = t.clone(memory_format=torch.contiguous_format)
+        seen.add(t.untyped_storage().data_ptr())
+        fresh.append(t)
+    return tuple(fresh)
+
+
+@r_softmax_threshold.register_fake
+def _r_softmax_threshold_fake(x: Tensor, r: Tensor):
+    shape = x.shape[:-1] + (1,)
+    value = x.new_empty(shape)
+    index = x.new_empty(shape, dtype=torch.long)
+    return value, index, index.clone(), value.clone(), value.clone()
+
+
+@torch.library.custom_op("sparsenorm::r_softmax_forward", mutates_args=())
+def r_softmax_forward(x: Tensor, r: Tensor) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """r-softmax of the rows of ``x`` with ``r`` of shape ``x.shape[:-1] + (1,)``:
+    ``(p, tau, lo_idx, hi_idx, frac, dtau_dr, dead)``; no autograd here (``RSoftmaxFunction``)."""
+    return _fresh(ref_rsoftmax.forward(x, r, sorted_threshold=True), (x, r))
+
+
+@r_softmax_forward.register_kernel("cpu")
+def _r_softmax_forward_cpu(x: Tensor, r: Tensor):
+    ext = cpu.RSOFTMAX.kernel_for(x)
+    if ext is None or x.shape[-1] == 0:
+        return _fresh(ref_rsoftmax.forward(x, r, sorted_threshold=False), (x, r))
+    outs = ext.forward(_rows(x), _rows(r.to(x.dtype)))
+    p = outs[0].view(x.shape)
+    return (p, *(t.view(x.shape[:-1] + (1,)) for t in outs[1:]))
+
+
+@r_softmax_forward.register_fake
+def _r_softmax_forward_fake(x: Tensor, r: Tensor):
+    shape = x.shape[:-1] + (1,)
+    index = x.new_empty(shape, dtype=torch.long)
+    return (torch.empty_like(x, memory_format=torch.contiguous_format), x.new_empty(shape), index,
+            index.clone(), x.new_empty(shape), x.new_empty(shape), x.new_empty(shape, dtype=torch.bool))
+
+
+@torch.library.custom_op("sparsenorm::r_softmax_backward", mutates_args=())
+def r_softmax_backward(g: Tensor, p: Tensor, x: Tensor, tau: Tensor, lo_idx: Tensor, hi_idx: Tensor,
+                       frac: Tensor, dead: Tensor) -> Tuple[Tensor, Tensor]:
+    """``(dL/dx, C)`` of r-softmax from the forward's outputs; ``dL/dr = C dtau_dr``."""
+    return ref_rsoftmax.backward(g.contiguous(), p, x, tau, lo_idx, hi_idx, frac, dead)
+
+
+@r_softmax_backward.register_kernel("cpu")
+def _r_softmax_backward_cpu(g, p, x, tau, lo_idx, hi_idx, frac, dead):
+    ext = cpu.RSOFTMAX.kernel_for(p)
+    if ext is None or p.shape[-1] == 0:
+        return ref_rsoftmax.backward(g.contiguous(), p, x, tau, lo_idx, hi_idx, frac, dead)
+    row_shape = (-1, 1)
+    grad, c = ext.backward(_rows(g.to(p.dtype)), _rows(p), _rows(x), tau.reshape(row_shape).contiguous(),
+                           lo_idx.reshape(row_shape).contiguous(), hi_idx.reshape(row_shape).contiguous(),
+                           frac.reshape(row_shape).contiguous(), dead.reshape(row_shape).contiguous())
+    return grad.view(p.shape), c.view(tau.shape)
+
+
+@r_softmax_backward.register_fake
+def _r_softmax_backward_fake(g, p, x, tau, lo_idx, hi_idx, frac, dead):
+    return torch.empty_like(p, memory_format=torch.contiguous_format), tau.new_empty(tau.shape)
+
+
+__all__ = ["ev_softmax", "project", "project_backward", "r_softmax_threshold", "r_softmax_forward",
+           "r_softmax_backward"]
