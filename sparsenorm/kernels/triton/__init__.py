@@ -1,0 +1,1 @@
+"""Triton kernels (optional extra ``sparsenorm[gpu]``); filled in below."""
