@@ -88,6 +88,23 @@ def test_ev_softmax_forward_matches_reference(dtype, eps, log):
 
 
 @in_process
+@pytest.mark.parametrize("eps,log", [(None, False), (1e-3, False), (1e-3, True), (0.0, True)])
+def test_ev_softmax_long_rows_are_streamed_in_chunks(eps, log, monkeypatch):
+    """Rows longer than TILE_COLS take the chunked kernels (here made short: 33 entries, chunks of 16)."""
+    monkeypatch.setattr(tev, "TILE_COLS", 8)
+    monkeypatch.setattr(tev, "CHUNK", 16)
+    x, mask = rows_with_every_case(torch.float16, seed=5)
+    out = tev.ev_softmax_forward(x, eps, log, mask=mask)
+    ref = ev_reference(not_there_as_neg_inf(x, mask).cpu(), eps, log)
+    check_rows(out.cpu(), ref, torch.float16)
+    g = torch.randn(ref.shape)
+    good = torch.tensor(GOOD_ROWS)
+    dx = tev.ev_softmax_backward(g.to(DEVICE), out.float(), log)
+    monkeypatch.setattr(tev, "TILE_COLS", 8192)
+    torch.testing.assert_close(dx[good].cpu(), tev.ev_softmax_backward(g.to(DEVICE), out.float(), log)[good].cpu())
+
+
+@in_process
 @pytest.mark.parametrize("n_cols", [1, 2, 64])
 def test_ev_softmax_short_and_power_of_two_rows(n_cols):
     x = torch.randn(5, n_cols).to(DEVICE)
@@ -170,7 +187,9 @@ def test_launchers_reject_bad_input_by_name():
     with pytest.raises(ValueError, match="mask"):
         tev.ev_softmax_forward(x, mask=torch.ones(5, dtype=torch.bool, device=DEVICE))
     assert tev.ev_softmax_forward(x[:0]).shape == (0, 4)
-    assert not tev.supports(torch.randn(2, tev.MAX_COLS + 1).to(DEVICE))
+    assert not tproj.supports(torch.randn(2, tproj.MAX_COLS + 1).to(DEVICE))
+    with pytest.raises(ValueError, match="at most"):
+        tproj.project(torch.randn(2, tproj.MAX_COLS + 1).to(DEVICE), "sparsemax")
 
 
 @pytest.mark.skipif(IN_PROCESS, reason="ran in this process")

@@ -10,11 +10,11 @@ from torch import Tensor
 from ._common import INTERPRET
 
 
-def as_rows(x: Tensor, mask: Optional[Tensor], max_cols: int) -> Tuple[Tensor, Optional[Tensor]]:
+def as_rows(x: Tensor, mask: Optional[Tensor], max_cols: Optional[int] = None) -> Tuple[Tensor, Optional[Tensor]]:
     """``x`` as contiguous (rows, n_cols) along its last dim, and ``mask`` (bool, broadcastable to
     ``x``) as contiguous uint8 of the same shape (or None)."""
     n_cols = x.shape[-1] if x.dim() else 1
-    if n_cols > max_cols:
+    if max_cols is not None and n_cols > max_cols:
         raise ValueError(f"x has rows of {n_cols} entries; the Triton row kernels take at most {max_cols}")
     x2 = x.reshape(-1, n_cols).contiguous()
     if mask is None:

@@ -1,7 +1,9 @@
 """Row-wise ev-softmax kernels: Eq. 7, Eq. 10 and the log of Eq. 10, forward and backward.
 
-One program normalizes a tile of ``ROWS`` rows of ``BLOCK >= n_cols`` entries held in registers:
-one read and one write per entry, as ``torch.softmax``. The rules are those of the reference
+Rows of up to ``TILE_COLS`` entries: one program normalizes a tile of ``ROWS`` whole rows held in
+registers, one read and one write per entry, as ``torch.softmax``. Longer rows (a vocabulary):
+one program per row streams it in chunks of ``CHUNK`` entries, three reads (statistics; the
+normalizer; the output) and one write. The rules are those of the reference
 (``kernels/reference/evidential.py``): an entry is not there when it is ``-inf``, masked out, or at
 or below ``finfo(input dtype).min / 2``; the threshold is ``min(mean, max)`` over the entries that
 are there (ties kept, ``>=``); Eq. 10 weighs the off-support entries by ``eps / (1 + eps)`` (a
@@ -26,8 +28,9 @@ from torch import Tensor
 from ._common import check_tensor, not_there_level
 from ._rows import as_rows, row_launch
 
-MAX_COLS = 1 << 15
-"""The longest row these kernels hold in registers; :func:`supports` is False beyond it."""
+TILE_COLS = 8192
+"""Rows up to this length are held in registers; longer rows are streamed in chunks."""
+CHUNK = 4096
 
 
 @triton.jit
@@ -89,11 +92,100 @@ def _ev_softmax_bwd_kernel(
     tl.store(dx_ptr + offs, dx.to(dx_ptr.dtype.element_ty), mask=inb)
 
 
+@triton.jit
+def _ev_softmax_fwd_long_kernel(
+    x_ptr, mask_ptr, out_ptr, n_cols, level, shift,
+    HAS_MASK: tl.constexpr, TRAIN: tl.constexpr, LOG: tl.constexpr, BLOCK: tl.constexpr,
+):
+    base = tl.program_id(0).to(tl.int64) * n_cols
+    count = tl.zeros((BLOCK,), tl.float32)
+    total = tl.zeros((BLOCK,), tl.float32)
+    top = tl.full((BLOCK,), float("-inf"), tl.float32)
+    n_bad = tl.zeros((BLOCK,), tl.int32)
+    for start in range(0, n_cols, BLOCK):  # pass 1: count, sum and max of the entries there
+        cols = start + tl.arange(0, BLOCK)
+        inb = cols < n_cols
+        x = tl.load(x_ptr + base + cols, mask=inb, other=float("-inf")).to(tl.float32)
+        there = inb & ~(x <= level)
+        if HAS_MASK:
+            there = there & (tl.load(mask_ptr + base + cols, mask=inb, other=0) != 0)
+        count += there.to(tl.float32)
+        total += tl.where(there, x, 0.0)
+        top = tl.maximum(top, tl.where(there, x, float("-inf")))
+        n_bad += (there & ((x != x) | (x == float("inf")))).to(tl.int32)
+    n = tl.sum(count, axis=0)
+    row_max = tl.max(top, axis=0)
+    bad = tl.sum(n_bad, axis=0) > 0
+    threshold = tl.minimum(tl.sum(total, axis=0) / tl.maximum(n, 1.0), row_max)
+    z_max = tl.where(n > 0, row_max, 0.0)  # the row max is on the support
+    denom = tl.zeros((BLOCK,), tl.float32)
+    for start in range(0, n_cols, BLOCK):  # pass 2: the normalizer
+        cols = start + tl.arange(0, BLOCK)
+        z = _ev_support_logits(x_ptr, mask_ptr, base, cols, n_cols, level, shift, threshold, HAS_MASK, TRAIN)
+        denom += tl.exp(z - z_max)
+    log_denom = tl.log(tl.sum(denom, axis=0))
+    for start in range(0, n_cols, BLOCK):  # pass 3: the output
+        cols = start + tl.arange(0, BLOCK)
+        z = _ev_support_logits(x_ptr, mask_ptr, base, cols, n_cols, level, shift, threshold, HAS_MASK, TRAIN)
+        if LOG:
+            out = tl.where(n > 0, z - z_max - log_denom, float("-inf"))
+        else:
+            out = tl.where(n > 0, tl.exp(z - z_max - log_denom), 0.0)
+        out = tl.where(bad, float("nan"), out)
+        tl.store(out_ptr + base + cols, out.to(out_ptr.dtype.element_ty), mask=cols < n_cols)
+
+
+@triton.jit
+def _ev_support_logits(x_ptr, mask_ptr, base, cols, n_cols, level, shift, threshold,
+                       HAS_MASK: tl.constexpr, TRAIN: tl.constexpr):
+    """A chunk's logits with the support rule applied: off the support -inf (Eq. 7) or shifted
+    by ``log(eps / (1 + eps))`` (Eq. 10); not there -inf."""
+    inb = cols < n_cols
+    x = tl.load(x_ptr + base + cols, mask=inb, other=float("-inf")).to(tl.float32)
+    there = inb & ~(x <= level)
+    if HAS_MASK:
+        there = there & (tl.load(mask_ptr + base + cols, mask=inb, other=0) != 0)
+    xt = tl.where(there, x, float("-inf"))
+    if TRAIN:
+        z = tl.where(xt >= threshold, xt, xt + shift)
+    else:
+        z = tl.where(xt >= threshold, xt, float("-inf"))
+    return z
+
+
+@triton.jit
+def _ev_softmax_bwd_long_kernel(out_ptr, grad_ptr, dx_ptr, n_cols, LOG: tl.constexpr, BLOCK: tl.constexpr):
+    base = tl.program_id(0).to(tl.int64) * n_cols
+    acc = tl.zeros((BLOCK,), tl.float32)
+    for start in range(0, n_cols, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        inb = cols < n_cols
+        g = tl.load(grad_ptr + base + cols, mask=inb, other=0.0).to(tl.float32)
+        if LOG:
+            out = tl.load(out_ptr + base + cols, mask=inb, other=float("-inf")).to(tl.float32)
+            acc += tl.where(out == float("-inf"), 0.0, g)
+        else:
+            out = tl.load(out_ptr + base + cols, mask=inb, other=0.0).to(tl.float32)
+            acc += g * out
+    total = tl.sum(acc, axis=0)
+    for start in range(0, n_cols, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        inb = cols < n_cols
+        g = tl.load(grad_ptr + base + cols, mask=inb, other=0.0).to(tl.float32)
+        if LOG:
+            out = tl.load(out_ptr + base + cols, mask=inb, other=float("-inf")).to(tl.float32)
+            dx = tl.where(out == float("-inf"), 0.0, g) - tl.exp(out) * total
+        else:
+            out = tl.load(out_ptr + base + cols, mask=inb, other=0.0).to(tl.float32)
+            dx = out * (g - total)
+        tl.store(dx_ptr + base + cols, dx.to(dx_ptr.dtype.element_ty), mask=inb)
+
+
 def supports(x: Tensor) -> bool:
     """Whether :func:`ev_softmax_forward` runs a kernel on ``x`` (device, dtype, row length)."""
     from ._common import _DTYPES, runnable_on
 
-    return x.dtype in _DTYPES and runnable_on(x) and x.dim() > 0 and 0 < x.shape[-1] <= MAX_COLS
+    return x.dtype in _DTYPES and runnable_on(x) and x.dim() > 0 and x.shape[-1] > 0
 
 
 def ev_softmax_forward(
@@ -111,13 +203,20 @@ def ev_softmax_forward(
     if eps is not None and not (eps >= 0 and math.isfinite(eps)):
         raise ValueError(f"eps must be a finite number >= 0 or None, got {eps}")
     out_dtype = out_dtype or x.dtype
-    x2, m2 = as_rows(x, mask, MAX_COLS)
+    x2, m2 = as_rows(x, mask)
     out = torch.empty(x2.shape, dtype=out_dtype, device=x.device)
     if x2.numel():
         train = eps is not None and eps > 0
         shift = math.log(eps) - math.log1p(eps) if train else 0.0
-        row_launch(_ev_softmax_fwd_kernel, x2, (x2, m2 if m2 is not None else x2, out, x2.shape[0], x2.shape[1],
-                   not_there_level(x.dtype), shift), HAS_MASK=m2 is not None, TRAIN=train, LOG=bool(log))
+        n_rows, n_cols = x2.shape
+        m2 = m2 if m2 is not None else x2  # an unused pointer without a mask
+        flags = dict(HAS_MASK=m2 is not x2, TRAIN=train, LOG=bool(log))
+        if n_cols <= TILE_COLS:
+            row_launch(_ev_softmax_fwd_kernel, x2, (x2, m2, out, n_rows, n_cols, not_there_level(x.dtype), shift),
+                       **flags)
+        else:
+            _ev_softmax_fwd_long_kernel[(n_rows,)](x2, m2, out, n_cols, not_there_level(x.dtype), shift,
+                                                   BLOCK=CHUNK, num_warps=8, **flags)
     return out.view(x.shape)
 
 
@@ -128,9 +227,13 @@ def ev_softmax_backward(grad: Tensor, out: Tensor, log: bool = False) -> Tensor:
     check_tensor(out, "out")
     check_tensor(grad, "grad")
     grad = grad.expand_as(out)
-    out2, _ = as_rows(out, None, MAX_COLS)
-    g2, _ = as_rows(grad, None, MAX_COLS)
+    out2, _ = as_rows(out, None)
+    g2, _ = as_rows(grad, None)
     dx = torch.empty(out2.shape, dtype=out.dtype, device=out.device)
     if out2.numel():
-        row_launch(_ev_softmax_bwd_kernel, out2, (out2, g2, dx, out2.shape[0], out2.shape[1]), LOG=bool(log))
+        n_rows, n_cols = out2.shape
+        if n_cols <= TILE_COLS:
+            row_launch(_ev_softmax_bwd_kernel, out2, (out2, g2, dx, n_rows, n_cols), LOG=bool(log))
+        else:
+            _ev_softmax_bwd_long_kernel[(n_rows,)](out2, g2, dx, n_cols, LOG=bool(log), BLOCK=CHUNK, num_warps=8)
     return dx.view(out.shape)

@@ -35,7 +35,7 @@ from torch import Tensor
 from ._common import check_tensor, not_there_level
 from ._rows import as_rows, row_launch
 
-MAX_COLS = 1 << 15
+MAX_COLS = 1 << 14
 """The longest row these kernels hold in registers; :func:`supports` is False beyond it."""
 MAX_ITER = 64
 BISECT_STEPS = 40
