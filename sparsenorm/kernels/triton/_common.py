@@ -6,7 +6,6 @@ chosen by ``TRITON_INTERPRET=1``, which Triton reads once, when it is imported (
 """
 from __future__ import annotations
 
-import functools
 from typing import Callable, Sequence
 
 import torch
@@ -47,8 +46,3 @@ def autotune(configs: Callable[[], list], key: Sequence[str]):
     if INTERPRET:
         return lambda fn: fn
     return triton.autotune(configs=configs(), key=list(key))
-
-
-@functools.lru_cache(maxsize=None)
-def num_sms(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
