@@ -28,38 +28,45 @@ in_process = pytest.mark.skipif(not IN_PROCESS, reason="run in a subprocess with
 TOL = {torch.float32: 2e-5, torch.float16: 4e-3, torch.bfloat16: 4e-2}
 
 
-def keep_mask(B, L, S, key_lengths, causal):
+def keep_mask(B, L, S, key_lengths, causal, key_mask=None):
     keep = torch.ones(B, 1, L, S, dtype=torch.bool)
     if key_lengths is not None:
         keep &= torch.arange(S) < key_lengths.cpu().view(B, 1, 1, 1)
+    if key_mask is not None:
+        keep &= key_mask.cpu().view(B, 1, 1, S)
     if causal:
         keep &= torch.arange(S) <= torch.arange(L).view(L, 1)
     return keep
 
 
-def oracle(q, k, v, key_lengths, causal, scale):
+def oracle(q, k, v, key_lengths, causal, scale, key_mask=None):
     """Dense float64 ev-softmax attention through sparsenorm.ev_softmax (mean over valid keys)."""
     group = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
     s = q @ k.transpose(-1, -2) * scale
-    keep = keep_mask(q.shape[0], q.shape[2], k.shape[2], key_lengths, causal)
+    keep = keep_mask(q.shape[0], q.shape[2], k.shape[2], key_lengths, causal, key_mask)
     empty = ~keep.any(-1, keepdim=True)
     w = sparsenorm.ev_softmax(s.masked_fill(empty, 0.0), dim=-1, mask=keep | empty).masked_fill(empty, 0.0)
     return w @ v
 
 
-def run_case(dtype, causal, key_lengths, B=1, Hq=2, Hk=1, L=40, S=40, D=32, scale=None, seed=0, inputs=None):
+def run_case(dtype, causal, key_lengths, B=1, Hq=2, Hk=1, L=40, S=40, D=32, scale=None, seed=0, inputs=None,
+             left_pad=None):
+    """``left_pad``: per batch element, how many leading keys a boolean key mask drops."""
     g = torch.Generator().manual_seed(seed)
     if inputs is None:
         inputs = (torch.randn(B, Hq, L, D, generator=g), torch.randn(B, Hk, S, D, generator=g),
                   torch.randn(B, Hk, S, D, generator=g))
     q, k, v = (t.to(dtype).to(DEVICE).requires_grad_() for t in inputs)
     lens = None if key_lengths is None else torch.tensor(key_lengths, device=DEVICE)
-    out = flash_ev_softmax_attention(q, k, v, key_lengths=lens, is_causal=causal, scale=scale)
+    key_mask = None
+    if left_pad is not None:
+        key_mask = (torch.arange(S) >= torch.tensor(left_pad).view(-1, 1)).to(DEVICE)
+    out = flash_ev_softmax_attention(q, k, v, key_lengths=lens, is_causal=causal, scale=scale, key_mask=key_mask)
     grad = torch.randn(out.shape, generator=g)
     out.backward(grad.to(dtype).to(DEVICE))
     q64, k64, v64 = (t.detach().cpu().double().requires_grad_() for t in (q, k, v))
-    ref = oracle(q64, k64, v64, lens, causal, D ** -0.5 if scale is None else scale)
+    ref = oracle(q64, k64, v64, lens, causal, D ** -0.5 if scale is None else scale, key_mask)
     ref.backward(grad.to(dtype).double())
     tol = TOL[dtype]
     assert out.dtype == dtype and out.shape == ref.shape
@@ -84,6 +91,14 @@ def test_matches_dense_oracle(dtype, causal, key_lengths, shape):
     if key_lengths is not None and 0 in key_lengths:  # no valid key: zero output and gradient
         b = key_lengths.index(0)
         assert (out[b] == 0).all() and (q.grad[b] == 0).all() and (k.grad[b] == 0).all()
+
+
+@in_process
+@pytest.mark.parametrize("causal", [False, True])
+def test_key_mask_left_padding_and_lengths(causal):
+    """A boolean key mask (left padding, as in batched generation) combined with key lengths; a
+    batch element whose mask drops every key it may see gives zeros."""
+    run_case(torch.float16, causal, [28, 40], B=2, Hq=2, Hk=1, L=32, S=40, D=32, left_pad=[5, 17])
 
 
 @in_process

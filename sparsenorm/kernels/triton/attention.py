@@ -21,7 +21,9 @@ or their prefix means under a causal mask), and the attention is softmax restric
   gradient (the support indicator is piecewise constant, Eq. 9).
 
 Masks: ``key_lengths`` (B,) gives each batch element's number of valid keys (keys ``j >= len``
-are not there; lengths are clamped to ``[0, S]``); ``is_causal``: query ``i`` sees keys ``j <= i``
+are not there; lengths are clamped to ``[0, S]``); ``key_mask`` (B, S) bool marks the keys that
+are there (left padding, any pattern over keys; a key mask costs one byte load per key block, and
+key lengths also shorten the loops); ``is_causal``: query ``i`` sees keys ``j <= i``
 (top-left, as ``F.scaled_dot_product_attention``), combined with ``key_lengths``. A query with no
 valid key gives a zero output row and zero gradient. Layout ``(B, H, L, D)`` as SDPA; GQA when
 ``Hk`` divides ``Hq`` (query head ``h`` reads key/value head ``h // (Hq // Hk)``). Head dims up to
@@ -61,17 +63,27 @@ def _scores(q, k, qk_scale, PRECISION: tl.constexpr):
 
 
 @triton.jit
-def _valid(offs_m, offs_n, klen, seq_q, CAUSAL: tl.constexpr):
-    valid = (offs_n[None, :] < klen) & (offs_m[:, None] < seq_q)
+def _key_ok(keymask, offs_n, klen, HAS_KEYMASK: tl.constexpr):
+    """The keys of a block that are there: below the batch element's length and not masked out."""
+    ok = offs_n < klen
+    if HAS_KEYMASK:
+        ok = ok & (tl.load(keymask + offs_n, mask=ok, other=0) != 0)
+    return ok
+
+
+@triton.jit
+def _valid(offs_m, offs_n, key_ok, seq_q, CAUSAL: tl.constexpr):
+    valid = key_ok[None, :] & (offs_m[:, None] < seq_q)
     if CAUSAL:
         valid = valid & (offs_n[None, :] <= offs_m[:, None])
     return valid
 
 
 @triton.jit
-def _fwd_pass(acc, l_i, m_i, m_all, q, thr, only, k_base, v_base, stride_kn, stride_vn,
+def _fwd_pass(acc, l_i, m_i, m_all, q, thr, only, k_base, v_base, keymask, stride_kn, stride_vn,
               offs_m, offs_d, klen, seq_q, hi, qk_scale, head_dim,
-              CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr):
+              CAUSAL: tl.constexpr, HAS_KEYMASK: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr,
+              PRECISION: tl.constexpr):
     """One pass over the key blocks ``[0, hi)``: the online softmax over the scores at or above
     ``thr`` of the rows with ``only`` set; also the rows' maximum valid score ``m_all``."""
     d_ok = offs_d[None, :] < head_dim
@@ -81,7 +93,7 @@ def _fwd_pass(acc, l_i, m_i, m_all, q, thr, only, k_base, v_base, stride_kn, str
         k = tl.load(k_base + offs_n[:, None] * stride_kn + offs_d[None, :], mask=kv_ok, other=0.0)
         if UPCAST:
             k = k.to(tl.float32)
-        valid = _valid(offs_m, offs_n, klen, seq_q, CAUSAL)
+        valid = _valid(offs_m, offs_n, _key_ok(keymask, offs_n, klen, HAS_KEYMASK), seq_q, CAUSAL)
         s = tl.where(valid, _scores(q, k, qk_scale, PRECISION), float("-inf"))
         m_all = tl.maximum(m_all, tl.max(s, 1))
         on = valid & (s >= thr[:, None]) & only[:, None]
@@ -103,11 +115,11 @@ def _fwd_pass(acc, l_i, m_i, m_all, q, thr, only, k_base, v_base, stride_kn, str
 @autotune(_configs((64, 128), (32, 64, 128)), key=["seq_q", "seq_k", "BLOCK_D", "CAUSAL"])
 @triton.jit
 def _attn_fwd_kernel(
-    Q, K, V, KMEAN, LENS, OUT, LSE, THR,
+    Q, K, V, KMEAN, COUNTS, LENS, KEYMASK, OUT, LSE, THR,
     stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
-    stride_ob, stride_oh, stride_om, stride_mb, stride_mh, stride_mr,
+    stride_ob, stride_oh, stride_om, stride_mb, stride_mh, stride_mr, stride_cb,
     n_heads, group, seq_q, seq_k, head_dim, qk_scale,
-    HAS_LENS: tl.constexpr, CAUSAL: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+    HAS_LENS: tl.constexpr, HAS_KEYMASK: tl.constexpr, CAUSAL: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
@@ -126,35 +138,36 @@ def _attn_fwd_kernel(
         klen = tl.minimum(tl.maximum(tl.load(LENS + b), 0), seq_k)
     else:
         klen = seq_k
-    # Threshold: q . (mean of the valid keys) * scale, in log2 units.
+    # Threshold: q . (mean of the valid keys) * scale, in log2 units; the means and counts of the
+    # valid keys are precomputed per batch element (prefix means and counts under a causal mask).
     if CAUSAL:
-        count = tl.minimum(offs_m + 1, klen)
-        row = tl.maximum(count - 1, 0)
+        row = tl.minimum(offs_m, seq_k - 1)
         hi = tl.minimum(klen, (pid_m + 1) * BLOCK_M)
     else:
-        count = tl.zeros((BLOCK_M,), tl.int32) + klen
         row = tl.zeros((BLOCK_M,), tl.int32)
         hi = klen
+    count = tl.load(COUNTS + b * stride_cb + row, mask=offs_m < seq_q, other=0)
     kmean = tl.load(KMEAN + b * stride_mb + hk * stride_mh + row[:, None] * stride_mr + offs_d[None, :],
                     mask=q_ok, other=0.0)
     thr = tl.sum(q.to(tl.float32) * kmean, 1) * qk_scale
 
     k_base = K + b * stride_kb + hk * stride_kh
     v_base = V + b * stride_vb + hk * stride_vh
+    keymask = KEYMASK + b * seq_k
     acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
     l_i = tl.zeros((BLOCK_M,), tl.float32)
     m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     m_all = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     everyone = offs_m >= 0
-    acc, l_i, m_i, m_all = _fwd_pass(acc, l_i, m_i, m_all, q, thr, everyone, k_base, v_base, stride_kn, stride_vn,
-                                     offs_m, offs_d, klen, seq_q, hi, qk_scale, head_dim,
-                                     CAUSAL, BLOCK_N, UPCAST, PRECISION)
+    acc, l_i, m_i, m_all = _fwd_pass(acc, l_i, m_i, m_all, q, thr, everyone, k_base, v_base, keymask, stride_kn,
+                                     stride_vn, offs_m, offs_d, klen, seq_q, hi, qk_scale, head_dim,
+                                     CAUSAL, HAS_KEYMASK, BLOCK_N, UPCAST, PRECISION)
     stranded = (l_i == 0) & (count > 0) & (offs_m < seq_q)
     if tl.sum(stranded.to(tl.int32)) > 0:  # rounding put the mean above the max: cap it there
         thr = tl.where(stranded, m_all, thr)
-        acc, l_i, m_i, m_all = _fwd_pass(acc, l_i, m_i, m_all, q, thr, stranded, k_base, v_base, stride_kn,
-                                         stride_vn, offs_m, offs_d, klen, seq_q, hi, qk_scale, head_dim,
-                                         CAUSAL, BLOCK_N, UPCAST, PRECISION)
+        acc, l_i, m_i, m_all = _fwd_pass(acc, l_i, m_i, m_all, q, thr, stranded, k_base, v_base, keymask,
+                                         stride_kn, stride_vn, offs_m, offs_d, klen, seq_q, hi, qk_scale, head_dim,
+                                         CAUSAL, HAS_KEYMASK, BLOCK_N, UPCAST, PRECISION)
     empty = l_i == 0
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
     lse = tl.where(empty, float("inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))
@@ -168,12 +181,12 @@ def _attn_fwd_kernel(
 @autotune(_configs((32, 64), (64, 128)), key=["seq_q", "seq_k", "BLOCK_D", "CAUSAL"])
 @triton.jit
 def _attn_bwd_dkdv_kernel(
-    Q, K, V, DO, LSE, THR, DELTA, LENS, DK, DV,
+    Q, K, V, DO, LSE, THR, DELTA, LENS, KEYMASK, DK, DV,
     stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
     stride_dob, stride_doh, stride_dom, stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
     n_heads, n_kv_heads, group, seq_q, seq_k, head_dim, qk_scale, sm_scale,
-    HAS_LENS: tl.constexpr, CAUSAL: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
-    BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_LENS: tl.constexpr, HAS_KEYMASK: tl.constexpr, CAUSAL: tl.constexpr, UPCAST: tl.constexpr,
+    PRECISION: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -200,6 +213,7 @@ def _attn_bwd_dkdv_kernel(
     else:
         lo = 0
     lo = tl.where(start_n < klen, lo, seq_q)  # keys that are not there: zero gradient, no loop
+    key_ok = _key_ok(KEYMASK + b * seq_k, offs_n, klen, HAS_KEYMASK)
     for g in range(0, group):
         h = hk * group + g
         bh = b * n_heads + h
@@ -213,7 +227,7 @@ def _attn_bwd_dkdv_kernel(
                 q = q.to(tl.float32)
             thr = tl.load(THR + bh * seq_q + offs_m, mask=row_ok, other=float("inf"))
             s = _scores(q, k, qk_scale, PRECISION)
-            on = _valid(offs_m, offs_n, klen, seq_q, CAUSAL) & (s >= thr[:, None])
+            on = _valid(offs_m, offs_n, key_ok, seq_q, CAUSAL) & (s >= thr[:, None])
             if tl.sum(on.to(tl.int32)) > 0:
                 lse = tl.load(LSE + bh * seq_q + offs_m, mask=row_ok, other=float("inf"))
                 delta = tl.load(DELTA + bh * seq_q + offs_m, mask=row_ok, other=0.0)
@@ -236,12 +250,12 @@ def _attn_bwd_dkdv_kernel(
 @autotune(_configs((64, 128), (32, 64)), key=["seq_q", "seq_k", "BLOCK_D", "CAUSAL"])
 @triton.jit
 def _attn_bwd_dq_kernel(
-    Q, K, V, DO, LSE, THR, DELTA, LENS, DQ,
+    Q, K, V, DO, LSE, THR, DELTA, LENS, KEYMASK, DQ,
     stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
     stride_dob, stride_doh, stride_dom, stride_dqb, stride_dqh, stride_dqm,
     n_heads, group, seq_q, seq_k, head_dim, qk_scale, sm_scale,
-    HAS_LENS: tl.constexpr, CAUSAL: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
-    BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_LENS: tl.constexpr, HAS_KEYMASK: tl.constexpr, CAUSAL: tl.constexpr, UPCAST: tl.constexpr,
+    PRECISION: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -279,7 +293,8 @@ def _attn_bwd_dq_kernel(
         if UPCAST:
             k = k.to(tl.float32)
         s = _scores(q, k, qk_scale, PRECISION)
-        on = _valid(offs_m, offs_n, klen, seq_q, CAUSAL) & (s >= thr[:, None])
+        on = _valid(offs_m, offs_n, _key_ok(KEYMASK + b * seq_k, offs_n, klen, HAS_KEYMASK), seq_q, CAUSAL)
+        on = on & (s >= thr[:, None])
         if tl.sum(on.to(tl.int32)) > 0:
             v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :], mask=kv_ok, other=0.0)
             if UPCAST:
@@ -295,7 +310,7 @@ def _attn_bwd_dq_kernel(
 # ---------------------------------------------------------------------------------------------
 # Launchers
 # ---------------------------------------------------------------------------------------------
-def _check(q: Tensor, k: Tensor, v: Tensor, key_lengths: Optional[Tensor]) -> None:
+def _check(q: Tensor, k: Tensor, v: Tensor, key_lengths: Optional[Tensor], key_mask: Optional[Tensor]) -> None:
     for name, t in (("q", q), ("k", k), ("v", v)):
         check_tensor(t, name)
         if t.dim() != 4:
@@ -322,21 +337,39 @@ def _check(q: Tensor, k: Tensor, v: Tensor, key_lengths: Optional[Tensor]) -> No
             raise ValueError(f"key_lengths must have shape ({B},), got {tuple(key_lengths.shape)}")
         if key_lengths.device != q.device:
             raise ValueError(f"key_lengths is on {key_lengths.device} but q is on {q.device}")
+    if key_mask is not None:
+        if not isinstance(key_mask, Tensor) or key_mask.dtype != torch.bool:
+            raise TypeError("key_mask must be a boolean tensor of shape (batch, S) (True = attend)")
+        if key_mask.shape != (B, k.shape[2]):
+            raise ValueError(f"key_mask must have shape ({B}, {k.shape[2]}), got {tuple(key_mask.shape)}")
+        if key_mask.device != q.device:
+            raise ValueError(f"key_mask is on {key_mask.device} but q is on {q.device}")
 
 
-def key_means(k: Tensor, key_lengths: Optional[Tensor], is_causal: bool) -> Tensor:
-    """float32 key means (B, Hk, R, D) behind the thresholds: prefix means (R = S) under a causal
-    mask (query ``i`` reads row ``min(i, len - 1)``), else the mean of the valid keys (R = 1)."""
+def key_means(k: Tensor, key_lengths: Optional[Tensor], key_mask: Optional[Tensor],
+              is_causal: bool) -> Tuple[Tensor, Tensor]:
+    """``(means, counts)`` behind the thresholds: float32 means of the valid keys (B, Hk, R, D) and
+    their int32 counts (B, R). Under a causal mask prefix means and counts (R = S; query ``i``
+    reads row ``min(i, S - 1)``), else over all valid keys (R = 1)."""
+    B, _, S, _ = k.shape
     kf = k.float()
-    S = k.shape[2]
+    if key_lengths is None and key_mask is None:
+        if is_causal:
+            counts = torch.arange(1, S + 1, device=k.device, dtype=torch.int32).expand(B, S)
+            return kf.cumsum(2).div_(counts[0].view(S, 1).float()).contiguous(), counts.contiguous()
+        return kf.mean(2, keepdim=True).contiguous(), torch.full((B, 1), S, device=k.device, dtype=torch.int32)
+    valid = torch.ones(B, S, device=k.device, dtype=torch.bool)
+    if key_lengths is not None:
+        valid = valid & (torch.arange(S, device=k.device) < key_lengths.view(B, 1))
+    if key_mask is not None:
+        valid = valid & key_mask
+    w = valid.to(torch.float32).view(B, 1, S, 1)
     if is_causal:
-        ranks = torch.arange(1, S + 1, device=k.device, dtype=torch.float32).view(S, 1)
-        return kf.cumsum(2).div_(ranks).contiguous()
-    if key_lengths is None:
-        return kf.mean(2, keepdim=True).contiguous()
-    lens = key_lengths.clamp(0, S).to(torch.float32).view(-1, 1, 1, 1)
-    valid = torch.arange(S, device=k.device, dtype=torch.float32).view(1, 1, S, 1) < lens
-    return (kf * valid).sum(2, keepdim=True).div_(lens.clamp_min(1)).contiguous()
+        sums, counts = (kf * w).cumsum(2), valid.to(torch.int32).cumsum(1)
+    else:
+        sums, counts = (kf * w).sum(2, keepdim=True), valid.to(torch.int32).sum(1, keepdim=True)
+    means = sums.div_(counts.clamp_min(1).to(torch.float32).view(B, 1, -1, 1))
+    return means.contiguous(), counts.to(torch.int32).contiguous()
 
 
 def _flags(q: Tensor):
@@ -353,18 +386,23 @@ def _launch(kernel, grid, args, **meta):
         kernel[grid](*args, **meta)
 
 
+def _key_mask_bytes(key_mask: Optional[Tensor], unused: Tensor) -> Tensor:
+    """The key mask as contiguous bytes, or any pointer (not read) without one."""
+    return unused if key_mask is None else key_mask.contiguous().view(torch.uint8)
+
+
 def _last_dim_contiguous(t: Tensor) -> Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
 def flash_ev_softmax_attention_forward(
     q: Tensor, k: Tensor, v: Tensor, key_lengths: Optional[Tensor] = None, is_causal: bool = False,
-    scale: Optional[float] = None,
+    scale: Optional[float] = None, key_mask: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor, Tensor]:
     """``(out, lse2, thr2)``: the attention output (q's shape and dtype), and per query the
     log-sum-exp and the threshold actually used, float32 (B, Hq, L) in log2 units (multiply by
     ``ln 2`` for natural units); the backward needs both exactly as saved."""
-    _check(q, k, v, key_lengths)
+    _check(q, k, v, key_lengths, key_mask)
     q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
     B, Hq, L, D = q.shape
     Hk, S = k.shape[1], k.shape[2]
@@ -374,16 +412,18 @@ def flash_ev_softmax_attention_forward(
     thr = torch.empty_like(lse)
     if q.numel() == 0:
         return out, lse, thr
-    kmean = key_means(k, key_lengths, is_causal)
+    kmean, counts = key_means(k, key_lengths, key_mask, is_causal)
     upcast, precision = _flags(q)
     lens = key_lengths if key_lengths is not None else lse  # unused pointer when HAS_LENS is False
-    args = (q, k, v, kmean, lens, out, lse, thr,
+    keymask = _key_mask_bytes(key_mask, lse)
+    args = (q, k, v, kmean, counts, lens, keymask, out, lse, thr,
             q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
             v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2),
-            kmean.stride(0), kmean.stride(1), kmean.stride(2),
+            kmean.stride(0), kmean.stride(1), kmean.stride(2), counts.stride(0),
             Hq, Hq // Hk, L, S, D, scale * LOG2E)
     grid = lambda meta: (triton.cdiv(L, meta["BLOCK_M"]), B * Hq)
-    _launch(_attn_fwd_kernel, grid, args, HAS_LENS=key_lengths is not None, CAUSAL=bool(is_causal),
+    _launch(_attn_fwd_kernel, grid, args, HAS_LENS=key_lengths is not None, HAS_KEYMASK=key_mask is not None,
+            CAUSAL=bool(is_causal),
             UPCAST=upcast, PRECISION=precision, BLOCK_D=max(16, triton.next_power_of_2(D)))
     return out, lse, thr
 
@@ -391,6 +431,7 @@ def flash_ev_softmax_attention_forward(
 def flash_ev_softmax_attention_backward(
     grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse2: Tensor, thr2: Tensor,
     key_lengths: Optional[Tensor] = None, is_causal: bool = False, scale: Optional[float] = None,
+    key_mask: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor, Tensor]:
     """``(dq, dk, dv)`` from the forward's ``out, lse2, thr2`` (same arguments as the forward)."""
     q, k, v, grad_out = (_last_dim_contiguous(t) for t in (q, k, v, grad_out.to(q.dtype)))
@@ -405,16 +446,17 @@ def flash_ev_softmax_attention_backward(
     delta = (grad_out.float() * out.float()).sum(-1).contiguous()
     upcast, precision = _flags(q)
     lens = key_lengths if key_lengths is not None else lse2
-    flags = dict(HAS_LENS=key_lengths is not None, CAUSAL=bool(is_causal), UPCAST=upcast, PRECISION=precision,
+    keymask = _key_mask_bytes(key_mask, lse2)
+    flags = dict(HAS_LENS=key_lengths is not None, HAS_KEYMASK=key_mask is not None, CAUSAL=bool(is_causal), UPCAST=upcast, PRECISION=precision,
                  BLOCK_D=max(16, triton.next_power_of_2(D)))
     common = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
               v.stride(0), v.stride(1), v.stride(2), grad_out.stride(0), grad_out.stride(1), grad_out.stride(2))
     _launch(_attn_bwd_dkdv_kernel, lambda meta: (triton.cdiv(S, meta["BLOCK_N"]), B * Hk),
-            (q, k, v, grad_out, lse2, thr2, delta, lens, dk, dv, *common,
+            (q, k, v, grad_out, lse2, thr2, delta, lens, keymask, dk, dv, *common,
              dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
              Hq, Hk, Hq // Hk, L, S, D, scale * LOG2E, scale), **flags)
     _launch(_attn_bwd_dq_kernel, lambda meta: (triton.cdiv(L, meta["BLOCK_M"]), B * Hq),
-            (q, k, v, grad_out, lse2, thr2, delta, lens, dq, *common,
+            (q, k, v, grad_out, lse2, thr2, delta, lens, keymask, dq, *common,
              dq.stride(0), dq.stride(1), dq.stride(2),
              Hq, Hq // Hk, L, S, D, scale * LOG2E, scale), **flags)
     return dq, dk, dv
@@ -422,33 +464,34 @@ def flash_ev_softmax_attention_backward(
 
 class FlashEvSoftmaxAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, key_lengths, is_causal, scale):
-        out, lse2, thr2 = flash_ev_softmax_attention_forward(q, k, v, key_lengths, is_causal, scale)
-        ctx.save_for_backward(q, k, v, out, lse2, thr2, key_lengths)
+    def forward(ctx, q, k, v, key_lengths, is_causal, scale, key_mask):
+        out, lse2, thr2 = flash_ev_softmax_attention_forward(q, k, v, key_lengths, is_causal, scale, key_mask)
+        ctx.save_for_backward(q, k, v, out, lse2, thr2, key_lengths, key_mask)
         ctx.is_causal, ctx.scale = is_causal, scale
         return out
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out):
-        q, k, v, out, lse2, thr2, key_lengths = ctx.saved_tensors
+        q, k, v, out, lse2, thr2, key_lengths, key_mask = ctx.saved_tensors
         dq, dk, dv = flash_ev_softmax_attention_backward(grad_out, q, k, v, out, lse2, thr2, key_lengths,
-                                                         ctx.is_causal, ctx.scale)
-        return dq, dk, dv, None, None, None
+                                                         ctx.is_causal, ctx.scale, key_mask)
+        return dq, dk, dv, None, None, None, None
 
 
 def flash_ev_softmax_attention(
     q: Tensor, k: Tensor, v: Tensor, key_lengths: Optional[Tensor] = None, is_causal: bool = False,
-    scale: Optional[float] = None,
+    scale: Optional[float] = None, key_mask: Optional[Tensor] = None,
 ) -> Tensor:
     """Exact ev-softmax attention ``ev_softmax(q k^T * scale) v`` (Eq. 7 per query), differentiable.
 
     ``q`` (B, Hq, L, D), ``k`` and ``v`` (B, Hk, S, D) with ``Hk`` dividing ``Hq`` (GQA), one dtype
     (float16/bfloat16/float32), ``D <= 128``; ``key_lengths`` (B,) int: keys ``j >= len`` are not
-    there (clamped to ``[0, S]``); ``is_causal``: top-left causal mask, as SDPA; ``scale`` defaults to
+    there (clamped to ``[0, S]``); ``key_mask`` (B, S) bool: False = not there (any padding side);
+    ``is_causal``: top-left causal mask, as SDPA; all three combine. ``scale`` defaults to
     ``1/sqrt(D)``. The threshold of query ``i`` is ``q_i . mean(valid keys) * scale`` (carries no
     gradient); a query with no valid key gives zeros. Returns (B, Hq, L, D) in q's dtype.
     """
     if isinstance(scale, Tensor) or (scale is not None and not math.isfinite(float(scale))):
         raise ValueError(f"scale must be a finite number or None, got {scale}")
-    return FlashEvSoftmaxAttention.apply(q, k, v, key_lengths, bool(is_causal), scale)
+    return FlashEvSoftmaxAttention.apply(q, k, v, key_lengths, bool(is_causal), scale, key_mask)

@@ -75,13 +75,16 @@ def _attention_cases(quick: bool):
     for dt, head_dim, causal, lens in itertools.product(dtypes, (64, 128), (False, True), (False, True)):
         if quick and lens != causal:
             continue
-        flags = dict(HAS_LENS=lens, CAUSAL=causal, UPCAST=False, PRECISION="tf32", BLOCK_D=head_dim)
-        tensors = dict(Q=f"*{dt}", K=f"*{dt}", V=f"*{dt}", LENS="*i64" if lens else "*fp32", LSE="*fp32", THR="*fp32")
+        keymask = lens  # key lengths and a key mask come together here, to keep the count down
+        flags = dict(HAS_LENS=lens, HAS_KEYMASK=keymask, CAUSAL=causal, UPCAST=False, PRECISION="tf32",
+                     BLOCK_D=head_dim)
+        tensors = dict(Q=f"*{dt}", K=f"*{dt}", V=f"*{dt}", LENS="*i64" if lens else "*fp32", LSE="*fp32", THR="*fp32",
+                       KEYMASK="*u8" if keymask else "*fp32")
         ints = lambda names: {n: "i32" for n in names}  # noqa: E731
         yield (attention._attn_fwd_kernel,
-               dict(tensors, KMEAN="*fp32", OUT=f"*{dt}", qk_scale="fp32",
+               dict(tensors, KMEAN="*fp32", COUNTS="*i32", OUT=f"*{dt}", qk_scale="fp32",
                     **ints(_STRIDES + ["stride_ob", "stride_oh", "stride_om", "stride_mb", "stride_mh", "stride_mr",
-                                       "n_heads", "group", "seq_q", "seq_k", "head_dim"])),
+                                       "stride_cb", "n_heads", "group", "seq_q", "seq_k", "head_dim"])),
                dict(flags, BLOCK_M=128, BLOCK_N=64), 8)
         grads = dict(tensors, DO=f"*{dt}", DELTA="*fp32", qk_scale="fp32", sm_scale="fp32")
         yield (attention._attn_bwd_dkdv_kernel,
