@@ -11,7 +11,8 @@ row NaN; float16/bfloat16/float32 in, float32 compute, output in ``out_dtype``, 
 * :func:`project` ``(x, kind, mask=None, out_dtype=None)`` and :func:`project_backward`
   ``(p, grad, kind)``: sparsemax / 1.5-entmax with the exact threshold, rows up to 16384 entries
   (:func:`project_supports` says whether a tensor qualifies);
-* :func:`flash_ev_softmax_attention` ``(q, k, v, key_lengths=None, is_causal=False, scale=None)``,
+* :func:`flash_ev_softmax_attention` ``(q, k, v, key_lengths=None, is_causal=False, scale=None,
+  key_mask=None)``,
   differentiable, and its two halves :func:`flash_ev_softmax_attention_forward` /
   :func:`flash_ev_softmax_attention_backward` for a ``custom_op``.
 
