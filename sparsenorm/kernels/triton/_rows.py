@@ -5,6 +5,7 @@ from typing import Optional, Tuple
 
 import torch
 import triton
+import triton.language as tl
 from torch import Tensor
 
 from ._common import INTERPRET
@@ -43,3 +44,11 @@ def row_launch(kernel, x2: Tensor, args: tuple, **constexprs) -> None:
     rows, block, warps = tile(x2.shape[1])
     grid = (triton.cdiv(x2.shape[0], rows),)
     kernel[grid](*args, ROWS=rows, BLOCK=block, num_warps=warps, **constexprs)
+
+
+@triton.jit
+def row_tile(n_rows, n_cols, ROWS: tl.constexpr, BLOCK: tl.constexpr):
+    """This program's tile of ``ROWS`` whole rows: ``(offsets, in_bounds)``, both (ROWS, BLOCK)."""
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, BLOCK)
+    return rows[:, None] * n_cols + cols[None, :], (rows[:, None] < n_rows) & (cols[None, :] < n_cols)

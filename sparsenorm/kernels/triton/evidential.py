@@ -26,7 +26,7 @@ import triton.language as tl
 from torch import Tensor
 
 from ._common import check_tensor, not_there_level
-from ._rows import as_rows, row_launch
+from ._rows import as_rows, row_launch, row_tile
 
 TILE_COLS = 8192
 """Rows up to this length are held in registers; longer rows are streamed in chunks."""
@@ -39,10 +39,7 @@ def _ev_softmax_fwd_kernel(
     HAS_MASK: tl.constexpr, TRAIN: tl.constexpr, LOG: tl.constexpr,
     ROWS: tl.constexpr, BLOCK: tl.constexpr,
 ):
-    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
-    cols = tl.arange(0, BLOCK)
-    inb = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
-    offs = rows[:, None] * n_cols + cols[None, :]
+    offs, inb = row_tile(n_rows, n_cols, ROWS, BLOCK)
     x = tl.load(x_ptr + offs, mask=inb, other=float("-inf")).to(tl.float32)
     there = inb & ~(x <= level)  # NaN is there, so it reaches its row's output
     if HAS_MASK:
@@ -77,17 +74,11 @@ def _ev_softmax_bwd_kernel(
     out_ptr, grad_ptr, dx_ptr, n_rows, n_cols,
     LOG: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr,
 ):
-    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
-    cols = tl.arange(0, BLOCK)
-    inb = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
-    offs = rows[:, None] * n_cols + cols[None, :]
-    g = tl.load(grad_ptr + offs, mask=inb, other=0.0).to(tl.float32)
+    offs, inb = row_tile(n_rows, n_cols, ROWS, BLOCK)
+    g, out = _grad_and_out(grad_ptr, out_ptr, offs, inb, LOG)
     if LOG:
-        out = tl.load(out_ptr + offs, mask=inb, other=float("-inf")).to(tl.float32)
-        g = tl.where(out == float("-inf"), 0.0, g)
         dx = g - tl.exp(out) * tl.sum(g, axis=1)[:, None]
     else:
-        out = tl.load(out_ptr + offs, mask=inb, other=0.0).to(tl.float32)
         dx = out * (g - tl.sum(g * out, axis=1)[:, None])
     tl.store(dx_ptr + offs, dx.to(dx_ptr.dtype.element_ty), mask=inb)
 
@@ -154,31 +145,39 @@ def _ev_support_logits(x_ptr, mask_ptr, base, cols, n_cols, level, shift, thresh
 
 
 @triton.jit
+def _grad_and_out(grad_ptr, out_ptr, offs, inb, LOG: tl.constexpr):
+    """The incoming gradient and the saved output, float32; for the log form the gradient of a
+    ``-inf`` output (a constant) is dropped."""
+    g = tl.load(grad_ptr + offs, mask=inb, other=0.0).to(tl.float32)
+    if LOG:
+        out = tl.load(out_ptr + offs, mask=inb, other=float("-inf")).to(tl.float32)
+        g = tl.where(out == float("-inf"), 0.0, g)
+    else:
+        out = tl.load(out_ptr + offs, mask=inb, other=0.0).to(tl.float32)
+    return g, out
+
+
+@triton.jit
 def _ev_softmax_bwd_long_kernel(out_ptr, grad_ptr, dx_ptr, n_cols, LOG: tl.constexpr, BLOCK: tl.constexpr):
     base = tl.program_id(0).to(tl.int64) * n_cols
     acc = tl.zeros((BLOCK,), tl.float32)
-    for start in range(0, n_cols, BLOCK):
-        cols = start + tl.arange(0, BLOCK)
-        inb = cols < n_cols
-        g = tl.load(grad_ptr + base + cols, mask=inb, other=0.0).to(tl.float32)
+    for start in range(0, n_cols, BLOCK):  # the row sum of g (log) or of g * out
+        offs = base + start + tl.arange(0, BLOCK)
+        g, out = _grad_and_out(grad_ptr, out_ptr, offs, offs < base + n_cols, LOG)
         if LOG:
-            out = tl.load(out_ptr + base + cols, mask=inb, other=float("-inf")).to(tl.float32)
-            acc += tl.where(out == float("-inf"), 0.0, g)
+            acc += g
         else:
-            out = tl.load(out_ptr + base + cols, mask=inb, other=0.0).to(tl.float32)
             acc += g * out
     total = tl.sum(acc, axis=0)
     for start in range(0, n_cols, BLOCK):
-        cols = start + tl.arange(0, BLOCK)
-        inb = cols < n_cols
-        g = tl.load(grad_ptr + base + cols, mask=inb, other=0.0).to(tl.float32)
+        offs = base + start + tl.arange(0, BLOCK)
+        inb = offs < base + n_cols
+        g, out = _grad_and_out(grad_ptr, out_ptr, offs, inb, LOG)
         if LOG:
-            out = tl.load(out_ptr + base + cols, mask=inb, other=float("-inf")).to(tl.float32)
-            dx = tl.where(out == float("-inf"), 0.0, g) - tl.exp(out) * total
+            dx = g - tl.exp(out) * total
         else:
-            out = tl.load(out_ptr + base + cols, mask=inb, other=0.0).to(tl.float32)
             dx = out * (g - total)
-        tl.store(dx_ptr + base + cols, dx.to(dx_ptr.dtype.element_ty), mask=inb)
+        tl.store(dx_ptr + offs, dx.to(dx_ptr.dtype.element_ty), mask=inb)
 
 
 def supports(x: Tensor) -> bool:

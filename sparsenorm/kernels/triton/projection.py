@@ -33,7 +33,7 @@ import triton.language as tl
 from torch import Tensor
 
 from ._common import check_tensor, not_there_level
-from ._rows import as_rows, row_launch
+from ._rows import as_rows, row_launch, row_tile
 
 MAX_COLS = 1 << 14
 """The longest row these kernels hold in registers; :func:`supports` is False beyond it."""
@@ -74,10 +74,7 @@ def _project_fwd_kernel(
     HAS_MASK: tl.constexpr, ENTMAX: tl.constexpr, MAX_ITER: tl.constexpr, BISECT_STEPS: tl.constexpr,
     ROWS: tl.constexpr, BLOCK: tl.constexpr,
 ):
-    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
-    cols = tl.arange(0, BLOCK)
-    inb = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
-    offs = rows[:, None] * n_cols + cols[None, :]
+    offs, inb = row_tile(n_rows, n_cols, ROWS, BLOCK)
     x = tl.load(x_ptr + offs, mask=inb, other=float("-inf")).to(tl.float32)
     there = inb & ~(x <= level)
     if HAS_MASK:
@@ -147,10 +144,7 @@ def _project_bwd_kernel(
     p_ptr, grad_ptr, dx_ptr, n_rows, n_cols,
     ENTMAX: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr,
 ):
-    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
-    cols = tl.arange(0, BLOCK)
-    inb = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
-    offs = rows[:, None] * n_cols + cols[None, :]
+    offs, inb = row_tile(n_rows, n_cols, ROWS, BLOCK)
     p = tl.load(p_ptr + offs, mask=inb, other=0.0).to(tl.float32)
     g = tl.load(grad_ptr + offs, mask=inb, other=0.0).to(tl.float32)
     if ENTMAX:
