@@ -1,0 +1,39 @@
+"""Triton kernels for CUDA (optional extra ``sparsenorm[gpu]``, which installs ``triton``).
+
+Launchers take torch tensors and follow the reference semantics of ``kernels/reference``
+exactly (rows along the LAST dimension; "not there" = ``-inf``, ``mask == False`` or at or below
+``finfo(input dtype).min / 2``; empty rows give zeros, log forms ``-inf``; NaN/``+inf`` make their
+row NaN; float16/bfloat16/float32 in, float32 compute, output in ``out_dtype``, default the input's):
+
+* :func:`ev_softmax_forward` ``(x, eps=None, log=False, mask=None, out_dtype=None)`` and
+  :func:`ev_softmax_backward` ``(grad, out, log=False)``: Eq. 7 (``eps`` None or 0), Eq. 10 (``eps > 0``)
+  and their log; rows of any length (longer than 8192 entries streamed in chunks);
+* :func:`project` ``(x, kind, mask=None, out_dtype=None)`` and :func:`project_backward`
+  ``(p, grad, kind)``: sparsemax / 1.5-entmax with the exact threshold, rows up to 16384 entries
+  (:func:`project_supports` says whether a tensor qualifies);
+* :func:`flash_ev_softmax_attention` ``(q, k, v, key_lengths=None, is_causal=False, scale=None,
+  key_mask=None)``,
+  differentiable, and its two halves :func:`flash_ev_softmax_attention_forward` /
+  :func:`flash_ev_softmax_attention_backward` for a ``custom_op``.
+
+They run on CUDA tensors, or on CPU tensors when ``TRITON_INTERPRET=1`` was set before ``triton``
+was first imported (Triton's interpreter: how the tests run without a GPU). Importing this package
+raises ``ImportError`` where triton is not installed.
+"""
+from .attention import (
+    FlashEvSoftmaxAttention,
+    flash_ev_softmax_attention,
+    flash_ev_softmax_attention_backward,
+    flash_ev_softmax_attention_forward,
+)
+from .evidential import ev_softmax_backward, ev_softmax_forward
+from .evidential import supports as ev_softmax_supports
+from .projection import project, project_backward
+from .projection import supports as project_supports
+
+__all__ = [
+    "ev_softmax_forward", "ev_softmax_backward", "ev_softmax_supports",
+    "project", "project_backward", "project_supports",
+    "flash_ev_softmax_attention", "flash_ev_softmax_attention_forward", "flash_ev_softmax_attention_backward",
+    "FlashEvSoftmaxAttention",
+]

@@ -1,0 +1,238 @@
+"""Row-wise ev-softmax kernels: Eq. 7, Eq. 10 and the log of Eq. 10, forward and backward.
+
+Rows of up to ``TILE_COLS`` entries: one program normalizes a tile of ``ROWS`` whole rows held in
+registers, one read and one write per entry, as ``torch.softmax``. Longer rows (a vocabulary):
+one program per row streams it in chunks of ``CHUNK`` entries, three reads (statistics; the
+normalizer; the output) and one write. The rules are those of the reference
+(``kernels/reference/evidential.py``): an entry is not there when it is ``-inf``, masked out, or at
+or below ``finfo(input dtype).min / 2``; the threshold is ``min(mean, max)`` over the entries that
+are there (ties kept, ``>=``); Eq. 10 weighs the off-support entries by ``eps / (1 + eps)`` (a
+log-shift, Eq. 10 up to the normalizer); a row with no entry there gives zeros (log: ``-inf``); a
+row holding NaN or ``+inf`` gives NaN in that row only. Inputs float32/float16/bfloat16, computed
+in float32, written in ``out_dtype``.
+
+The backward is softmax's (resp. log-softmax's) on the saved output (Eq. 9): the support
+indicator and Eq. 10's shift are piecewise constant. Log form: a ``-inf`` output (not there, or
+off the support with ``eps = 0``) is constant, so its incoming gradient is dropped.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from ._common import check_tensor, not_there_level
+from ._rows import as_rows, row_launch, row_tile
+
+TILE_COLS = 8192
+"""Rows up to this length are held in registers; longer rows are streamed in chunks."""
+CHUNK = 4096
+
+
+@triton.jit
+def _ev_softmax_fwd_kernel(
+    x_ptr, mask_ptr, out_ptr, n_rows, n_cols, level, shift,
+    HAS_MASK: tl.constexpr, TRAIN: tl.constexpr, LOG: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK: tl.constexpr,
+):
+    offs, inb = row_tile(n_rows, n_cols, ROWS, BLOCK)
+    x = tl.load(x_ptr + offs, mask=inb, other=float("-inf")).to(tl.float32)
+    there = inb & ~(x <= level)  # NaN is there, so it reaches its row's output
+    if HAS_MASK:
+        there = there & (tl.load(mask_ptr + offs, mask=inb, other=0) != 0)
+    count = tl.sum(there.to(tl.float32), axis=1)
+    total = tl.sum(tl.where(there, x, 0.0), axis=1)
+    xt = tl.where(there, x, float("-inf"))
+    row_max = tl.max(xt, axis=1)
+    bad = tl.sum((there & ((x != x) | (x == float("inf")))).to(tl.int32), axis=1) > 0
+    threshold = tl.minimum(total / tl.maximum(count, 1.0), row_max)
+    on = there & (xt >= threshold[:, None])
+    if TRAIN:
+        z = tl.where(on, xt, xt + shift)  # -inf stays -inf
+    else:
+        z = tl.where(on, xt, float("-inf"))
+    z_max = tl.where(count > 0, tl.max(z, axis=1), 0.0)  # the row max is on the support
+    z = z - z_max[:, None]
+    e = tl.exp(z)
+    denom = tl.sum(e, axis=1)
+    if LOG:
+        out = z - tl.log(denom)[:, None]
+        out = tl.where((count > 0)[:, None], out, float("-inf"))
+    else:
+        out = e / denom[:, None]
+        out = tl.where((count > 0)[:, None], out, 0.0)
+    out = tl.where(bad[:, None], float("nan"), out)
+    tl.store(out_ptr + offs, out.to(out_ptr.dtype.element_ty), mask=inb)
+
+
+@triton.jit
+def _ev_softmax_bwd_kernel(
+    out_ptr, grad_ptr, dx_ptr, n_rows, n_cols,
+    LOG: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr,
+):
+    offs, inb = row_tile(n_rows, n_cols, ROWS, BLOCK)
+    g, out = _grad_and_out(grad_ptr, out_ptr, offs, inb, LOG)
+    if LOG:
+        dx = g - tl.exp(out) * tl.sum(g, axis=1)[:, None]
+    else:
+        dx = out * (g - tl.sum(g * out, axis=1)[:, None])
+    tl.store(dx_ptr + offs, dx.to(dx_ptr.dtype.element_ty), mask=inb)
+
+
+@triton.jit
+def _ev_softmax_fwd_long_kernel(
+    x_ptr, mask_ptr, out_ptr, n_cols, level, shift,
+    HAS_MASK: tl.constexpr, TRAIN: tl.constexpr, LOG: tl.constexpr, BLOCK: tl.constexpr,
+):
+    base = tl.program_id(0).to(tl.int64) * n_cols
+    count = tl.zeros((BLOCK,), tl.float32)
+    total = tl.zeros((BLOCK,), tl.float32)
+    top = tl.full((BLOCK,), float("-inf"), tl.float32)
+    n_bad = tl.zeros((BLOCK,), tl.int32)
+    for start in range(0, n_cols, BLOCK):  # pass 1: count, sum and max of the entries there
+        cols = start + tl.arange(0, BLOCK)
+        inb = cols < n_cols
+        x = tl.load(x_ptr + base + cols, mask=inb, other=float("-inf")).to(tl.float32)
+        there = inb & ~(x <= level)
+        if HAS_MASK:
+            there = there & (tl.load(mask_ptr + base + cols, mask=inb, other=0) != 0)
+        count += there.to(tl.float32)
+        total += tl.where(there, x, 0.0)
+        top = tl.maximum(top, tl.where(there, x, float("-inf")))
+        n_bad += (there & ((x != x) | (x == float("inf")))).to(tl.int32)
+    n = tl.sum(count, axis=0)
+    row_max = tl.max(top, axis=0)
+    bad = tl.sum(n_bad, axis=0) > 0
+    threshold = tl.minimum(tl.sum(total, axis=0) / tl.maximum(n, 1.0), row_max)
+    z_max = tl.where(n > 0, row_max, 0.0)  # the row max is on the support
+    denom = tl.zeros((BLOCK,), tl.float32)
+    for start in range(0, n_cols, BLOCK):  # pass 2: the normalizer
+        cols = start + tl.arange(0, BLOCK)
+        z = _ev_support_logits(x_ptr, mask_ptr, base, cols, n_cols, level, shift, threshold, HAS_MASK, TRAIN)
+        denom += tl.exp(z - z_max)
+    log_denom = tl.log(tl.sum(denom, axis=0))
+    for start in range(0, n_cols, BLOCK):  # pass 3: the output
+        cols = start + tl.arange(0, BLOCK)
+        z = _ev_support_logits(x_ptr, mask_ptr, base, cols, n_cols, level, shift, threshold, HAS_MASK, TRAIN)
+        if LOG:
+            out = tl.where(n > 0, z - z_max - log_denom, float("-inf"))
+        else:
+            out = tl.where(n > 0, tl.exp(z - z_max - log_denom), 0.0)
+        out = tl.where(bad, float("nan"), out)
+        tl.store(out_ptr + base + cols, out.to(out_ptr.dtype.element_ty), mask=cols < n_cols)
+
+
+@triton.jit
+def _ev_support_logits(x_ptr, mask_ptr, base, cols, n_cols, level, shift, threshold,
+                       HAS_MASK: tl.constexpr, TRAIN: tl.constexpr):
+    """A chunk's logits with the support rule applied: off the support -inf (Eq. 7) or shifted
+    by ``log(eps / (1 + eps))`` (Eq. 10); not there -inf."""
+    inb = cols < n_cols
+    x = tl.load(x_ptr + base + cols, mask=inb, other=float("-inf")).to(tl.float32)
+    there = inb & ~(x <= level)
+    if HAS_MASK:
+        there = there & (tl.load(mask_ptr + base + cols, mask=inb, other=0) != 0)
+    xt = tl.where(there, x, float("-inf"))
+    if TRAIN:
+        z = tl.where(xt >= threshold, xt, xt + shift)
+    else:
+        z = tl.where(xt >= threshold, xt, float("-inf"))
+    return z
+
+
+@triton.jit
+def _grad_and_out(grad_ptr, out_ptr, offs, inb, LOG: tl.constexpr):
+    """The incoming gradient and the saved output, float32; for the log form the gradient of a
+    ``-inf`` output (a constant) is dropped."""
+    g = tl.load(grad_ptr + offs, mask=inb, other=0.0).to(tl.float32)
+    if LOG:
+        out = tl.load(out_ptr + offs, mask=inb, other=float("-inf")).to(tl.float32)
+        g = tl.where(out == float("-inf"), 0.0, g)
+    else:
+        out = tl.load(out_ptr + offs, mask=inb, other=0.0).to(tl.float32)
+    return g, out
+
+
+@triton.jit
+def _ev_softmax_bwd_long_kernel(out_ptr, grad_ptr, dx_ptr, n_cols, LOG: tl.constexpr, BLOCK: tl.constexpr):
+    base = tl.program_id(0).to(tl.int64) * n_cols
+    acc = tl.zeros((BLOCK,), tl.float32)
+    for start in range(0, n_cols, BLOCK):  # the row sum of g (log) or of g * out
+        offs = base + start + tl.arange(0, BLOCK)
+        g, out = _grad_and_out(grad_ptr, out_ptr, offs, offs < base + n_cols, LOG)
+        if LOG:
+            acc += g
+        else:
+            acc += g * out
+    total = tl.sum(acc, axis=0)
+    for start in range(0, n_cols, BLOCK):
+        offs = base + start + tl.arange(0, BLOCK)
+        inb = offs < base + n_cols
+        g, out = _grad_and_out(grad_ptr, out_ptr, offs, inb, LOG)
+        if LOG:
+            dx = g - tl.exp(out) * total
+        else:
+            dx = out * (g - total)
+        tl.store(dx_ptr + offs, dx.to(dx_ptr.dtype.element_ty), mask=inb)
+
+
+def supports(x: Tensor) -> bool:
+    """Whether :func:`ev_softmax_forward` runs a kernel on ``x`` (device, dtype, row length)."""
+    from ._common import _DTYPES, runnable_on
+
+    return x.dtype in _DTYPES and runnable_on(x) and x.dim() > 0 and x.shape[-1] > 0
+
+
+def ev_softmax_forward(
+    x: Tensor, eps: Optional[float] = None, log: bool = False, mask: Optional[Tensor] = None,
+    out_dtype: Optional[torch.dtype] = None,
+) -> Tensor:
+    """ev-softmax of the rows of ``x`` (last dim): the reference's ``ev_softmax_forward(x, eps, log)``.
+
+    ``eps=None`` or ``0``: Eq. 7 (log: ``-inf`` off the support); ``eps > 0``: Eq. 10 (log: its
+    log). ``mask`` (bool, broadcastable to ``x``, True = keep) is optional. The not-there level is
+    ``finfo(x.dtype).min / 2``. Returns a contiguous tensor of ``x``'s shape in ``out_dtype``
+    (default ``x.dtype``), computed in float32.
+    """
+    check_tensor(x, "x")
+    if eps is not None and not (eps >= 0 and math.isfinite(eps)):
+        raise ValueError(f"eps must be a finite number >= 0 or None, got {eps}")
+    out_dtype = out_dtype or x.dtype
+    x2, m2 = as_rows(x, mask)
+    out = torch.empty(x2.shape, dtype=out_dtype, device=x.device)
+    if x2.numel():
+        train = eps is not None and eps > 0
+        shift = math.log(eps) - math.log1p(eps) if train else 0.0
+        n_rows, n_cols = x2.shape
+        m2 = m2 if m2 is not None else x2  # an unused pointer without a mask
+        flags = dict(HAS_MASK=m2 is not x2, TRAIN=train, LOG=bool(log))
+        if n_cols <= TILE_COLS:
+            row_launch(_ev_softmax_fwd_kernel, x2, (x2, m2, out, n_rows, n_cols, not_there_level(x.dtype), shift),
+                       **flags)
+        else:
+            _ev_softmax_fwd_long_kernel[(n_rows,)](x2, m2, out, n_cols, not_there_level(x.dtype), shift,
+                                                   BLOCK=CHUNK, num_warps=8, **flags)
+    return out.view(x.shape)
+
+
+def ev_softmax_backward(grad: Tensor, out: Tensor, log: bool = False) -> Tensor:
+    """The input gradient from the saved output ``out`` (rows along the last dim): softmax's
+    backward ``out * (g - sum(g out))``, or for ``log=True`` log-softmax's ``g - exp(out) sum(g)``
+    with ``g`` zeroed where ``out`` is ``-inf``. Returns ``out``'s dtype and shape."""
+    check_tensor(out, "out")
+    check_tensor(grad, "grad")
+    grad = grad.expand_as(out)
+    out2, _ = as_rows(out, None)
+    g2, _ = as_rows(grad, None)
+    dx = torch.empty(out2.shape, dtype=out.dtype, device=out.device)
+    if out2.numel():
+        n_rows, n_cols = out2.shape
+        if n_cols <= TILE_COLS:
+            row_launch(_ev_softmax_bwd_kernel, out2, (out2, g2, dx, n_rows, n_cols), LOG=bool(log))
+        else:
+            _ev_softmax_bwd_long_kernel[(n_rows,)](out2, g2, dx, n_cols, LOG=bool(log), BLOCK=CHUNK, num_warps=8)
+    return dx.view(out.shape)

@@ -1,0 +1,200 @@
+"""The row-wise Triton kernels against the reference normalizers (values, gradients, every "not
+there" form, empty/NaN/+inf rows, float32/float16/bfloat16). On a machine without CUDA they run
+under Triton's interpreter on CPU tensors (small shapes: the interpreter is slow per element)."""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+# Triton reads TRITON_INTERPRET when it is first imported: set it before anything imports it.
+if "triton" not in sys.modules and not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+pytest.importorskip("triton", reason="triton is not installed (pip install 'sparsenorm[gpu]')")
+
+import sparsenorm  # noqa: E402
+from sparsenorm.kernels.triton import _common  # noqa: E402
+from sparsenorm.kernels.triton import evidential as tev  # noqa: E402
+from sparsenorm.kernels.triton import projection as tproj  # noqa: E402
+
+DEVICE = "cpu" if _common.INTERPRET else "cuda"
+# Triton imported earlier in this process without the interpreter, and no GPU: run this file in
+# a fresh interpreter process instead (test_in_subprocess), rather than skip it.
+IN_PROCESS = _common.INTERPRET or torch.cuda.is_available()
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy inf/NaN arithmetic in the interpreter
+in_process = pytest.mark.skipif(not IN_PROCESS, reason="run in a subprocess with TRITON_INTERPRET=1")
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+TOL = {torch.float32: 2e-6, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+
+
+def rows_with_every_case(dtype, n_cols=33, seed=0):
+    """Random rows plus: -inf, finfo.min, masked entries, an empty row, NaN and +inf rows, an
+    all-equal row, a row with a single entry there, tiny differences."""
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(10, n_cols, generator=g) * 2).to(dtype)
+    x[1, ::3] = float("-inf")
+    x[2, :5] = torch.finfo(dtype).min  # additive mask value: not there
+    x[3] = float("-inf")  # empty row
+    x[4, 2] = float("nan")
+    x[5, 1] = float("inf")
+    x[6] = 0.5  # all equal
+    x[7, 1:] = float("-inf")  # a single entry there
+    x[8] = (torch.linspace(0, 1e-3, n_cols)).to(dtype)
+    mask = torch.ones(10, n_cols, dtype=torch.bool)
+    mask[9, ::2] = False
+    return x.to(DEVICE), mask.to(DEVICE)
+
+
+def not_there_as_neg_inf(x, mask):
+    """The input as the reference sees it: compute dtype, every not-there entry -inf."""
+    drop = (x <= torch.finfo(x.dtype).min / 2) | ~mask
+    return x.float().masked_fill(drop, float("-inf"))
+
+
+BAD_ROWS = [4, 5]  # NaN / +inf: the whole row is NaN, other rows unaffected
+GOOD_ROWS = [r for r in range(10) if r not in BAD_ROWS]
+
+
+def check_rows(out, ref, dtype):
+    assert out.shape == ref.shape
+    assert torch.isnan(out[BAD_ROWS]).all()
+    torch.testing.assert_close(out[GOOD_ROWS].float(), ref[GOOD_ROWS].to(dtype).float(),
+                               atol=TOL[dtype], rtol=TOL[dtype])
+
+
+def ev_reference(x, eps, log):
+    if log:
+        return sparsenorm.log_ev_softmax_train(x, eps=0.0 if eps is None else eps)
+    if eps is None or eps == 0.0:
+        return sparsenorm.ev_softmax(x)
+    return sparsenorm.ev_softmax_train(x, eps=eps)
+
+
+@in_process
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("eps,log", [(None, False), (1e-3, False), (0.1, True), (0.0, True), (None, True)])
+def test_ev_softmax_forward_matches_reference(dtype, eps, log):
+    x, mask = rows_with_every_case(dtype)
+    out = tev.ev_softmax_forward(x, eps, log, mask=mask)
+    assert out.dtype == dtype
+    ref = ev_reference(not_there_as_neg_inf(x, mask).cpu(), eps, log)
+    check_rows(out.cpu(), ref, dtype)
+    if log:  # not there, and off the support with eps = 0, is exactly -inf
+        assert (out[3] == float("-inf")).all()
+    else:
+        assert (out[3] == 0).all() and (out[1, ::3] == 0).all() and (out[9, ::2] == 0).all()
+
+
+@in_process
+@pytest.mark.parametrize("eps,log", [(None, False), (1e-3, False), (1e-3, True), (0.0, True)])
+def test_ev_softmax_long_rows_are_streamed_in_chunks(eps, log, monkeypatch):
+    """Rows longer than TILE_COLS take the chunked kernels (here made short: 33 entries, chunks of 16)."""
+    monkeypatch.setattr(tev, "TILE_COLS", 8)
+    monkeypatch.setattr(tev, "CHUNK", 16)
+    x, mask = rows_with_every_case(torch.float16, seed=5)
+    out = tev.ev_softmax_forward(x, eps, log, mask=mask)
+    ref = ev_reference(not_there_as_neg_inf(x, mask).cpu(), eps, log)
+    check_rows(out.cpu(), ref, torch.float16)
+    g = torch.randn(ref.shape)
+    good = torch.tensor(GOOD_ROWS)
+    dx = tev.ev_softmax_backward(g.to(DEVICE), out.float(), log)
+    monkeypatch.setattr(tev, "TILE_COLS", 8192)
+    torch.testing.assert_close(dx[good].cpu(), tev.ev_softmax_backward(g.to(DEVICE), out.float(), log)[good].cpu())
+
+
+@in_process
+@pytest.mark.parametrize("n_cols", [1, 2, 64])
+def test_ev_softmax_short_and_power_of_two_rows(n_cols):
+    x = torch.randn(5, n_cols).to(DEVICE)
+    torch.testing.assert_close(tev.ev_softmax_forward(x).cpu(), sparsenorm.ev_softmax(x.cpu()), atol=2e-6, rtol=2e-6)
+
+
+@in_process
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("eps,log", [(None, False), (1e-3, False), (1e-3, True), (0.0, True)])
+def test_ev_softmax_backward_matches_autograd(dtype, eps, log):
+    x, mask = rows_with_every_case(dtype, seed=1)
+    xr = not_there_as_neg_inf(x, mask).cpu()[GOOD_ROWS].double().requires_grad_()
+    out = ev_reference(xr, eps, log)
+    g = torch.randn(out.shape, dtype=torch.float64)
+    out.backward(g)
+    dx = tev.ev_softmax_backward(g.to(dtype).to(DEVICE), out.detach().to(dtype).to(DEVICE), log)
+    assert dx.dtype == dtype
+    expect = xr.grad
+    if log:  # the kernel sees the rounded output; compare where the reference is finite
+        expect = torch.where(out.detach() == float("-inf"), 0.0, expect)
+    torch.testing.assert_close(dx.cpu().double(), expect, atol=20 * TOL[dtype], rtol=20 * TOL[dtype])
+    assert (dx.cpu()[GOOD_ROWS.index(3)] == 0).all()  # the empty row gets zero gradient
+
+
+@in_process
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kind", ["sparsemax", "entmax15"])
+def test_projection_forward_matches_reference(dtype, kind):
+    x, mask = rows_with_every_case(dtype, seed=2)
+    out = tproj.project(x, kind, mask=mask)
+    assert out.dtype == dtype
+    ref = getattr(sparsenorm, kind)(not_there_as_neg_inf(x, mask).cpu())
+    check_rows(out.cpu(), ref, dtype)
+    assert (out[3] == 0).all() and (out[9, ::2] == 0).all()
+    torch.testing.assert_close(out[GOOD_ROWS].float().sum(-1).cpu()[[0, 1, 2, 4, 5, 6, 7]],
+                               torch.ones(7), atol=10 * TOL[dtype], rtol=0)
+
+
+@in_process
+@pytest.mark.parametrize("kind", ["sparsemax", "entmax15"])
+@pytest.mark.parametrize("max_iter", [0, 1])
+def test_projection_bisection_fallback_is_exact(kind, max_iter, monkeypatch):
+    """Rows not converged within MAX_ITER passes are finished by bisection + the closed form."""
+    monkeypatch.setattr(tproj, "MAX_ITER", max_iter)
+    x = (torch.randn(8, 50) * torch.tensor([0.1, 1, 3, 10, 0.01, 1, 2, 5]).view(8, 1)).to(DEVICE)
+    ref = getattr(sparsenorm, kind)(x.cpu())
+    torch.testing.assert_close(tproj.project(x, kind).cpu(), ref, atol=2e-6, rtol=2e-6)
+
+
+@in_process
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("kind", ["sparsemax", "entmax15"])
+def test_projection_backward_matches_autograd(dtype, kind):
+    x = (torch.randn(6, 40, dtype=torch.float64) * 2)
+    x[1, ::2] = float("-inf")
+    x[2] = float("-inf")  # empty row: zero gradient
+    xr = x.clone().requires_grad_()
+    p = getattr(sparsenorm, kind)(xr)
+    g = torch.randn_like(x)
+    p.backward(g)
+    dx = tproj.project_backward(p.detach().to(dtype).to(DEVICE), g.to(dtype).to(DEVICE), kind)
+    assert dx.dtype == dtype
+    tol = 2e-5 if dtype == torch.float32 else 3e-2
+    torch.testing.assert_close(dx.cpu().double(), xr.grad, atol=tol, rtol=tol)
+    assert (dx.cpu()[2] == 0).all()
+    nan_p = p.detach().to(dtype).clone()
+    nan_p[0, 0] = float("nan")
+    assert torch.isnan(tproj.project_backward(nan_p.to(DEVICE), g.to(dtype).to(DEVICE), kind)[0]).all()
+
+
+@in_process
+def test_launchers_reject_bad_input_by_name():
+    x = torch.randn(3, 4).to(DEVICE)
+    with pytest.raises(TypeError, match="x must have dtype"):
+        tev.ev_softmax_forward(x.double())
+    with pytest.raises(ValueError, match="eps"):
+        tev.ev_softmax_forward(x, eps=-1.0)
+    with pytest.raises(ValueError, match="kind"):
+        tproj.project(x, "softmax")
+    with pytest.raises(ValueError, match="mask"):
+        tev.ev_softmax_forward(x, mask=torch.ones(5, dtype=torch.bool, device=DEVICE))
+    assert tev.ev_softmax_forward(x[:0]).shape == (0, 4)
+    assert not tproj.supports(torch.randn(2, tproj.MAX_COLS + 1).to(DEVICE))
+    with pytest.raises(ValueError, match="at most"):
+        tproj.project(torch.randn(2, tproj.MAX_COLS + 1).to(DEVICE), "sparsemax")
+
+
+@pytest.mark.skipif(IN_PROCESS, reason="ran in this process")
+def test_in_subprocess():
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
+                          env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
