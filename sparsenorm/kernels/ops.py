@@ -7,6 +7,8 @@ Each op works on rows along the LAST dimension of its input (the entry path in
   every device;
 * a CPU implementation: the fused C++ kernel (``kernels/cpu``) where it is built and allowed
   (see :func:`sparsenorm.kernels.disabled`), else the reference (or its CPU variant);
+* a CUDA implementation: the Triton kernel (``kernels/triton``, extra ``[gpu]``) where triton is
+  installed, the shape qualifies and kernels are allowed, else the reference;
 * a fake (shape) implementation, so ``torch.compile(fullgraph=True)`` traces through it;
 * its autograd formula, registered once here: closed-form from the saved output.
 
@@ -31,6 +33,26 @@ def _rows(x: Tensor) -> Tensor:
     return x.reshape(-1, x.shape[-1]).contiguous()
 
 
+_TRITON = None  # the Triton launchers once looked up: a module, or False where triton is missing
+
+
+def _triton():
+    """The Triton launchers for CUDA tensors, or None (triton not installed, or kernels disabled).
+
+    Imported on the first CUDA call only, so CPU-only use never imports triton.
+    """
+    global _TRITON
+    if _TRITON is None:
+        try:
+            from . import triton as launchers
+        except ImportError:
+            launchers = False
+        _TRITON = launchers
+    if not _TRITON or getattr(cpu._local, "disabled", 0):
+        return None
+    return _TRITON
+
+
 # ---------------------------------------------------------------------------------------------
 # ev-softmax: Eq. 7 (eps None or 0), Eq. 10 (eps > 0), and their log (log=True)
 # ---------------------------------------------------------------------------------------------
@@ -52,6 +74,14 @@ def _ev_softmax_cpu(x: Tensor, eps: Optional[float], log: bool) -> Tensor:
     return ext.ev_softmax_forward(_rows(x), kind, shift, log).view(x.shape)
 
 
+@ev_softmax.register_kernel("cuda")
+def _ev_softmax_cuda(x: Tensor, eps: Optional[float], log: bool) -> Tensor:
+    launchers = _triton()
+    if launchers is not None and launchers.ev_softmax_supports(x):
+        return launchers.ev_softmax_forward(x, eps, log)
+    return ref_evidential.ev_softmax_forward(x, eps, log)
+
+
 @ev_softmax.register_fake
 def _ev_softmax_fake(x: Tensor, eps: Optional[float], log: bool) -> Tensor:
     return torch.empty_like(x, memory_format=torch.contiguous_format)
@@ -64,6 +94,9 @@ def _ev_softmax_setup(ctx, inputs, output) -> None:
 
 def _ev_softmax_backward(ctx, grad: Tensor):
     (out,) = ctx.saved_tensors
+    launchers = _triton() if out.is_cuda and not torch.is_grad_enabled() else None
+    if launchers is not None:  # (double backward keeps the differentiable ops below)
+        return launchers.ev_softmax_backward(grad, out, ctx.log), None, None
     if ctx.log:
         # A -inf output is constant (the entry is not there): its incoming gradient is dropped
         # before the sum, and the entry itself then gets exactly 0.
@@ -92,6 +125,14 @@ def _project_cpu(x: Tensor, kind: str, k: Optional[int]) -> Tensor:
     return ref_projection.project(x, -1, kind, k).contiguous()
 
 
+@project.register_kernel("cuda")
+def _project_cuda(x: Tensor, kind: str, k: Optional[int]) -> Tensor:
+    launchers = _triton()
+    if launchers is not None and launchers.project_supports(x):
+        return launchers.project(x, kind)  # exact threshold without sorting: ``k`` has no use there
+    return ref_projection.project_sorted(x, kind)
+
+
 @project.register_fake
 def _project_fake(x: Tensor, kind: str, k: Optional[int]) -> Tensor:
     return torch.empty_like(x, memory_format=torch.contiguous_format)
@@ -110,6 +151,14 @@ def _project_backward_cpu(p: Tensor, grad: Tensor, kind: str) -> Tensor:
     if ext is not None and p.shape[-1] > 0:
         return ext.backward(_rows(p), _rows(grad), kind == "entmax15").view(p.shape)
     return ref_projection.fast_backward(p.contiguous(), grad, kind)
+
+
+@project_backward.register_kernel("cuda")
+def _project_backward_cuda(p: Tensor, grad: Tensor, kind: str) -> Tensor:
+    launchers = _triton()
+    if launchers is not None and launchers.project_supports(p):
+        return launchers.project_backward(p, grad.to(p.dtype).expand_as(p), kind)
+    return ref_projection.dense_backward(p, grad, kind)
 
 
 @project_backward.register_fake

@@ -198,3 +198,27 @@ def test_in_subprocess():
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
                           env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+
+
+@in_process
+def test_cuda_registrations_of_the_ops_call_the_triton_kernels():
+    """The kernels registered for "cuda" on the ops (called here directly, on interpreter tensors)
+    give the reference's values and gradients; inside ``kernels.disabled()`` they fall back to it."""
+    from sparsenorm.kernels import ops
+    from sparsenorm.kernels.reference import evidential as ref_ev
+    from sparsenorm.kernels.reference import projection as ref_proj
+
+    x, mask = rows_with_every_case(torch.float16)
+    x = not_there_as_neg_inf(x, mask)[GOOD_ROWS]  # the ops see compute-dtype rows, not-there as -inf
+    for eps, log in [(None, False), (1e-6, False), (1e-6, True)]:
+        torch.testing.assert_close(ops._ev_softmax_cuda(x, eps, log), ref_ev.ev_softmax_forward(x, eps, log),
+                                   atol=2e-6, rtol=2e-6)
+    for kind in ("sparsemax", "entmax15"):
+        p = ops._project_cuda(x, kind, None)
+        torch.testing.assert_close(p, ref_proj.project_sorted(x, kind), atol=2e-6, rtol=0)
+        g = torch.randn_like(p)
+        torch.testing.assert_close(ops._project_backward_cuda(p, g, kind), ref_proj.dense_backward(p, g, kind),
+                                   atol=2e-6, rtol=0)
+    assert ops._triton() is not None
+    with sparsenorm.kernels.disabled():
+        assert ops._triton() is None
