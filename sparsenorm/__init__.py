@@ -28,6 +28,7 @@ from .sparsemax import (
 )
 from .losses import *  # noqa: F401,F403  (the loss functions and modules, listed in losses.__all__)
 from .losses import __all__ as _loss_names
+from . import marginalize  # the module: sparsenorm.marginalize.marginalize (exact sparse expectations)
 
 __version__ = "0.1.0"
 
@@ -39,5 +40,6 @@ __all__ = [
     "t_softmax", "r_softmax", "TSoftmax", "RSoftmax",
     "sparsehourglass", "SparseHourglass",
     "use_cpu_kernels",
+    "marginalize",
     *_loss_names,
 ]
