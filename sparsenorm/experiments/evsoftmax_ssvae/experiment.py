@@ -30,7 +30,7 @@ PAPER_TABLE2 = {
 }
 
 FULL = dict(epochs=200, seeds=10, pretrain_epochs=100, steps_per_epoch=None, selection_examples=None)
-QUICK = dict(epochs=4, seeds=2, pretrain_epochs=3, steps_per_epoch=100, selection_examples=2000)
+QUICK = dict(epochs=3, seeds=2, pretrain_epochs=10, steps_per_epoch=100, selection_examples=2000)
 
 
 class SemiSupervisedVAE:
@@ -41,11 +41,12 @@ class SemiSupervisedVAE:
     full_runtime = ("Full mode (paper settings: 100 labelled-only warm-start epochs, 200 semi-supervised epochs of "
                     "704 steps, 10 seeds, 5 trained models + post-hoc): estimated from quick mode's measured step "
                     "cost at several CPU-days on 2 cores (see the README), hours on a GPU.")
-    quick_note = ("Quick mode: 2 seeds, 3 labelled-only warm-start epochs (paper code: 100), 4 semi-supervised "
-                  "'epochs' of 100 steps each (6,400 unlabelled images, 14% of one pass; the paper: 200 full "
-                  "passes), model selection on the -ELBO of the first 2,000 validation images. Accuracies are "
-                  "far below the paper's and differences between normalizers are within noise; decoder calls "
-                  "and the cost comparison are already meaningful.")
+    quick_note = ("Quick mode: 2 seeds, 10 labelled-only warm-start epochs (the authors' code: 100), 3 "
+                  "semi-supervised 'epochs' of 100 steps each (19,200 unlabelled images, 0.4 of one pass; the "
+                  "paper: 200 full passes), model selection on the -ELBO of the first 2,000 validation images. "
+                  "In this short semi-supervised phase the unlabelled term still lowers the warm start's accuracy "
+                  "(see the curve), so accuracies are far below the paper's and their ranking says nothing about "
+                  "the paper's; decoder calls and the cost comparison are already meaningful.")
     fingerprint_exclude = ("normalizers", "workers")
 
     def add_arguments(self, parser) -> None:
@@ -133,8 +134,10 @@ def aggregate(records: List[Dict[str, Any]], settings: Settings) -> Dict[str, An
             "test_neg_elbo": _mean_se([e["test_neg_elbo"] for _, e in runs])["mean"],
             "test_neg_elbo_se": _mean_se([e["test_neg_elbo"] for _, e in runs])["se"],
             "val_accuracy": float(np.mean([100 * e["val_accuracy"] for _, e in runs])),
+            "warm_start_accuracy": float(np.mean([100 * e["curve"]["test_accuracy"][0] for _, e in runs])),
             "epoch_seconds": float(np.mean([r["epoch_seconds"] for r, _ in runs])),
-            "step_seconds": float(np.mean([r["epoch_seconds"] / r["steps_per_epoch"] for r, _ in runs])),
+            "epoch_cpu_seconds": float(np.mean([r["epoch_cpu_seconds"] for r, _ in runs])),
+            "step_cpu_seconds": float(np.mean([r["epoch_cpu_seconds"] / r["steps_per_epoch"] for r, _ in runs])),
             "pretrain_seconds": float(np.mean([r["pretrain_seconds"] for r, _ in runs])),
             "selected_epochs": [r["selected_epoch"] for r, _ in runs],
             "trained_with": "+".join(runs[0][0]["group"]) if runs else None,
@@ -224,15 +227,15 @@ def judge_claims(per: Dict[str, Dict[str, Any]], settings: Settings) -> List[Cla
         claims.append(Claim.judge(text, None, "needs posthoc_evidential and ev_softmax", "Sec. 4.2, Table 2"))
 
     # 5. The compute saving shows in training time.
-    text = ("sparse marginalisation reduces the cost of training: wall time per semi-supervised epoch below "
+    text = ("sparse marginalisation reduces the cost of training: CPU time per semi-supervised epoch below "
             "softmax's for every sparse trained normalizer")
     trained_sparse = [n for n in settings.normalizers if have(n) and _trains_sparse(n, settings)]
     if have("softmax") and trained_sparse:
-        base = per["softmax"]["epoch_seconds"]
-        faster = {n: per[n]["epoch_seconds"] < base for n in trained_sparse}
-        evidence = f"softmax {base:.1f} s/epoch; " + ", ".join(
-            f"{n} {per[n]['epoch_seconds']:.1f} s ({per[n]['epoch_seconds'] / base:.2f}x)" for n in trained_sparse) + \
-            f" ({settings.steps_per_epoch or 'all'} steps/epoch; one thread per job on a shared machine)"
+        base = per["softmax"]["epoch_cpu_seconds"]
+        faster = {n: per[n]["epoch_cpu_seconds"] < base for n in trained_sparse}
+        evidence = f"softmax {base:.1f} CPU s/epoch; " + ", ".join(
+            f"{n} {per[n]['epoch_cpu_seconds']:.1f} s ({per[n]['epoch_cpu_seconds'] / base:.2f}x)"
+            for n in trained_sparse) + f" ({settings.steps_per_epoch or 'all'} steps/epoch, one thread per job)"
         claims.append(Claim.judge(text, all(faster.values()), evidence, "Sec. 1, Sec. 6"))
     else:
         claims.append(Claim.judge(text, None, "needs softmax and a sparse normalizer", "Sec. 1, Sec. 6"))
