@@ -40,7 +40,7 @@ class SemiSupervisedVAE:
     default_normalizers = DEFAULT_NORMALIZERS
     full_runtime = ("Full mode (paper settings: 100 labelled-only warm-start epochs, 200 semi-supervised epochs of "
                     "704 steps, 10 seeds, 5 trained models + post-hoc): estimated from quick mode's measured step "
-                    "cost at several CPU-days on 2 cores (see the README), hours on a GPU.")
+                    "cost at about 85 CPU-hours (1.8 days on 2 idle cores; see the README).")
     quick_note = ("Quick mode: 2 seeds, 10 labelled-only warm-start epochs (the authors' code: 100), 3 "
                   "semi-supervised 'epochs' of 100 steps each (19,200 unlabelled images, 0.4 of one pass; the "
                   "paper: 200 full passes), model selection on the -ELBO of the first 2,000 validation images. "
