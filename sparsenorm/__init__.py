@@ -43,6 +43,7 @@ __all__ = [
     "t_softmax", "r_softmax", "TSoftmax", "RSoftmax",
     "sparsehourglass", "SparseHourglass",
     "use_cpu_kernels", "kernels",
+    "marginalize",
     *_loss_names,
 ]
 
