@@ -8,7 +8,7 @@ from pathlib import Path
 from types import ModuleType
 
 EXPERIMENTS = {
-    "cvae": "sparsenorm.experiments.cvae",
+    "cvae": "sparsenorm.experiments.evsoftmax_cvae",
     "multilabel": "sparsenorm.experiments.multilabel",
 }
 
