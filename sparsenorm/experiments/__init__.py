@@ -9,7 +9,7 @@ from types import ModuleType
 
 EXPERIMENTS = {
     "cvae": "sparsenorm.experiments.evsoftmax_cvae",
-    "multilabel": "sparsenorm.experiments.multilabel",
+    "multilabel": "sparsenorm.experiments.rsoftmax_multilabel",
 }
 
 

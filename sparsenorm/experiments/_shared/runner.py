@@ -132,7 +132,7 @@ def _settings_dict(settings: Any) -> Dict[str, Any]:
 
 
 def fingerprint(settings: Any, job: Job, config: RunConfig, exclude: Sequence[str] = ("seeds",)) -> str:
-    """What a cached job record must match to be reused: the settings, the job and the step cap.
+    """What a cached job record must match to be reused: the settings, the job, the step cap and the data folder.
 
     Settings fields in ``exclude`` do not change what one job computes (the number of seeds; an
     experiment whose jobs carry their normalizer in ``Job.params`` also excludes the normalizer
@@ -140,6 +140,8 @@ def fingerprint(settings: Any, job: Job, config: RunConfig, exclude: Sequence[st
     """
     kept = {k: v for k, v in _settings_dict(settings).items() if k not in exclude}
     payload = {"settings": kept, "job": asdict(job), "max_steps": config.max_steps}
+    if config.data_dir is not None:  # the user's own data set: other jobs than the default data's
+        payload["data_dir"] = str(config.data_dir)
     text = json.dumps(_jsonable(payload), sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
