@@ -10,9 +10,10 @@ import pytest
 import torch
 from sklearn.metrics import f1_score
 
-from sparsenorm.experiments._shared import metrics
-from sparsenorm.experiments import multilabel as ml
+from sparsenorm import cli
+from sparsenorm.experiments._shared import metrics, runner
 from sparsenorm.experiments._shared.common import RunConfig
+from sparsenorm.experiments.rsoftmax_multilabel import claims, experiment, methods as ml, training
 
 # ------------------------------------------------------------------ metrics vs scikit-learn
 
@@ -77,12 +78,29 @@ def test_f1_accepts_booleans_and_tensors_and_rejects_bad_input():
 # ------------------------------------------------------------------ methods
 
 
+def test_experiment_satisfies_the_protocol():
+    assert isinstance(experiment.EXPERIMENT, runner.Experiment)
+
+
 def test_default_methods_and_restriction():
-    keys = [m.key for m in ml.methods_for(None)]
-    assert keys == ["softmax", "sparsemax+huber", "sparsemax+hinge", "sparsehourglass", "r_softmax", "ev_softmax", "sigmoid"]
+    keys = [m.key for m in ml.methods_for(None, ml.COUNT_HEADS)]
+    assert keys == ["softmax", "sparsemax+huber", "sparsemax+hinge", "sparsehourglass", "r_softmax (linear count)",
+                    "r_softmax (mlp count)", "ev_softmax", "sigmoid"]
     assert [m.key for m in ml.methods_for(["ev_softmax", "entmax15"])] == ["ev_softmax", "entmax15"]
     with pytest.raises(ValueError, match="known normalizers"):
         ml.methods_for(["nope"])
+
+
+def test_threshold_grid_scales_with_the_classes():
+    logits = torch.zeros(1, 30)
+    logits[0, :27] = 5.0  # 27 of 30 labels, each at ~1/27
+    model = ml.MultilabelNet(4, 30)
+    model.out = torch.nn.Identity()
+    model.hidden = torch.nn.Identity()
+    sets, _, _ = ml.predict(ml.methods_for(["softmax"])[0], model, logits)
+    assert sets["softmax (p0=1/C)"].sum() == 27  # a fixed grid starting at 0.05 predicts nothing here
+    assert sets["softmax (p0=0.25/C)"].sum() == 27 and sets["softmax (p0=2/C)"].sum() == 0
+    assert ml.softmax_variant(0.5) == "softmax (p0=0.5/C)"
 
 
 def _pairwise_hinge_alpha_one(z, y):
@@ -106,9 +124,37 @@ def test_sparsemax_hinge_is_the_alpha_one_pairwise_hinge():
     y = (torch.rand(5, 6, generator=gen) < 0.5).double()
     y[:, 0] = 1
     assert ml.sparsemax_hinge_loss(z, y).item() == pytest.approx(_pairwise_hinge_alpha_one(z, y), rel=1e-9)
-    # zero exactly when sparsemax(z) equals eta: z = eta plus a constant reproduces eta on the support
     eta = y / y.sum(1, keepdim=True)
     assert ml.sparsemax_hinge_loss(eta + 5.0, y).item() == pytest.approx(0.0, abs=1e-9)
+
+
+def test_detached_threshold_r_softmax_matches_r_softmax_forward_but_not_its_gradient():
+    from sparsenorm import r_softmax
+
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(6, 9, generator=gen, dtype=torch.float64, requires_grad=True)
+    r = torch.tensor([0.0, 0.2, 0.5, 0.7, 0.9, 1.0], dtype=torch.float64)
+    ours = ml.r_softmax_detached_threshold(x, r)
+    torch.testing.assert_close(ours, r_softmax(x, r, dim=-1))  # r = 1: the one-hot arg-max limit
+    g = torch.randn(6, 9, generator=gen, dtype=torch.float64)
+    (grad_detached,) = torch.autograd.grad((ours * g).sum(), x)
+    (grad_through,) = torch.autograd.grad((r_softmax(x, r, dim=-1) * g).sum(), x)
+    assert not torch.allclose(grad_detached, grad_through)  # the quantile's own gradient is gone
+    # and what remains is the gradient with the threshold held fixed (a constant tau)
+    tau = x.detach().sort(-1).values[:, 4:5]  # r = 0.5 on 9 entries: the median exactly
+    fixed = lambda z: (z - tau).clamp_min(0) * z.exp() / ((z - tau).clamp_min(0) * z.exp()).sum(-1, keepdim=True)  # noqa: E731
+    (expected,) = torch.autograd.grad((fixed(x)[2] * g[2]).sum(), x)
+    torch.testing.assert_close(grad_detached[2], expected[2])
+
+
+def test_count_decoding_and_rate():
+    logits = torch.log(torch.tensor([[0.1, 0.5, 0.4], [0.0, 0.2, 0.8]]).clamp_min(1e-9))
+    assert ml.decode_count(logits, "argmax").tolist() == [1, 2]
+    assert ml.decode_count(logits, "round-mean").tolist() == [1, 2]  # means 1.3, 1.8
+    assert ml.decode_count(torch.log(torch.tensor([[0.45, 0.1, 0.45]])), "round-mean").tolist() == [1]
+    torch.testing.assert_close(ml.rate_from_count(torch.tensor([0, 1, 2]), 2), torch.tensor([1.0, 0.5, 0.0]))
+    with pytest.raises(ValueError, match="count_decode"):
+        ml.decode_count(logits, "median")
 
 
 def _tiny_problem(n=64, d=8, labels=5, seed=0):
@@ -120,44 +166,88 @@ def _tiny_problem(n=64, d=8, labels=5, seed=0):
     return torch.from_numpy(x), torch.from_numpy(y)
 
 
-@pytest.mark.parametrize("method", ml.methods_for(None) + ml.methods_for(["entmax15", "posthoc_evidential"]),
-                         ids=lambda m: m.key)
-def test_training_steps_reduce_each_methods_loss(method):
+R_OPTIONS = [ml.RSoftmaxOptions(count_decode=d, rate_grad=g) for d in ml.COUNT_DECODES for g in ml.RATE_GRADS]
+
+
+@pytest.mark.parametrize("method,options", [(m, ml.RSoftmaxOptions()) for m in
+                                            ml.methods_for(None, ml.COUNT_HEADS) + ml.methods_for(["entmax15", "posthoc_evidential"])]
+                         + [(ml.methods_for(["r_softmax"])[0], o) for o in R_OPTIONS],
+                         ids=lambda v: v.key if isinstance(v, ml.Method) else f"{v.count_decode}-{v.rate_grad}")
+def test_training_steps_reduce_each_methods_loss(method, options):
     x, y = _tiny_problem()
     torch.manual_seed(0)
-    model = ml.MultilabelNet(x.shape[1], y.shape[1], hidden=16, rate_head=method.key == "r_softmax")
+    model = ml.MultilabelNet(x.shape[1], y.shape[1], hidden=16, count_head=method.count_head)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    kw = {"hourglass_q": 10.0, "rsoftmax": options}
     with torch.no_grad():
-        before = ml.training_loss(method, model, x, y).item()
+        before = ml.training_loss(method, model, x, y, **kw).item()
     for _ in range(30):
-        loss = ml.training_loss(method, model, x, y)
+        loss = ml.training_loss(method, model, x, y, **kw)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-    after = ml.training_loss(method, model, x, y).item()
+    after = ml.training_loss(method, model, x, y, **kw).item()
     assert math.isfinite(before) and math.isfinite(after)
     assert after < 0.8 * before, (method.key, before, after)
-    sets = ml.predict_sets(method, model, x)
+    sets, scores, counts = ml.predict(method, model, x, **kw)
     assert set(sets) == set(method.variants())
+    assert scores.shape == tuple(y.shape)
+    assert (counts is not None) == (method.normalizer == "r_softmax")
     for pred in sets.values():
         assert pred.shape == tuple(y.shape) and pred.dtype == bool
     if method.normalizer not in (None, "softmax"):
-        # a sparse output's support always holds at least one label
-        assert all(p.sum(1).min() >= 1 for p in sets.values())
+        assert all(p.sum(1).min() >= 1 for p in sets.values())  # a sparse output's support holds a label
 
 
-def test_train_method_picks_the_best_selection_epoch():
+def test_hourglass_q_reaches_the_loss():
+    x, y = _tiny_problem()
+    torch.manual_seed(0)
+    model = ml.MultilabelNet(x.shape[1], y.shape[1], hidden=16)
+    method = ml.methods_for(["sparsehourglass"])[0]
+    assert ml.training_loss(method, model, x, y, hourglass_q=1.0) != ml.training_loss(method, model, x, y, hourglass_q=10.0)
+
+
+def test_topk_sets_and_train_method_picks_the_best_selection_epoch():
+    assert training.topk_sets(np.array([[0.1, 0.9, 0.5], [3, 2, 1]]), np.array([2, 1])).tolist() == [
+        [False, True, True], [True, False, False]]
     x, y = _tiny_problem(n=80)
-    split = ml.Split(x[:60], y[:60], x[60:], y[60:].numpy().astype(int), x[60:], y[60:].numpy().astype(int), True)
-    result = ml.train_method(ml.methods_for(["softmax"])[0], split, seed=0, epochs=4, device=torch.device("cpu"))
+    split = training.Split(x[:60], y[:60], x[60:], y[60:].numpy().astype(int), x[60:], y[60:].numpy().astype(int), True)
+    result = training.train_method(ml.methods_for(["softmax"])[0], split, seed=0, epochs=4, device=torch.device("cpu"))
     for variant, entry in result.items():
         assert len(entry["curve"]) == 4
         assert entry["example_f1"] == pytest.approx(max(entry["curve"]))
         assert entry["curve"][entry["best_epoch"] - 1] == pytest.approx(entry["example_f1"])
+        assert 0 <= entry["known_count_topk_f1"] <= 1 and "count_accuracy" not in entry
     scores = dict(result)
-    ml.add_best_softmax(scores)
-    best = scores[ml.BEST_SOFTMAX]
-    assert best["select_f1"] == max(result[v]["select_f1"] for v in result)
+    training.add_chosen(scores)
+    assert scores[ml.BEST_SOFTMAX]["select_f1"] == max(result[v]["select_f1"] for v in result)
+    rs = training.train_method(ml.methods_for(["r_softmax"], ml.COUNT_HEADS)[1], split, 0, 2, torch.device("cpu"))
+    assert 0 <= rs["r_softmax (mlp count)"]["count_accuracy"] <= 1
+
+
+# ------------------------------------------------------------------ claims
+
+
+def _summary(real, synthetic):
+    f1s = lambda v: {m: {"mean": v, "std": 0.0} for m in claims.F1S}  # noqa: E731
+    variants = list(real)
+    return {"real_name": "yeast", "variants": variants, "real": {k: f1s(v) for k, v in real.items()},
+            "synthetic": {f"s{i}": {k: f1s(v) for k, v in row.items()} for i, row in enumerate(synthetic)},
+            "chosen": {}, "seconds_per_run": {}}
+
+
+def test_verdicts_follow_the_numbers_under_each_f1():
+    real = {ml.BEST_SOFTMAX: 0.6, "sparsemax+huber": 0.5, "sparsemax+hinge": 0.52, "sparsehourglass": 0.51,
+            "r_softmax": 0.59, "sigmoid": 0.55, "ev_softmax": 0.57}
+    verdicts = [c.verdict for c in claims.claims(_summary(real, [real, real, real]))]
+    # beats the sparse rivals; on par with the best softmax; sparsemax competitive; the two new diagnostics
+    assert verdicts == [runner.REPRODUCED, runner.REPRODUCED, runner.NOT_REPRODUCED, runner.NEW, runner.NEW]
+    worse = dict(real, r_softmax=0.45)
+    assert claims.claims(_summary(real, [worse, worse, real]))[0].verdict == runner.PARTLY  # yeast yes, synthetic 1/3
+    summary = _summary(real, [real])
+    summary["real"]["r_softmax"]["macro_f1"]["mean"] = 0.3  # worst on macro F1 only
+    first = claims.claims(summary)[0]
+    assert first.verdict == runner.PARTLY and "macro F1 — partly reproduced" in first.evidence
 
 
 # ------------------------------------------------------------------ smoke run
@@ -172,43 +262,59 @@ def _user_file(tmp_path):
     return tmp_path / "mine.npz"
 
 
-def test_smoke_run_writes_results_and_figures(tmp_path, monkeypatch):
+def test_smoke_run_writes_results_report_figures_and_resumes(tmp_path, monkeypatch):
     """Tiny settings, no network: small synthetic sets plus user data passed as the real data set."""
-    monkeypatch.setattr(ml, "average_label_sweep", lambda n_classes, quick: [n_classes // 2])
-    monkeypatch.setattr(ml, "document_length_sweep", lambda quick: [2000])
-    monkeypatch.setattr(ml, "make_synthetic", functools.partial(ml.make_synthetic, n_samples=200))
-    config = RunConfig(out=tmp_path / "out", quick=True, seeds=1, epochs=2, max_steps=3,
-                       data_dir=_user_file(tmp_path), extra={"workers": 1})
-    out = ml.run(config)
+    monkeypatch.setenv("SPARSENORM_NO_PROGRESS", "1")
+    monkeypatch.setattr(experiment, "average_label_sweep", lambda n_classes, quick: [n_classes // 2])
+    monkeypatch.setattr(experiment, "document_length_sweep", lambda quick: [2000])
+    monkeypatch.setattr(experiment, "make_synthetic", functools.partial(experiment.make_synthetic, n_samples=200))
+    argv = ["reproduce", "multilabel", "--quick", "--seeds", "1", "--epochs", "2", "--max-steps", "3", "--device", "cpu",
+            "--data-dir", str(_user_file(tmp_path)), "--workers", "1", "--class-counts", "10,30",
+            "--hourglass-q", "10", "--out", str(tmp_path / "out")]
+    assert cli.main(argv) == 0
+    out = tmp_path / "out" / "multilabel"
     payload = json.loads((out / "results.json").read_text())
     assert payload["experiment"] == "multilabel"
     results = payload["results"]
-    assert [r["n_classes"] for r in results["synthetic"]] == [10, 20, 30]  # one setting per class count
-    assert results["synthetic"][0]["data"]["n_train"] == 160
-    expected = ["softmax (p0=0.05)", "softmax (p0=0.1)", "softmax (p0=0.15)", "softmax (p0=0.2)", "softmax (p0=0.3)",
-                ml.BEST_SOFTMAX, "sparsemax+huber", "sparsemax+hinge", "sparsehourglass", "r_softmax", "ev_softmax", "sigmoid"]
-    assert results["variants"] == expected
-    for record in results["synthetic"] + results["real"]["runs"]:
+    assert results["settings"]["hourglass_q"] == 10.0 and results["settings"]["count_head"] == "auto"
+    assert results["jobs"]["jobs"] == ["synthetic-L10-labels5-length2000__seed0", "synthetic-L30-labels15-length2000__seed0",
+                                       "real__seed0"]
+    synthetic = [r for r in results["records"] if r["dataset"] == "synthetic"]
+    assert [r["data"]["n_classes"] for r in synthetic] == [10, 30]
+    assert synthetic[0]["data"]["n_train"] == 160
+    expected = [ml.softmax_variant(m) for m in ml.THRESHOLD_MULTIPLES] + [
+        ml.BEST_SOFTMAX, "sparsemax+huber", "sparsemax+hinge", "sparsehourglass", "r_softmax (linear count)",
+        "r_softmax (mlp count)", "ev_softmax", "sigmoid", "r_softmax"]
+    assert results["summary"]["variants"] == expected
+    for record in results["records"]:
         assert set(record["methods"]) == set(expected)
+        assert record["methods"]["r_softmax"]["chosen"] in ("r_softmax (linear count)", "r_softmax (mlp count)")
         for entry in record["methods"].values():
             assert 0.0 <= entry["example_f1"] <= 1.0 and entry["best_epoch"] in (1, 2)  # max_steps=3 stops early
-    assert results["real"]["name"] == "mine"
-    assert {v["claim"][:9] for v in results["verdicts"]} >= {"r-softmax", "where ev-"}
+    assert results["records"][-1]["data"]["name"] == "mine"
+    assert "count_accuracy" in results["summary"]["real"]["r_softmax"]
+    assert [c["claim"][:9] for c in results["claims"]] == ["r-softmax", "r-softmax", "sparsemax", "r-softmax", "where ev-"]
+    for c in results["claims"][:3]:
+        assert all(name in c["evidence"] for name in ("example F1", "micro F1", "macro F1"))
     assert set(results["figures"]) == {"labels", "length", "curves"}
     for name in results["figures"].values():
-        png = out / name
-        assert png.is_file() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     report = (out / "report.md").read_text()
-    assert "Table 1-style" in report and "Verdicts" in report and "f1_vs_average_labels.png" in report
+    assert "indicative only" in report and "Table 1-style" in report and "p0 = m/C" in report
+    assert "q = 10" in report and "Known-count top-k F1" in report
+    # Resumable: the real data only, reusing its cached job.
+    assert cli.main(argv + ["--data", "real"]) == 0
+    again = json.loads((out / "results.json").read_text())["results"]
+    assert again["jobs"]["reused_from_cache"] == ["real__seed0"] and again["jobs"]["run_now"] == []
 
 
-def test_parallel_workers_give_the_same_results(tmp_path, monkeypatch):
+def test_parallel_workers_give_the_same_results(tmp_path):
     """Two worker processes (the CPU default) reproduce the one-process results exactly."""
-    monkeypatch.setattr(ml, "CLASS_COUNTS", ())  # real data only: keeps the spawned workers cheap
     results = []
     for workers in (1, 2):
         config = RunConfig(out=tmp_path / f"out{workers}", seeds=2, epochs=2, data_dir=_user_file(tmp_path),
-                           normalizers=["softmax", "ev_softmax"], extra={"workers": workers})
-        payload = json.loads((ml.run(config) / "results.json").read_text())
-        results.append([{k: v["example_f1"] for k, v in run["methods"].items()} for run in payload["results"]["real"]["runs"]])
+                           normalizers=["softmax", "ev_softmax"], extra={"workers": workers, "data": "real"})
+        out = runner.run_experiment(experiment.EXPERIMENT, config)
+        payload = json.loads((out / "results.json").read_text())
+        results.append([{k: v["example_f1"] for k, v in r["methods"].items()} for r in payload["results"]["records"]])
     assert results[0] == results[1]
