@@ -72,12 +72,10 @@ def build_parser() -> argparse.ArgumentParser:
                                help=f"one of: {', '.join(EXPERIMENTS)}, all")
     common = _common_options()
     for name in EXPERIMENTS:
-        module = load(name)
-        description = getattr(getattr(module, "EXPERIMENT", module), "description", None) or module.DESCRIPTION
-        exp_parser = which.add_parser(name, parents=[common], help=description, description=description)
-        experiment = getattr(module, "EXPERIMENT", None)
-        if experiment is not None:
-            experiment.add_arguments(exp_parser)
+        experiment = load(name).EXPERIMENT
+        exp_parser = which.add_parser(name, parents=[common], help=experiment.description,
+                                      description=experiment.description)
+        experiment.add_arguments(exp_parser)
     which.add_parser("all", parents=[common], help="every experiment, then the index OUT/README.md")
 
     sub.add_parser("demo", help="print the worked examples for every normalizer and check the properties table")
@@ -91,9 +89,7 @@ def _reproduce(args: argparse.Namespace) -> int:
 
     if args.list:
         for name in EXPERIMENTS:
-            module = load(name)
-            description = getattr(getattr(module, "EXPERIMENT", module), "description", None) or module.DESCRIPTION
-            print(f"{name:12s} {description}")
+            print(f"{name:12s} {load(name).EXPERIMENT.description}")
         return 0
     if not args.experiment:
         raise CLIError(f"name an experiment: {', '.join(EXPERIMENTS)}, all (or --list)")

@@ -172,7 +172,7 @@ def test_index_lists_every_claim_of_every_experiment(tmp_path):
 def test_cli_passes_experiment_options_and_writes_the_index(tmp_path, monkeypatch):
     import sparsenorm.experiments as experiments
 
-    module = type("M", (), {"EXPERIMENT": ToyExperiment(), "DESCRIPTION": "toy"})
+    module = type("M", (), {"EXPERIMENT": ToyExperiment()})
     monkeypatch.setitem(experiments.EXPERIMENTS, "toy", "toy-module")
     monkeypatch.setattr(experiments, "load", lambda name: module if name == "toy" else experiments.import_module(
         experiments.EXPERIMENTS[name]))

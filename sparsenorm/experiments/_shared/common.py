@@ -1,8 +1,7 @@
 """Machinery shared by every experiment: config, seeding, device, progress bars, cache, outputs.
 
-An experiment module defines ``NAME``, ``DESCRIPTION``, ``DEFAULT_NORMALIZERS`` (registry names),
-``FULL_RUNTIME`` (a sentence on how long full mode takes) and ``run(config: RunConfig) -> Path``,
-which writes ``results.json``, ``report.md`` and PNG figures into ``config.out`` (returning it).
+The contract an experiment implements (settings, jobs, claims, report) is the ``Experiment``
+protocol of :mod:`.runner`, which also runs it.
 """
 from __future__ import annotations
 

@@ -91,7 +91,7 @@ def nonzero_count(probs, threshold: float = 0.0) -> np.ndarray:
     return (np.asarray(probs) > threshold).sum(axis=-1)
 
 
-# --- multi-label classification (sparsenorm.experiments.multilabel) -----------------------------
+# --- multi-label classification (sparsenorm.experiments.rsoftmax_multilabel) ---------------------
 # Label sets are 0/1 (or boolean) arrays of shape (n_examples, n_labels). Where a ratio is 0/0
 # (an example with no true and no predicted label; a label never true nor predicted; no positives
 # at all for micro-F1) the score is ``zero_division``, as in scikit-learn's ``f1_score``
