@@ -85,8 +85,11 @@ def _ranking(table: Dict[str, Any], metric: str, when: str) -> List[str]:
     return sorted(table, key=lambda n: sign * table[n][metric][when]["mean"])
 
 
-def _listing(table: Dict[str, Any], metric: str, when: str) -> str:
-    return ", ".join(f"{n} {table[n][metric][when]['mean']:.3f}" for n in _ranking(table, metric, when))
+def _listing(table: Dict[str, Any], metric: str, when: str, names: Sequence[str]) -> str:
+    """The values of ``names`` and of the best normalizer, best first."""
+    order = _ranking(table, metric, when)
+    shown = [n for n in order if n in names or n == order[0]]
+    return ", ".join(f"{n} {table[n][metric][when]['mean']:.3f}" for n in shown)
 
 
 def _per_metric_verdict(holds: Dict[str, bool]) -> str:
@@ -102,8 +105,8 @@ def _metric_claim(text: str, table: Dict[str, Any], needed: Sequence[str], test)
         return Claim(text, NOT_TESTABLE, f"needs {', '.join(needed)} and another normalizer", SOURCE)
     holds = {m: bool(test(m)) for m in METRICS}
     evidence = "; ".join(
-        f"{METRIC_NAMES[m]} {'holds' if holds[m] else 'fails'}: first ~5k steps {_listing(table, m, 'window')}; "
-        f"end {_listing(table, m, 'final')}" for m in METRICS)
+        f"{METRIC_NAMES[m]} {'holds' if holds[m] else 'fails'}: first ~5k steps {_listing(table, m, 'window', needed)}"
+        f" / end {_listing(table, m, 'final', needed)}" for m in METRICS)
     return Claim(text, _per_metric_verdict(holds), evidence, SOURCE)
 
 
