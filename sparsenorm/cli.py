@@ -45,7 +45,7 @@ class _OneLineErrorParser(argparse.ArgumentParser):
         self.exit(2, f"sparsenorm: error: {message} (see `{self.prog} --help`)\n")
 
 
-_COMMON_OPTIONS = ("quick", "seeds", "epochs", "normalizers", "out", "device", "data_dir", "max_steps")
+_COMMON_OPTIONS = ("quick", "seeds", "epochs", "normalizers", "out", "device", "data_dir", "max_steps", "report_only")
 
 
 def _common_options() -> argparse.ArgumentParser:
@@ -58,6 +58,9 @@ def _common_options() -> argparse.ArgumentParser:
                         help="output folder (one subfolder per experiment; README.md there indexes every claim)")
     common.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda, cuda:N")
     common.add_argument("--data-dir", type=Path, help="where data sets are cached, or the user's own copy")
+    common.add_argument("--report-only", action="store_true",
+                        help="train nothing: write the report from the jobs of this configuration already cached in "
+                             "OUT/<experiment>/runs/ (of a run still going or stopped); it lists the missing ones")
     common.add_argument("--max-steps", type=_positive_int("--max-steps"), help=argparse.SUPPRESS)
     return common
 
@@ -104,7 +107,7 @@ def _reproduce(args: argparse.Namespace) -> int:
         config = RunConfig(
             out=args.out / name, quick=args.quick, seeds=args.seeds, epochs=args.epochs,
             normalizers=args.normalizers, device=args.device, data_dir=args.data_dir,
-            max_steps=args.max_steps, extra=extra,
+            max_steps=args.max_steps, report_only=args.report_only, extra=extra,
         )
         out = run(name, config)
         print(f"{name}: wrote {out / 'report.md'}")

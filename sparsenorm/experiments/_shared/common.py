@@ -33,6 +33,7 @@ class RunConfig:
     device: str = "auto"
     data_dir: Optional[Path] = None
     max_steps: Optional[int] = None  # caps optimisation steps per run (smoke tests)
+    report_only: bool = False  # no training: report the jobs already cached (a long run still going, or stopped)
     extra: Dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> Dict[str, Any]:
