@@ -80,7 +80,7 @@ class CVAEExperiment:
                    "Fig. 2-3)")
     paper = "ev-softmax (Chen et al., NeurIPS 2021), Sec. 4.1, Fig. 2-3, Appendix E.1"
     default_normalizers = list(DEFAULT_NORMALIZERS)
-    full_runtime = ("Full mode: 20 epochs (15.6k SGD steps) per run; the lead setting with 10 seeds and three more "
+    full_runtime = ("Its defaults: 20 epochs (15.6k SGD steps) per run; the lead setting with 10 seeds and three more "
                     "settings of the KL-weight / optimizer sweep with 3 seeds each, 4 trainings per seed (softmax and "
                     "post-hoc evidential share one): about 1.7 min per training on one idle core, so about 2 h 10 min "
                     "in all; each (setting, normalizer, seed) is cached in `runs/`, so it can be run in parts.")
