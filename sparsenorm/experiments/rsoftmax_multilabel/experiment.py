@@ -90,7 +90,7 @@ class MultilabelExperiment:
     paper = "r-softmax (Bałazy et al. 2023), Sec. 4.1, Fig. 2, Table 1; sparsemax (Martins & Astudillo 2016)"
     default_normalizers = DEFAULT_NORMALIZERS
     full_runtime = ("150 epochs x 3 seeds x 8 trainings (both r-softmax count heads) on 27 synthetic settings and "
-                    "yeast: roughly 2.5 h on 2 idle CPU cores with 2 workers; each (data set, seed) is cached in "
+                    "yeast: roughly 2.5-3.5 h on 2 idle CPU cores with 2 workers (yeast measured: ~100 s of CPU per seed); each (data set, seed) is cached in "
                     "`runs/`, and `--data real` / `--data synthetic --class-counts ...` run it in parts.")
     quick_note = ("Quick mode trains 5 epochs instead of 150, with 2 seeds and 3 points per sweep: the models are not "
                   "converged, so its verdicts are indicative only.")
