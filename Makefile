@@ -8,6 +8,8 @@ reproduce: venv
 	.venv/bin/sparsenorm demo
 	.venv/bin/sparsenorm reproduce all --quick --out out
 
+# Hours on 2 cores; resumable: every finished (setting, seed) job is cached in out-full/<experiment>/runs/,
+# so running it again continues where it stopped.
 reproduce-full: venv
 	.venv/bin/sparsenorm reproduce all --out out-full
 

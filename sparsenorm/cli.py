@@ -45,7 +45,7 @@ class _OneLineErrorParser(argparse.ArgumentParser):
         self.exit(2, f"sparsenorm: error: {message} (see `{self.prog} --help`)\n")
 
 
-_COMMON_OPTIONS = ("quick", "seeds", "epochs", "normalizers", "out", "device", "data_dir", "max_steps")
+_COMMON_OPTIONS = ("quick", "seeds", "epochs", "normalizers", "out", "device", "data_dir", "max_steps", "report_only")
 
 
 def _common_options() -> argparse.ArgumentParser:
@@ -58,6 +58,9 @@ def _common_options() -> argparse.ArgumentParser:
                         help="output folder (one subfolder per experiment; README.md there indexes every claim)")
     common.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda, cuda:N")
     common.add_argument("--data-dir", type=Path, help="where data sets are cached, or the user's own copy")
+    common.add_argument("--report-only", action="store_true",
+                        help="train nothing: write the report from the jobs of this configuration already cached in "
+                             "OUT/<experiment>/runs/ (of a run still going or stopped); it lists the missing ones")
     common.add_argument("--max-steps", type=_positive_int("--max-steps"), help=argparse.SUPPRESS)
     return common
 
@@ -72,12 +75,10 @@ def build_parser() -> argparse.ArgumentParser:
                                help=f"one of: {', '.join(EXPERIMENTS)}, all")
     common = _common_options()
     for name in EXPERIMENTS:
-        module = load(name)
-        description = getattr(getattr(module, "EXPERIMENT", module), "description", None) or module.DESCRIPTION
-        exp_parser = which.add_parser(name, parents=[common], help=description, description=description)
-        experiment = getattr(module, "EXPERIMENT", None)
-        if experiment is not None:
-            experiment.add_arguments(exp_parser)
+        experiment = load(name).EXPERIMENT
+        exp_parser = which.add_parser(name, parents=[common], help=experiment.description,
+                                      description=experiment.description)
+        experiment.add_arguments(exp_parser)
     which.add_parser("all", parents=[common], help="every experiment, then the index OUT/README.md")
 
     sub.add_parser("demo", help="print the worked examples for every normalizer and check the properties table")
@@ -91,9 +92,7 @@ def _reproduce(args: argparse.Namespace) -> int:
 
     if args.list:
         for name in EXPERIMENTS:
-            module = load(name)
-            description = getattr(getattr(module, "EXPERIMENT", module), "description", None) or module.DESCRIPTION
-            print(f"{name:12s} {description}")
+            print(f"{name:12s} {load(name).EXPERIMENT.description}")
         return 0
     if not args.experiment:
         raise CLIError(f"name an experiment: {', '.join(EXPERIMENTS)}, all (or --list)")
@@ -108,7 +107,7 @@ def _reproduce(args: argparse.Namespace) -> int:
         config = RunConfig(
             out=args.out / name, quick=args.quick, seeds=args.seeds, epochs=args.epochs,
             normalizers=args.normalizers, device=args.device, data_dir=args.data_dir,
-            max_steps=args.max_steps, extra=extra,
+            max_steps=args.max_steps, report_only=args.report_only, extra=extra,
         )
         out = run(name, config)
         print(f"{name}: wrote {out / 'report.md'}")

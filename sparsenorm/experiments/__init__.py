@@ -1,15 +1,15 @@
-"""Reproducible experiments, one per paper experiment; ``EXPERIMENTS`` maps CLI names to modules.
+"""Reproducible experiments, one folder per paper experiment; ``EXPERIMENTS`` maps CLI names to packages.
 
-A module either defines ``EXPERIMENT`` (an :class:`._shared.runner.Experiment`, run by the shared
-runner) or, until it is moved onto the runner, ``run(config) -> Path``.
+Each package defines ``EXPERIMENT``, an :class:`._shared.runner.Experiment` that the shared runner
+carries out (:func:`run`).
 """
 from importlib import import_module
 from pathlib import Path
 from types import ModuleType
 
 EXPERIMENTS = {
-    "cvae": "sparsenorm.experiments.cvae",
-    "multilabel": "sparsenorm.experiments.multilabel",
+    "cvae": "sparsenorm.experiments.evsoftmax_cvae",
+    "multilabel": "sparsenorm.experiments.rsoftmax_multilabel",
     "ssvae": "sparsenorm.experiments.evsoftmax_ssvae",
 }
 
@@ -22,9 +22,6 @@ def load(name: str) -> ModuleType:
 
 def run(name: str, config) -> Path:
     """Run the experiment called ``name`` with a :class:`._shared.common.RunConfig`; return its output folder."""
-    module = load(name)
-    if hasattr(module, "EXPERIMENT"):
-        from ._shared.runner import run_experiment
+    from ._shared.runner import run_experiment
 
-        return run_experiment(module.EXPERIMENT, config)
-    return module.run(config)
+    return run_experiment(load(name).EXPERIMENT, config)

@@ -172,7 +172,7 @@ def test_index_lists_every_claim_of_every_experiment(tmp_path):
 def test_cli_passes_experiment_options_and_writes_the_index(tmp_path, monkeypatch):
     import sparsenorm.experiments as experiments
 
-    module = type("M", (), {"EXPERIMENT": ToyExperiment(), "DESCRIPTION": "toy"})
+    module = type("M", (), {"EXPERIMENT": ToyExperiment()})
     monkeypatch.setitem(experiments.EXPERIMENTS, "toy", "toy-module")
     monkeypatch.setattr(experiments, "load", lambda name: module if name == "toy" else experiments.import_module(
         experiments.EXPERIMENTS[name]))
@@ -182,3 +182,19 @@ def test_cli_passes_experiment_options_and_writes_the_index(tmp_path, monkeypatc
     results = json.loads((tmp_path / "toy" / "results.json").read_text())["results"]
     assert results["settings"]["scale"] == 3.0
     assert "the mean exceeds 10" in (tmp_path / "README.md").read_text()
+
+
+def test_report_only_reports_the_cached_jobs_and_lists_the_missing(tmp_path):
+    out = tmp_path / "toy"
+    runner.run_experiment(ToyExperiment(), RunConfig(out=out, device="cpu", seeds=2))
+    exp = ToyExperiment()
+    runner.run_experiment(exp, RunConfig(out=out, device="cpu", seeds=3, report_only=True))
+    assert exp.calls == []  # nothing trained
+    results = json.loads((out / "results.json").read_text())["results"]
+    assert results["jobs"]["jobs"] == ["seed0", "seed1"] and results["jobs"]["missing"] == ["seed2"]
+    assert results["mode"] == "full (partial)" and len(results["records"]) == 2
+    report = (out / "report.md").read_text()
+    assert "Partial report: 2 of 3 jobs" in report and "`seed2`" in report
+    assert "Partial results for toy" in write_index(tmp_path).read_text()
+    with pytest.raises(UserFacingError, match="no finished job"):
+        runner.run_experiment(ToyExperiment(), RunConfig(out=tmp_path / "empty", device="cpu", report_only=True))

@@ -1,8 +1,7 @@
 """Machinery shared by every experiment: config, seeding, device, progress bars, cache, outputs.
 
-An experiment module defines ``NAME``, ``DESCRIPTION``, ``DEFAULT_NORMALIZERS`` (registry names),
-``FULL_RUNTIME`` (a sentence on how long full mode takes) and ``run(config: RunConfig) -> Path``,
-which writes ``results.json``, ``report.md`` and PNG figures into ``config.out`` (returning it).
+The contract an experiment implements (settings, jobs, claims, report) is the ``Experiment``
+protocol of :mod:`.runner`, which also runs it.
 """
 from __future__ import annotations
 
@@ -34,6 +33,7 @@ class RunConfig:
     device: str = "auto"
     data_dir: Optional[Path] = None
     max_steps: Optional[int] = None  # caps optimisation steps per run (smoke tests)
+    report_only: bool = False  # no training: report the jobs already cached (a long run still going, or stopped)
     extra: Dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> Dict[str, Any]:

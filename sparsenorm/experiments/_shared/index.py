@@ -41,7 +41,11 @@ def write_index(root: Path) -> Path:
             claim = c["claim"] + (f" ({c['source']})" if c.get("source") else "")
             rows.append([link, _cell(exp.get("paper", "")), _cell(claim), f"**{c['verdict']}**", _cell(c["evidence"])])
     lines = ["# sparsenorm reproductions: every claim", ""]
-    quick = [e["folder"] for e in experiments if e.get("mode") == "quick"]
+    quick = [e["folder"] for e in experiments if e.get("mode", "").startswith("quick")]
+    partial = [e["folder"] for e in experiments if "partial" in e.get("mode", "")]
+    if partial:
+        lines += [f"Partial results for {', '.join(partial)}: not every job of the configuration had finished; "
+                  "each report lists the missing ones.", ""]
     if quick:
         lines += [f"Quick mode for {', '.join(quick)}: these verdicts are indicative only (fewer epochs and seeds; "
                   "each report says what quick mode leaves out). Full mode: `sparsenorm reproduce all`.", ""]

@@ -33,6 +33,38 @@ def class_wasserstein(p, q, positions: Optional[Sequence[float]] = None) -> floa
     return float(wasserstein_distance(pos, pos, p, q))
 
 
+def authors_wasserstein(p, q) -> float:
+    """The distance of the ev-softmax authors' plotting script (sisl/EvSoftmax, ``mnist_cvae/plot_dists.py``).
+
+    ``scipy.stats.wasserstein_distance(p, q)``: the probabilities are the *values* of two samples,
+    so it compares the two sets of numbers and ignores which class carries which probability (five
+    equal modes on the wrong digits score 0 against five equal modes on the right ones). Kept to
+    compare with the paper's Fig. 3; :func:`class_wasserstein` is the distance between the
+    distributions.
+    """
+    p = _as_distribution(p, "p")
+    q = _as_distribution(q, "q")
+    if p.shape != q.shape:
+        raise ValueError(f"p and q must have the same number of classes, got {p.shape} and {q.shape}")
+    return float(wasserstein_distance(p, q))
+
+
+def parity_mass(prior, decoded_digits, parity: str) -> float:
+    """Probability mass that ``prior`` (over latent classes) puts on classes whose decoded digit has ``parity``.
+
+    ``decoded_digits[k]`` is the digit the classifier reads in the image decoded from latent class
+    k. 1 means the prior only generates digits of the right parity (ev-softmax paper, Sec. 4.1).
+    """
+    if parity not in ("even", "odd"):
+        raise ValueError(f"parity must be 'even' or 'odd', got {parity!r}")
+    prior = _as_distribution(prior, "prior")
+    digits = np.asarray(decoded_digits)
+    if digits.shape != prior.shape:
+        raise ValueError(f"decoded_digits must have one digit per latent class, got {digits.shape} for {prior.shape}")
+    right = digits % 2 == (0 if parity == "even" else 1)
+    return float(prior[right].sum() / prior.sum())
+
+
 def parity_target(parity: str) -> np.ndarray:
     """The ground-truth digit distribution of a query: uniform over the five even or odd digits."""
     if parity not in ("even", "odd"):
@@ -59,7 +91,7 @@ def nonzero_count(probs, threshold: float = 0.0) -> np.ndarray:
     return (np.asarray(probs) > threshold).sum(axis=-1)
 
 
-# --- multi-label classification (sparsenorm.experiments.multilabel) -----------------------------
+# --- multi-label classification (sparsenorm.experiments.rsoftmax_multilabel) ---------------------
 # Label sets are 0/1 (or boolean) arrays of shape (n_examples, n_labels). Where a ratio is 0/0
 # (an example with no true and no predicted label; a label never true nor predicted; no positives
 # at all for micro-F1) the score is ``zero_division``, as in scikit-learn's ``f1_score``

@@ -132,7 +132,7 @@ def _settings_dict(settings: Any) -> Dict[str, Any]:
 
 
 def fingerprint(settings: Any, job: Job, config: RunConfig, exclude: Sequence[str] = ("seeds",)) -> str:
-    """What a cached job record must match to be reused: the settings, the job and the step cap.
+    """What a cached job record must match to be reused: the settings, the job, the step cap and the data folder.
 
     Settings fields in ``exclude`` do not change what one job computes (the number of seeds; an
     experiment whose jobs carry their normalizer in ``Job.params`` also excludes the normalizer
@@ -140,6 +140,8 @@ def fingerprint(settings: Any, job: Job, config: RunConfig, exclude: Sequence[st
     """
     kept = {k: v for k, v in _settings_dict(settings).items() if k not in exclude}
     payload = {"settings": kept, "job": asdict(job), "max_steps": config.max_steps}
+    if config.data_dir is not None:  # the user's own data set: other jobs than the default data's
+        payload["data_dir"] = str(config.data_dir)
     text = json.dumps(_jsonable(payload), sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -234,21 +236,29 @@ def run_experiment(experiment: Experiment, config: RunConfig) -> Path:
             cache.save(job, stamps[job.key], record)
             records[job.key] = record
 
-        _execute(experiment, [j for j in jobs if j.key not in records], context, settings, device, options, on_done)
+        pending = [j for j in jobs if j.key not in records]
+        if config.report_only:
+            if not records:
+                raise UserFacingError(f"--report-only: no finished job of this configuration in {cache.folder}")
+        else:
+            _execute(experiment, pending, context, settings, device, options, on_done)
         jobs_s = clock.elapsed - prepare_s
     finally:
         torch.set_num_threads(threads)
 
+    missing = [key for key in keys if key not in records]
+    keys = [key for key in keys if key in records]
     ordered = [records[key] for key in keys]
     summary = experiment.aggregate(ordered, settings)
     claims = experiment.claims(summary, ordered, settings)
     report = experiment.report(out, summary, ordered, settings, context)
     timing = {"prepare_s": round(prepare_s, 1), "jobs_s": round(jobs_s, 1), "total_s": round(clock.elapsed, 1)}
-    ran = {"jobs": keys, "reused_from_cache": reused, "run_now": [k for k in keys if k not in reused]}
+    ran = {"jobs": keys, "reused_from_cache": reused, "run_now": [k for k in keys if k not in reused],
+           "missing": missing}
     _write_report(out, experiment, config, settings, report, claims, ran, timing, device)
     results = {
         "paper": experiment.paper,
-        "mode": "quick" if config.quick else "full",
+        "mode": ("quick" if config.quick else "full") + (" (partial)" if missing else ""),
         "settings": _settings_dict(settings),
         "device": str(device),
         "jobs": ran,
@@ -274,6 +284,10 @@ def _write_report(out: Path, experiment: Experiment, config: RunConfig, settings
                   device: torch.device) -> Path:
     mode = (f"**Quick mode — indicative only, not a verdict on the paper.** {experiment.quick_note}"
             if config.quick else f"Full mode. {experiment.full_runtime}")
+    if ran["missing"]:
+        mode += (f"\n\n**Partial report: {len(ran['jobs'])} of {len(ran['jobs']) + len(ran['missing'])} jobs of "
+                 "this configuration had finished; every number below covers only those** (the missing ones are "
+                 "listed under \"What ran\").")
     env = environment_info()
     lines = [
         f"# {experiment.description}",
@@ -291,7 +305,8 @@ def _write_report(out: Path, experiment: Experiment, config: RunConfig, settings
         "## What ran",
         "",
         f"- {len(ran['jobs'])} job(s): {len(ran['run_now'])} run now, {len(ran['reused_from_cache'])} reused from "
-        f"`runs/` (same settings; delete that folder to rerun them).",
+        f"`runs/` (same settings; delete that folder to rerun them)."
+        + (f" Not run (missing from this report): {', '.join(f'`{k}`' for k in ran['missing'])}." if ran["missing"] else ""),
         f"- Wall time: {timing['total_s']:.0f} s (prepare {timing['prepare_s']:.0f} s, jobs {timing['jobs_s']:.0f} s) "
         f"on {device}, torch {env['torch']}, {env['threads']} thread(s) outside the jobs.",
         "- Settings: " + ", ".join(f"`{k}={v}`" for k, v in _settings_dict(settings).items()) + ".",

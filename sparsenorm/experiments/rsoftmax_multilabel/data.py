@@ -40,7 +40,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ._shared.common import UserFacingError, cache_dir
+from .._shared.common import UserFacingError, cache_dir
 
 SYNTHETIC_SAMPLES = 5000
 SYNTHETIC_FEATURES = 128

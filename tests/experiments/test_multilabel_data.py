@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sparsenorm.experiments import multilabel_data as md
+from sparsenorm.experiments.rsoftmax_multilabel import data as md
 from sparsenorm.experiments._shared.common import UserFacingError
 
 # ------------------------------------------------------------------ a minimal R serializer (XDR)

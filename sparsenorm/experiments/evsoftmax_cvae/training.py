@@ -1,0 +1,185 @@
+"""Training one CVAE per (training setting, normalizer group, seed) and evaluating its prior along the way.
+
+At every checkpoint (every ``eval_every`` steps and at the end) the evaluation-time prior p(z | y)
+of each query is scored three ways (Appendix E.1 and Sec. 4.1):
+
+* ``w_digits``: the 1-Wasserstein distance between ``sum_k Q(digit | x_k) p(z_k | y)`` and the
+  uniform distribution over the query's five digits, digits as positions (our reading of App. E.1);
+* ``w_authors``: ``scipy.stats.wasserstein_distance(marginal, target)`` with the probabilities as
+  values, the authors' plotting script's metric (five equal modes of the wrong parity score 0);
+* ``parity_mass``: the prior's mass on latent classes whose decoded digit (by Q) has the query's
+  parity: the direct test of "the prior generates the right digits".
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Dict, List, Sequence, Tuple
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ... import registry
+from .._shared import common, metrics
+from .._shared.mnist import MNIST
+from .model import CVAE, LATENT_CLASSES, QUERIES, negative_elbo
+
+METRICS = ("w_digits", "w_authors", "parity_mass")
+LOWER_IS_BETTER = {"w_digits": True, "w_authors": True, "parity_mass": False}
+OPTIMIZERS = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam}
+
+
+@dataclass(frozen=True)
+class TrainingSetting:
+    """What the KL-weight sweep varies: the optimizer, its learning rate and the KL weight."""
+
+    optimizer: str
+    learning_rate: float
+    kl_weight: float
+
+    @property
+    def label(self) -> str:
+        """A file-name-safe name, e.g. ``sgd-lr0.001-kl0.00015625``."""
+        return f"{self.optimizer}-lr{self.learning_rate:g}-kl{self.kl_weight:g}"
+
+    @property
+    def title(self) -> str:
+        kl = {0.01 / 64: "0.01/64 (authors' code)", 1 / 64: "1/64", 1.0: "1 (textbook ELBO)"}.get(
+            self.kl_weight, f"{self.kl_weight:g}")
+        return f"{self.optimizer.upper()} lr {self.learning_rate:g}, KL weight {kl}"
+
+
+def training_groups(names: Sequence[str]) -> List[List[str]]:
+    """Normalizers whose training is identical (same train_forward and log_prob; e.g. softmax and
+    post-hoc evidential, a softmax-trained model) share one trained model per seed."""
+    groups: Dict[Tuple[Any, Any], List[str]] = {}
+    for name in names:
+        norm = registry.get(name)
+        groups.setdefault((norm.train_forward, norm.log_prob), []).append(name)
+    return list(groups.values())
+
+
+def data_tensors(data: MNIST, device: torch.device, eval_size: int) -> Dict[str, Tensor]:
+    """Training images with their parity queries (one-hot), and ``eval_size`` validation images."""
+    def onehot(labels: np.ndarray) -> Tensor:
+        return F.one_hot(torch.from_numpy(labels % 2), len(QUERIES)).float().to(device)
+
+    n_eval = min(eval_size, len(data.val_labels))
+    return {"x_train": torch.from_numpy(data.train_images).to(device), "y_train": onehot(data.train_labels),
+            "x_val": torch.from_numpy(data.val_images[:n_eval]).to(device), "y_val": onehot(data.val_labels[:n_eval])}
+
+
+@torch.no_grad()
+def evaluate_prior(model: CVAE, norm, classifier) -> Dict[str, Any]:
+    """Evaluation-time prior per query, Q on the decoded latent classes, and the three scores per query."""
+    device = next(model.parameters()).device
+    prior = norm.probs_from_linear(model.prior_hidden(torch.eye(len(QUERIES), device=device)), model.prior_head)
+    images = torch.sigmoid(model.decode_logits(torch.eye(LATENT_CLASSES, device=device)))
+    digit_probs = classifier.probs(images).double().cpu().numpy()
+    prior_np = prior.double().cpu().numpy()
+    marginal = metrics.marginal_digit_distribution(prior_np, digit_probs)
+    decoded = digit_probs.argmax(-1)
+    scores = {
+        "w_digits": {q: metrics.class_wasserstein(marginal[i], metrics.parity_target(q)) for i, q in enumerate(QUERIES)},
+        "w_authors": {q: metrics.authors_wasserstein(marginal[i], metrics.parity_target(q)) for i, q in enumerate(QUERIES)},
+        "parity_mass": {q: metrics.parity_mass(prior_np[i], decoded, q) for i, q in enumerate(QUERIES)},
+    }
+    return {"prior": prior_np, "images": images.cpu().numpy(), "decoded": decoded, "marginal": marginal,
+            "scores": scores}
+
+
+@torch.no_grad()
+def posterior_statistics(model: CVAE, norm, x: Tensor, y: Tensor) -> Dict[str, float]:
+    """Mean support size of q(z | x, y) at evaluation, and how many latent classes are ever its argmax."""
+    probs = norm.probs_from_linear(model.posterior_features(x, y), model.posterior_head)
+    return {"posterior_mean_support": float((probs > 0).sum(-1).double().mean()),
+            "posterior_classes_used": int(probs.argmax(-1).unique().numel())}
+
+
+def _support(row: np.ndarray) -> List[int]:
+    return [int(k) for k in np.flatnonzero(row > 0)]
+
+
+def train_group(names: List[str], seed: int, setting: TrainingSetting, data: Dict[str, Tensor], classifier, *,
+                epochs: int, batch_size: int, temperature: float, smoothing: float, eval_every: int,
+                device: torch.device, max_steps=None, keep_images: bool = False) -> Dict[str, Dict[str, Any]]:
+    """Train one CVAE with the (shared) training form of ``names``; evaluate it with each of them.
+
+    Returns, per normalizer, the curves of the three scores (``curve[metric][query]`` at
+    ``curve["iteration"]``), the final prior, its support now and at initialisation, and posterior
+    statistics on the validation images.
+    """
+    norms = {name: registry.get(name) for name in names}
+    train_norm = norms[names[0]]
+    gen = common.seed_everything(seed)
+    noise_gen = gen if device.type == "cpu" else torch.Generator(device=device).manual_seed(seed)
+    model = CVAE().to(device)
+    if setting.optimizer not in OPTIMIZERS:
+        raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {setting.optimizer!r}")
+    optimizer = OPTIMIZERS[setting.optimizer](model.parameters(), lr=setting.learning_rate)
+    x_train, y_train = data["x_train"], data["y_train"]
+    n = len(x_train)
+    steps_per_epoch = max(1, n // batch_size)
+    total = epochs * steps_per_epoch if max_steps is None else min(epochs * steps_per_epoch, max_steps)
+
+    curves = {name: {"iteration": [], **{m: {q: [] for q in QUERIES} for m in METRICS}} for name in names}
+    initial: Dict[str, Dict[str, Any]] = {}
+    loss_curve = {"iteration": [], "neg_elbo_per_example": []}
+    running, running_count = 0.0, 0
+
+    def checkpoint(step: int) -> None:
+        model.eval()
+        for name, norm in norms.items():
+            result = evaluate_prior(model, norm, classifier)
+            initial.setdefault(name, result)
+            curves[name]["iteration"].append(step)
+            for m in METRICS:
+                for q in QUERIES:
+                    curves[name][m][q].append(result["scores"][m][q])
+        model.train()
+
+    clock = common.Stopwatch()
+    checkpoint(0)
+    order = torch.randperm(n, generator=gen).to(device)
+    for step in common.progress(range(total), total=total, desc=f"cvae {setting.label} {'+'.join(names)} seed {seed}"):
+        offset = (step % steps_per_epoch) * batch_size
+        if step > 0 and offset == 0:
+            order = torch.randperm(n, generator=gen).to(device)
+        idx = order[offset:offset + batch_size]
+        loss, _, _ = negative_elbo(model, train_norm, x_train[idx], y_train[idx], kl_weight=setting.kl_weight,
+                                   temperature=temperature, smoothing=smoothing, generator=noise_gen)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        running += float(loss.detach()) / len(idx)
+        running_count += 1
+        done = step + 1
+        if done % eval_every == 0 or done == total:
+            checkpoint(done)
+            loss_curve["iteration"].append(done)
+            loss_curve["neg_elbo_per_example"].append(running / running_count)
+            running, running_count = 0.0, 0
+    train_time = clock.elapsed
+
+    model.eval()
+    out: Dict[str, Dict[str, Any]] = {}
+    for name, norm in norms.items():
+        final, init = evaluate_prior(model, norm, classifier), initial[name]
+        out[name] = {
+            "trained_with": train_norm.name,
+            "prior": {q: final["prior"][i].tolist() for i, q in enumerate(QUERIES)},
+            "initial_prior": {q: init["prior"][i].tolist() for i, q in enumerate(QUERIES)},
+            "support": {q: _support(final["prior"][i]) for i, q in enumerate(QUERIES)},
+            "initial_support": {q: _support(init["prior"][i]) for i, q in enumerate(QUERIES)},
+            "modes_above_1pct": {q: int(metrics.nonzero_count(final["prior"][i], 0.01)) for i, q in enumerate(QUERIES)},
+            # Total variation between the evaluation-time prior at the end and at initialisation.
+            "prior_change_since_init": float(0.5 * np.abs(final["prior"] - init["prior"]).sum(-1).mean()),
+            "decoded_digit": final["decoded"].tolist(),
+            "predicted_digit_distribution": {q: final["marginal"][i].tolist() for i, q in enumerate(QUERIES)},
+            **posterior_statistics(model, norm, data["x_val"], data["y_val"]),
+            "curve": curves[name],
+        }
+        if keep_images:  # for Fig. 2
+            out[name]["images"] = np.round(final["images"], 3).tolist()
+    return {"steps": total, "train_time_s": round(train_time, 1), "loss_curve": loss_curve, "normalizers": out}

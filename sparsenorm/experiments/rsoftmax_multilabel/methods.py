@@ -1,0 +1,226 @@
+"""The methods compared: one output layer and loss each, on the paper's two-layer network.
+
+* ``softmax``: cross-entropy to the normalized label vector y/|y|; labels with p >= p0 for a grid
+  of thresholds that scales with the number of classes C (``p0 = m / C``, see ``THRESHOLD_MULTIPLES``),
+  plus the best p0 (chosen on the selection set).
+* ``sparsemax+huber``: sparsemax with its multi-label loss (the registry's; Martins & Astudillo).
+* ``sparsemax+hinge``: sparsemax with Laha et al.'s multi-label hinge loss at alpha = 1.
+* ``sparsehourglass``: sparsehourglass with its multi-label hinge loss at ``hourglass_q``.
+* ``r_softmax``: r-softmax with a per-example sparsity rate from a label-count head (an "additional
+  layer", Sec. 4.1: linear or a one-hidden-layer MLP) and the Eq. 4 loss plus the count cross-entropy.
+* ``ev_softmax``: trained through Eq. 10 with the cross-entropy to y/|y| (the registry's multi-label
+  loss); the predicted set is the support of ev-softmax (Eq. 7).
+* ``sigmoid``: one logistic output per label (binary cross-entropy), threshold 0.5.
+
+Any other registry normalizer given with ``--normalizers`` is trained with its registry
+multi-label loss and predicts its support.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ... import registry
+from ...losses import SparsityRatePredictor, sparsehourglass_multilabel_hinge_loss
+from ...losses.rsoftmax import _eq4_loss, r_softmax_loss
+
+HIDDEN = 128
+SIGMOID_THRESHOLD = 0.5
+# Softmax thresholds p0 = m / C: one label of C at uniform probability sits at m = 1, so the grid
+# can predict every label of a dense label set (27 true labels of 30 have p ~ 1/27 > 1/30); at
+# C = 10 it contains the paper's {0.05, 0.1, 0.15, 0.2, 0.3}.
+THRESHOLD_MULTIPLES = (0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0)
+SPARSEMAX_HINGE_Q = 1e12  # alpha(z) = 1 to float precision: the q -> infinity (sparsemax) limit
+COUNT_HEADS = ("linear", "mlp")
+COUNT_DECODES = ("argmax", "round-mean")
+RATE_GRADS = ("through", "detached")
+BEST_SOFTMAX = "softmax (best p0)"
+
+
+@dataclass(frozen=True)
+class RSoftmaxOptions:
+    """How r-softmax's label count becomes its sparsity rate, and how the rate is trained."""
+
+    count_head: str = "linear"  # "linear" or "mlp" (one hidden layer of the network's width)
+    count_decode: str = "argmax"  # "argmax" of the count logits, or "round-mean": the rounded expected count
+    rate_grad: str = "through"  # "through": Eq. 4's gradient flows through the quantile; "detached" (authors' code)
+
+
+@dataclass(frozen=True)
+class Method:
+    """One output layer + loss; ``normalizer`` is a registry name (None for the sigmoid baseline)."""
+
+    key: str
+    normalizer: Optional[str]
+    loss: str
+    count_head: Optional[str] = None  # r-softmax only
+
+    def variants(self) -> List[str]:
+        """Names of the predictions it yields (softmax: one per threshold)."""
+        if self.key == "softmax":
+            return [softmax_variant(m) for m in THRESHOLD_MULTIPLES]
+        return [self.key]
+
+
+def softmax_variant(multiple: float) -> str:
+    return f"softmax (p0={multiple:g}/C)"
+
+
+def r_softmax_key(count_head: str) -> str:
+    return f"r_softmax ({count_head} count)"
+
+
+def methods_for(normalizers: Optional[Sequence[str]], count_heads: Sequence[str] = ("linear",)) -> List[Method]:
+    """The methods to run: the paper's set by default, or those of the named normalizers.
+
+    ``count_heads``: one r-softmax method per label-count head (two when the head is chosen on
+    validation).
+    """
+    from .experiment import DEFAULT_NORMALIZERS
+
+    names = list(DEFAULT_NORMALIZERS) if normalizers is None else list(normalizers)
+    out: List[Method] = []
+    for name in names:
+        registry.get(name)  # unknown names raise ValueError listing the known ones
+        if name == "softmax":
+            out.append(Method("softmax", "softmax", "cross-entropy to y/|y|, threshold p0 = m/C"))
+        elif name == "sparsemax":
+            out.append(Method("sparsemax+huber", "sparsemax", "sparsemax multi-label loss (Martins & Astudillo)"))
+            out.append(Method("sparsemax+hinge", "sparsemax", "Laha et al. multi-label hinge loss, alpha = 1"))
+        elif name == "r_softmax":
+            for head in count_heads:
+                out.append(Method(r_softmax_key(head), "r_softmax",
+                                  f"Eq. 4 with r from a {head} label-count head + count cross-entropy", head))
+        else:
+            out.append(Method(name, name, f"registry multi-label loss of {name}"))
+    if normalizers is None:
+        out.append(Method("sigmoid", None, "per-label binary cross-entropy, threshold 0.5"))
+    return out
+
+
+class MultilabelNet(nn.Module):
+    """The paper's two-layer network: ``Linear(d, 128) - ReLU - Linear(128, L)``.
+
+    With ``count_head`` an extra head on the hidden features predicts the number of labels, hence
+    r-softmax's sparsity rate (r-softmax paper, Sec. 4.1): ``"linear"`` is one linear layer (the
+    paper's "additional layer", :class:`sparsenorm.losses.SparsityRatePredictor`), ``"mlp"`` one
+    hidden ReLU layer of the same width before it.
+    """
+
+    def __init__(self, n_features: int, n_labels: int, hidden: int = HIDDEN, count_head: Optional[str] = None):
+        super().__init__()
+        self.hidden = nn.Sequential(nn.Linear(n_features, hidden), nn.ReLU())
+        self.out = nn.Linear(hidden, n_labels)
+        self.rate = None
+        if count_head is not None:
+            if count_head not in COUNT_HEADS:
+                raise ValueError(f"count_head must be one of {', '.join(COUNT_HEADS)}, got {count_head!r}")
+            self.rate = SparsityRatePredictor(hidden, n_labels)
+            if count_head == "mlp":
+                self.rate.layer = nn.Sequential(nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, n_labels + 1))
+
+    def forward(self, x: Tensor) -> Tuple[Tensor, Tensor]:
+        h = self.hidden(x)
+        return h, self.out(h)
+
+
+def decode_count(count_logits: Tensor, how: str) -> Tensor:
+    """The predicted number of labels: arg-max of the count logits, or the rounded expected count."""
+    if how == "argmax":
+        return count_logits.detach().argmax(-1)
+    if how == "round-mean":
+        ks = torch.arange(count_logits.shape[-1], dtype=count_logits.dtype, device=count_logits.device)
+        return (count_logits.detach().softmax(-1) * ks).sum(-1).round().long()
+    raise ValueError(f"count_decode must be one of {', '.join(COUNT_DECODES)}, got {how!r}")
+
+
+def rate_from_count(count: Tensor, n_labels: int) -> Tensor:
+    """r = (C - k) / C, the fraction of zeros (Eq. 3's sparsity rate), per example."""
+    return ((n_labels - count.to(torch.get_default_dtype())) / n_labels).clamp(0.0, 1.0)
+
+
+def r_softmax_detached_threshold(x: Tensor, r: Tensor) -> Tensor:
+    """r-softmax (Eq. 3) over the last dim with the quantile threshold detached, as in the authors' code.
+
+    ``r`` has one value per row. ``r = 1`` is taken as the one-hot arg-max limit, as
+    :func:`sparsenorm.r_softmax` defines it (the rate is capped just below 1, which leaves only
+    the row maximum above the threshold).
+    """
+    n = x.shape[-1]
+    r = r.reshape(-1, 1).to(x.dtype).clamp(max=1.0 - 0.5 / max(n - 1, 1))
+    ordered = x.detach().sort(-1).values
+    position = r * (n - 1)
+    lo = position.floor().long()
+    hi = position.ceil().long().clamp(max=n - 1)
+    tau = torch.lerp(ordered.gather(-1, lo), ordered.gather(-1, hi), position - lo)
+    weights = (x - tau).clamp_min(0) * torch.exp(x - x.detach().max(-1, keepdim=True).values)
+    return weights / weights.sum(-1, keepdim=True)
+
+
+def sparsemax_hinge_loss(logits: Tensor, target: Tensor) -> Tensor:
+    """Laha et al.'s multi-label hinge loss for sparsemax: their pairwise loss with alpha = 1.
+
+    As q -> infinity, sparsehourglass's alpha(z) = (1 + qK) / (|sum z| + qK) -> 1 and
+    sparsehourglass(z) = sparsemax(alpha z) becomes sparsemax, so the q -> infinity loss is the
+    sparsemax hinge loss (Laha et al.'s ``sparsegen_lin`` loss with lambda = 0);
+    ``SPARSEMAX_HINGE_Q`` = 1e12 puts alpha within 1e-10 of 1 for logit sums below 1e3.
+    """
+    return sparsehourglass_multilabel_hinge_loss(logits, target, q=SPARSEMAX_HINGE_Q)
+
+
+def r_softmax_loss_for(model: MultilabelNet, h: Tensor, logits: Tensor, y: Tensor, options: RSoftmaxOptions) -> Tensor:
+    """Eq. 4 with the rate of the predicted count, plus the count cross-entropy (Sec. 4.1)."""
+    count_logits = model.rate(h)
+    r = rate_from_count(decode_count(count_logits, options.count_decode), y.shape[1]).to(logits.dtype)
+    if options.rate_grad == "through":
+        eq4 = r_softmax_loss(logits, y, r=r)
+    elif options.rate_grad == "detached":
+        eq4 = _eq4_loss(lambda z, batch: r_softmax_detached_threshold(z, r), logits, y, "mean", -100)
+    else:
+        raise ValueError(f"rate_grad must be one of {', '.join(RATE_GRADS)}, got {options.rate_grad!r}")
+    return eq4 + model.rate.count_loss(count_logits, y)
+
+
+def training_loss(method: Method, model: MultilabelNet, x: Tensor, y: Tensor, *, hourglass_q: float = 1.0,
+                  rsoftmax: RSoftmaxOptions = RSoftmaxOptions()) -> Tensor:
+    """The method's loss on a batch (``y`` float 0/1)."""
+    h, logits = model(x)
+    if method.normalizer is None:
+        return F.binary_cross_entropy_with_logits(logits, y)
+    if method.key == "sparsemax+hinge":
+        return sparsemax_hinge_loss(logits, y)
+    if method.normalizer == "r_softmax":
+        return r_softmax_loss_for(model, h, logits, y, rsoftmax)
+    if method.normalizer == "sparsehourglass":
+        return registry.get("sparsehourglass", q=hourglass_q).multi_label_loss(logits, y)
+    return registry.get(method.normalizer).multi_label_loss(logits, y)
+
+
+@torch.no_grad()
+def predict(method: Method, model: MultilabelNet, x: Tensor, *, hourglass_q: float = 1.0,
+            rsoftmax: RSoftmaxOptions = RSoftmaxOptions()) -> Tuple[Dict[str, np.ndarray], np.ndarray, Optional[np.ndarray]]:
+    """0/1 predicted label sets per variant, the label scores (for top-k ranking) and r-softmax's predicted counts."""
+    h, logits = model(x)
+    scores = logits.cpu().numpy()
+    if method.normalizer is None:
+        return {method.key: (torch.sigmoid(logits) >= SIGMOID_THRESHOLD).cpu().numpy()}, scores, None
+    n_labels = logits.shape[-1]
+    if method.key == "softmax":
+        probs = registry.get("softmax").forward(logits, dim=-1)
+        return {softmax_variant(m): (probs >= m / n_labels).cpu().numpy() for m in THRESHOLD_MULTIPLES}, scores, None
+    if method.normalizer == "r_softmax":
+        from ...rsoftmax import r_softmax
+
+        count = decode_count(model.rate(h), rsoftmax.count_decode)
+        probs = r_softmax(logits, rate_from_count(count, n_labels).to(logits.dtype), dim=-1)
+        return {method.key: (probs > 0).cpu().numpy()}, scores, count.cpu().numpy()
+    if method.normalizer == "sparsehourglass":
+        probs = registry.get("sparsehourglass", q=hourglass_q).forward(logits, dim=-1)
+    else:
+        probs = registry.get(method.normalizer).probs_from_linear(h, model.out)
+    return {method.key: (probs > 0).cpu().numpy()}, scores, None

@@ -1,0 +1,268 @@
+"""The CVAE experiment end to end on a tiny injected dataset (no network), plus its building blocks."""
+import json
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+
+from sparsenorm import cli, registry
+from sparsenorm.experiments._shared import common, metrics, runner
+from sparsenorm.experiments.evsoftmax_cvae import EXPERIMENT, QUICK, claims, model, training
+from sparsenorm.experiments.evsoftmax_cvae.training import TrainingSetting
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+AUTHORS = TrainingSetting("sgd", 1e-3, 0.01 / 64)
+
+
+@pytest.fixture(scope="module")
+def tiny_mnist(tmp_path_factory):
+    """600 train / 100 validation / 100 test noisy 'digits' (a bar whose position is the label)."""
+    rng = np.random.default_rng(0)
+    folder = tmp_path_factory.mktemp("tiny_mnist")
+
+    def split(n):
+        labels = rng.integers(0, 10, n)
+        images = rng.integers(0, 40, (n, 28, 28)).astype(np.uint8)
+        for i, d in enumerate(labels):
+            images[i, 2 + 2 * d:4 + 2 * d, 4:24] = 255
+        return images, labels
+
+    (xtr, ytr), (xva, yva), (xte, yte) = split(600), split(100), split(100)
+    np.savez(folder / "mnist.npz", x_train=xtr, y_train=ytr, x_val=xva, y_val=yva, x_test=xte, y_test=yte)
+    return folder
+
+
+@pytest.fixture(autouse=True)
+def quiet(monkeypatch, tmp_path):
+    monkeypatch.setenv("SPARSENORM_NO_PROGRESS", "1")
+    monkeypatch.setenv("SPARSENORM_CACHE", str(tmp_path / "cache"))
+
+
+def test_experiment_satisfies_the_protocol():
+    assert isinstance(EXPERIMENT, runner.Experiment)
+
+
+def test_smoke_run_through_the_cli_writes_results_report_figures_and_index(tiny_mnist, tmp_path):
+    out = tmp_path / "out"
+    argv = ["reproduce", "cvae", "--quick", "--seeds", "2", "--normalizers", "softmax,ev_softmax", "--device", "cpu",
+            "--data-dir", str(tiny_mnist), "--max-steps", "20", "--eval-every", "5", "--kl-weight", "0.5",
+            "--optimizer", "adam", "--lr", "0.002", "--temperature", "0.5", "--out", str(out)]
+    assert cli.main(argv) == 0
+    payload = json.loads((out / "cvae" / "results.json").read_text())
+    assert payload["experiment"] == "cvae"
+    results = payload["results"]
+    s = results["settings"]
+    assert (s["kl_weight"], s["optimizer"], s["learning_rate"], s["temperature"], s["eval_every"]) == (
+        0.5, "adam", 0.002, 0.5, 5)
+    assert s["sweep"] == []  # quick mode: the lead setting only
+    lead = "adam-lr0.002-kl0.5"
+    assert results["summary"]["lead"] == lead
+    # softmax and post-hoc would share a job; here: one job per normalizer and seed.
+    assert results["jobs"]["jobs"] == [f"{lead}__softmax__seed0", f"{lead}__softmax__seed1",
+                                       f"{lead}__ev_softmax__seed0", f"{lead}__ev_softmax__seed1"]
+    for record in results["records"]:
+        assert record["steps"] == 20 and record["setting"] == lead
+        for name, r in record["normalizers"].items():
+            curve = r["curve"]
+            assert curve["iteration"] == [0, 5, 10, 15, 20]
+            for q in ("even", "odd"):
+                assert all(0.0 <= w <= 9.0 for w in curve["w_digits"][q])
+                assert all(0.0 <= w <= 1.0 for w in curve["w_authors"][q] + curve["parity_mass"][q])
+                assert len(r["prior"][q]) == 10 and abs(sum(r["prior"][q]) - 1) < 1e-5
+                assert r["support"][q] == [k for k, p in enumerate(r["prior"][q]) if p > 0]
+            assert len(r["decoded_digit"]) == 10
+            assert ("images" in r) == (record["seed"] == 0)
+    table = results["summary"]["results"][lead]
+    assert set(table) == {"softmax", "ev_softmax"}
+    for m in ("w_digits", "w_authors", "parity_mass"):
+        assert set(table["ev_softmax"][m]) == {"window", "final", "final_even", "final_odd"}
+        assert table["ev_softmax"][m]["final"]["n"] == 2
+    # The softmax prior has full support; ev-softmax's evaluation form never does (K = 10).
+    assert table["softmax"]["nonzero_prior_modes"]["even"]["mean"] == 10
+    assert table["ev_softmax"]["nonzero_prior_modes"]["even"]["mean"] < 10
+    assert len(results["claims"]) == 6
+    assert {c["verdict"] for c in results["claims"]} <= {runner.REPRODUCED, runner.PARTLY, runner.NOT_REPRODUCED,
+                                                         runner.NOT_TESTABLE}
+    report = (out / "cvae" / "report.md").read_text()
+    assert "indicative only" in report and "test accuracy" in report and "| ev_softmax |" in report
+    assert "five equal modes of the wrong parity score 0" in report
+    assert "not testable in this run" in report  # sparsemax, entmax, post-hoc were not run
+    for figure in ("fig2_latent_classes.png", "fig3_curves.png"):
+        assert (out / "cvae" / figure).read_bytes()[:8] == PNG_MAGIC
+    index = (out / "README.md").read_text()
+    assert "[cvae](cvae/report.md)" in index and "![cvae](cvae/fig3_curves.png)" in index
+
+    # The classifier was cached next to the injected data; the jobs are reused from runs/.
+    assert len(list(tiny_mnist.glob("digit-classifier-*.pt"))) == 1
+    assert cli.main(argv + ["--seeds", "3"]) == 0
+    again = json.loads((out / "cvae" / "results.json").read_text())["results"]
+    assert again["jobs"]["run_now"] == [f"{lead}__softmax__seed2", f"{lead}__ev_softmax__seed2"]
+    assert again["records"][:2] == results["records"][:2]
+
+
+def test_full_settings_sweep_and_jobs():
+    config = common.RunConfig(out=".", normalizers=["softmax", "posthoc_evidential", "ev_softmax"])
+    settings = EXPERIMENT.settings(config)
+    assert settings.seeds == 10 and settings.sweep_seeds == 3 and settings.epochs == 20
+    labels = [s.label for s in settings.training_settings()]
+    assert labels == ["sgd-lr0.001-kl0.00015625", "sgd-lr0.001-kl0.015625", "sgd-lr0.001-kl1", "adam-lr0.001-kl0.00015625"]
+    jobs = EXPERIMENT.jobs(settings, config)
+    # 10 lead seeds + 3 x 3 sweep seeds, each for two training groups (softmax+post-hoc share one).
+    assert len(jobs) == 2 * (10 + 3 * 3)
+    assert jobs[0].key == "sgd-lr0.001-kl0.00015625__softmax+posthoc_evidential__seed0"
+    # A lead setting that is one of the sweep's is not run twice.
+    moved = EXPERIMENT.settings(replace(config, extra={"kl_weight": 1.0}))
+    assert [s.label for s in moved.training_settings()][0] == "sgd-lr0.001-kl1"
+    assert len(moved.training_settings()) == 4
+    off = EXPERIMENT.settings(replace(config, extra={"sweep": "off"}))
+    assert off.training_settings() == [off.lead]
+    with pytest.raises(common.UserFacingError, match="--eval-every"):
+        EXPERIMENT.settings(replace(config, extra={"eval_every": 0}))
+
+
+def tiny_tensors(n=256):
+    gen = torch.Generator().manual_seed(1)
+    x = torch.rand(n, 784, generator=gen)
+    y = torch.nn.functional.one_hot(torch.arange(n) % 2, 2).float()
+    return {"x_train": x, "y_train": y, "x_val": x[:32], "y_val": y[:32]}
+
+
+class ConstantClassifier(torch.nn.Module):
+    def probs(self, images):
+        return torch.full((len(images), 10), 0.1)
+
+
+def _train(names, seed, setting=AUTHORS, **kw):
+    return training.train_group(names, seed, setting, tiny_tensors(), ConstantClassifier(), epochs=1, batch_size=64,
+                                temperature=0.67, smoothing=1e-6, eval_every=2, device=torch.device("cpu"),
+                                max_steps=6, **kw)
+
+
+def test_training_is_deterministic_per_seed_and_posthoc_shares_softmax_training():
+    a, b, c = _train(["softmax", "posthoc_evidential"], 0, keep_images=True), \
+        _train(["softmax", "posthoc_evidential"], 0), _train(["softmax", "posthoc_evidential"], 1)
+    sa, sb, sc = (r["normalizers"]["softmax"] for r in (a, b, c))
+    assert sa["prior"] == sb["prior"] and a["loss_curve"] == b["loss_curve"]
+    assert sa["prior"] != sc["prior"]
+    post = a["normalizers"]["posthoc_evidential"]
+    assert post["trained_with"] == "softmax"
+    assert post["images"] == sa["images"]  # one trained model evaluated two ways
+    assert all(len(post["support"][q]) < 10 for q in ("even", "odd"))
+    assert training.training_groups(["softmax", "sparsemax", "posthoc_evidential"]) == [
+        ["softmax", "posthoc_evidential"], ["sparsemax"]]
+
+
+def test_optimizer_and_kl_weight_change_training():
+    sgd = _train(["softmax"], 0)["normalizers"]["softmax"]
+    adam = _train(["softmax"], 0, TrainingSetting("adam", 1e-3, 0.01 / 64))["normalizers"]["softmax"]
+    heavy = _train(["softmax"], 0, TrainingSetting("sgd", 1e-3, 1.0))["normalizers"]["softmax"]
+    # With the authors' weight and SGD the prior hardly moves; Adam's step does not scale with the gradient.
+    assert sgd["prior_change_since_init"] < 1e-3 < adam["prior_change_since_init"]
+    assert heavy["prior_change_since_init"] > sgd["prior_change_since_init"]
+    with pytest.raises(ValueError, match="optimizer"):
+        _train(["softmax"], 0, TrainingSetting("rmsprop", 1e-3, 1.0))
+
+
+@pytest.mark.parametrize("name", EXPERIMENT.default_normalizers)
+def test_negative_elbo_is_finite_with_finite_gradients(name):
+    torch.manual_seed(0)
+    net = model.CVAE()
+    data = tiny_tensors(16)
+    total, rec, kl = model.negative_elbo(net, registry.get(name), data["x_train"], data["y_train"], kl_weight=0.5,
+                                         temperature=0.67, smoothing=1e-6, generator=torch.Generator().manual_seed(0))
+    assert torch.isfinite(total) and kl >= -1e-4 and torch.allclose(total, rec + 0.5 * kl)
+    total.backward()
+    assert all(torch.isfinite(p.grad).all() for p in net.parameters() if p.grad is not None)
+    assert net.prior_head.weight.grad.abs().sum() > 0  # the KL term trains the prior
+
+
+def test_smoothed_log_probs_for_normalizers_without_log_prob():
+    scores = torch.tensor([[3.0, 0.0, -2.0, 1.0]])
+    log_p = model.latent_log_probs(registry.get("sparsemax"), scores, smoothing=1e-6)
+    assert torch.isfinite(log_p).all()
+    torch.testing.assert_close(log_p.exp().sum(-1), torch.ones(1))
+    assert log_p[0, 2] < -13  # a zero of sparsemax becomes ~1e-6
+    log_ev = model.latent_log_probs(registry.get("ev_softmax"), scores, smoothing=1e-6)
+    torch.testing.assert_close(log_ev, registry.get("ev_softmax").log_prob(scores, dim=-1))
+
+
+def test_gumbel_softmax_sample_is_a_relaxed_one_hot():
+    log_p = torch.log(torch.tensor([[0.7, 0.2, 0.1, 0.0]]).clamp_min(1e-30)).expand(4000, 4)
+    z = model.gumbel_softmax_sample(log_p, 0.1, torch.Generator().manual_seed(0))
+    torch.testing.assert_close(z.sum(-1), torch.ones(4000))
+    freq = torch.bincount(z.argmax(-1), minlength=4).double() / 4000
+    torch.testing.assert_close(freq, torch.tensor([0.7, 0.2, 0.1, 0.0], dtype=torch.double), atol=0.03, rtol=0)
+
+
+def test_the_three_scores_tell_right_from_wrong_parity():
+    digit_probs = np.eye(10)
+    even, odd = metrics.parity_target("even"), metrics.parity_target("odd")
+    right = metrics.marginal_digit_distribution(even, digit_probs)
+    wrong = metrics.marginal_digit_distribution(odd, digit_probs)
+    assert metrics.class_wasserstein(right, even) == pytest.approx(0.0, abs=1e-12)
+    assert metrics.class_wasserstein(wrong, even) == pytest.approx(1.0)
+    # The authors' metric: five equal modes of the wrong parity score 0, like the right ones.
+    assert metrics.authors_wasserstein(wrong, even) == pytest.approx(0.0, abs=1e-12)
+    assert metrics.authors_wasserstein(np.full(10, 0.1), even) == pytest.approx(0.1)
+    digits = np.arange(10)
+    assert metrics.parity_mass(even, digits, "even") == pytest.approx(1.0)
+    assert metrics.parity_mass(even, digits, "odd") == pytest.approx(0.0)
+    assert metrics.parity_mass(np.full(10, 0.1), digits, "odd") == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="parity"):
+        metrics.parity_mass(even, digits, "prime")
+    with pytest.raises(ValueError, match="decoded_digits"):
+        metrics.parity_mass(even, digits[:5], "even")
+
+
+def _stats(v, sd=0.0):
+    return {"mean": v, "std": sd, "sem": sd, "n": 3}
+
+
+def _row(w, speed, modes=5, used=3.0, unchanged=0, trained="x"):
+    metric = lambda final, window: {"window": _stats(window), "final": _stats(final)}  # noqa: E731
+    return {"seeds": [0, 1, 2], "steps": 100, "trained_with": trained,
+            "w_digits": metric(w, speed), "w_authors": metric(w / 10, speed / 10), "parity_mass": metric(1 - w, 1 - speed),
+            "nonzero_prior_modes": {"even": _stats(modes), "odd": _stats(modes)},
+            "five_modes_seeds": 3 if modes == 5 else 0, "support_unchanged_seeds": unchanged,
+            "prior_change_since_init": _stats(0.2), "posterior_mean_support": _stats(1.0),
+            "posterior_classes_used": _stats(used)}
+
+
+def test_claims_follow_the_numbers():
+    table = {"softmax": _row(0.4, 0.8, modes=10), "posthoc_evidential": _row(0.3, 0.7, modes=6),
+             "ev_softmax": _row(0.2, 0.5), "sparsemax": _row(0.9, 0.9, modes=1, used=1.0),
+             "entmax15": _row(0.8, 0.9, modes=3)}
+    assert [c.verdict for c in claims.judge(table)] == [runner.REPRODUCED] * 6
+    table["softmax"] = _row(0.1, 0.3, modes=10)  # softmax best under every score: three claims fail
+    table["ev_softmax"]["support_unchanged_seeds"] = 3  # the five modes are those at initialisation
+    assert [c.verdict for c in claims.judge(table)] == [runner.NOT_REPRODUCED] * 3 + [runner.REPRODUCED] * 2 + [
+        runner.PARTLY]
+    table["sparsemax"]["posterior_classes_used"] = _stats(3.0)  # not a single class any more
+    assert claims.judge(table)[3].verdict == runner.NOT_REPRODUCED
+    # Under the authors' metric only, ev-softmax best: partly reproduced.
+    table = {"softmax": _row(0.4, 0.8), "ev_softmax": _row(0.2, 0.5)}
+    table["softmax"]["w_authors"] = {"window": _stats(0.0), "final": _stats(0.0)}
+    first = claims.judge(table)[0]
+    assert first.verdict == runner.PARTLY and "authors' metric" in first.evidence and "fails" in first.evidence
+
+
+def test_lead_claims_list_the_sweep_settings_where_they_hold():
+    good = {"softmax": _row(0.4, 0.8, modes=10), "ev_softmax": _row(0.2, 0.5)}
+    bad = {"softmax": _row(0.1, 0.3, modes=10), "ev_softmax": _row(0.2, 0.5)}
+    summary = {"lead": "a", "window_steps": 5100, "titles": {"a": "A", "b": "B"}, "results": {"a": bad, "b": good}}
+    lead = claims.claims(summary)
+    assert lead[0].verdict == runner.NOT_REPRODUCED
+    assert "reproduced in B" in lead[0].evidence
+    header, rows = claims.sweep_matrix(summary)
+    assert header == ["claim", "A (lead)", "B"]
+    assert rows[0][1:] == [runner.NOT_REPRODUCED, runner.REPRODUCED]
+
+
+def test_window_summary_uses_the_first_steps_only():
+    curve = {"iteration": [0, 100, 200, 300]}
+    for m in training.METRICS:
+        curve[m] = {"even": [1.0, 1.0, 0.0, 0.0], "odd": [1.0, 1.0, 0.0, 0.0]}
+    scores = claims.seed_scores({"curve": curve}, window_steps=100)
+    assert scores["w_digits"] == {"window": 1.0, "final": 0.0, "final_even": 0.0, "final_odd": 0.0}
+    assert QUICK.sweep == ()
