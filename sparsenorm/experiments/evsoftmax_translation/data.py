@@ -195,3 +195,27 @@ def load_parallel(data_dir: Optional[Path] = None) -> ParallelData:
               f"aligned by file and id, untranslated and duplicate pairs dropped, {MIN_WORDS}-{MAX_WORDS} English "
               f"words, word ratio <= {MAX_RATIO}, split with seed {SPLIT_SEED} by English sentence")
     return ParallelData(**split, source=source)
+
+
+def train_sentencepiece(data: ParallelData, vocab_size: int, model_path: Path, seed: int = 0):
+    """A SentencePiece unigram model shared by both languages, trained on the training split only.
+
+    Ids: 0 pad, 1 unk, 2 bos, 3 eos (the model's PAD/UNK/BOS/EOS). The vocabulary shrinks to what
+    the text supports when it is small (``hard_vocab_limit=False``). Returns the loaded processor.
+    """
+    import io
+
+    import sentencepiece as spm
+
+    model_path = Path(model_path)
+    model_path.parent.mkdir(parents=True, exist_ok=True)
+    text = [s for pair in data.train for s in pair]
+    random.Random(seed).shuffle(text)
+    buffer = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(text), model_writer=buffer, vocab_size=vocab_size, model_type="unigram",
+        character_coverage=1.0, pad_id=0, unk_id=1, bos_id=2, eos_id=3, hard_vocab_limit=False,
+        num_threads=1, minloglevel=2,
+    )
+    model_path.write_bytes(buffer.getvalue())
+    return spm.SentencePieceProcessor(model_proto=buffer.getvalue())
