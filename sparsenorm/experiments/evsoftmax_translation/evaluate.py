@@ -74,8 +74,9 @@ def paired_bootstrap(baseline: Tuple[str, List[str]], systems: List[Tuple[str, L
     signatures, scores = test()
     out: Dict[str, Any] = {"baseline": baseline[0], "samples": samples,
                            "signatures": {k: str(v) for k, v in signatures.items()}, "systems": {}}
+    short = {"BLEU": "BLEU", "chrF2": "chrF"}  # sacrebleu names chrF by its beta
     for i, name in enumerate(scores["System"][1:], start=1):
-        out["systems"][name] = {metric: {"score": res[i].score, "p_value": res[i].p_value}
+        out["systems"][name] = {short.get(metric, metric): {"score": res[i].score, "p_value": res[i].p_value}
                                 for metric, res in scores.items() if metric != "System"}
     return out
 

@@ -255,7 +255,7 @@ class TranslationExperiment:
             "train": job.params["train"], "seed": job.seed, "world_size": world, "train_s": round(train_s, 1),
             "eval_s": round(time.perf_counter() - clock - train_s, 1), "steps": len(history),
             "final_loss": float(np.mean([h[1] for h in history[-20:]])) if history else None,
-            "history": history[::step], "evaluations": evaluations,
+            "history": history[::step], "evaluations": evaluations, "references": context["references"],
             "parameters": sum(p.numel() for p in model.parameters()),
         }
 
