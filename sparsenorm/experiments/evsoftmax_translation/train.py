@@ -31,7 +31,7 @@ from torch import Tensor
 
 from ... import registry
 from .._shared.common import UserFacingError, progress
-from .model import PAD, ModelConfig, Seq2Seq
+from .model import EOS, PAD, ModelConfig, Seq2Seq
 
 Example = Tuple[List[int], List[int]]  # source ids, target ids (with BOS ... EOS)
 
@@ -68,7 +68,8 @@ def collate(examples: List[Example], device: torch.device) -> Tuple[Tensor, Tens
     for i, (s, t) in enumerate(examples):
         src[i, :len(s)] = torch.tensor(s)
         tgt[i, :len(t)] = torch.tensor(t)
-    return src.to(device), tgt[:, :-1].to(device), tgt[:, 1:].to(device)
+    tgt_in = tgt[:, :-1].masked_fill(tgt[:, :-1] == EOS, PAD)  # EOS is never an input: shorter rows end here
+    return src.to(device), tgt_in.to(device), tgt[:, 1:].to(device)
 
 
 def output_loss(name: str, label_smoothing: float) -> Tuple[Callable[[Tensor, Tensor], Tensor], bool]:
