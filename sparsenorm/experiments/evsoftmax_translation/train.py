@@ -72,18 +72,18 @@ def collate(examples: List[Example], device: torch.device) -> Tuple[Tensor, Tens
     return src.to(device), tgt_in.to(device), tgt[:, 1:].to(device)
 
 
-def output_loss(name: str, label_smoothing: float) -> Tuple[Callable[[Tensor, Tensor], Tensor], bool]:
-    """``(loss(logits (N, V), target (N,)) -> summed loss, smoothed?)`` for the output normalizer.
+# Loss families whose floating target is a class distribution q (loss gradient p - q): cross-entropy,
+# ev-softmax's NLL and the Fenchel-Young losses. Label smoothing means q = (1 - e) one-hot + e / V there.
+# The r-/t-softmax and sparsehourglass losses read a floating target as multi-hot labels instead.
+_DISTRIBUTION_LOSSES = ("torch.nn.functional", "sparsenorm.losses.evidential", "sparsenorm.losses.fenchel_young")
 
-    The registry's single-label loss; label smoothing where that loss takes a target distribution
-    (softmax cross-entropy, ev-softmax NLL, the Fenchel-Young losses), found by a probing call.
-    """
+
+def output_loss(name: str, label_smoothing: float) -> Tuple[Callable[[Tensor, Tensor], Tensor], bool]:
+    """``(loss(logits (N, V), target (N,)) -> summed loss, smoothed?)`` for the output normalizer:
+    the registry's single-label loss, with label smoothing where that loss takes a class distribution."""
     loss = registry.get(name).single_label_loss
-    if label_smoothing <= 0:
-        return (lambda z, y: loss(z, y, reduction="sum")), False
-    try:
-        loss(torch.zeros(1, 3), torch.full((1, 3), 1 / 3), reduction="sum")
-    except (TypeError, ValueError, RuntimeError):
+    module = getattr(getattr(loss, "func", loss), "__module__", "")
+    if label_smoothing <= 0 or module not in _DISTRIBUTION_LOSSES:
         return (lambda z, y: loss(z, y, reduction="sum")), False
 
     def smoothed(z: Tensor, y: Tensor) -> Tensor:
