@@ -6,6 +6,9 @@ from pathlib import Path
 import pytest
 import torch
 
+for _module in ("sentencepiece", "sacrebleu", "rouge_score"):
+    pytest.importorskip(_module, reason=f"the [mt] extra is not installed ({_module} missing): pip install -e '.[mt]'")
+
 from sparsenorm.experiments._shared.common import UserFacingError
 from sparsenorm.experiments.evsoftmax_translation import data as mt_data
 from sparsenorm.experiments.evsoftmax_translation.decode import beam_search, greedy, output_log_probs
