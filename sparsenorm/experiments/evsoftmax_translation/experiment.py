@@ -119,7 +119,7 @@ class TranslationExperiment:
     paper = PAPER
     default_normalizers = DEFAULT_NORMALIZERS
     full_runtime = ("Full mode on CPU: d 256, 3+3 layers, 4,000 steps of 4,096 tokens, 5 trained models x 3 seeds, "
-                    "estimated in the README at about 1.5 days on 2 idle cores (not run). On a GPU it trains the "
+                    "estimated in the README at about 2 days on 2 idle cores (not run). On a GPU it trains the "
                     "paper's transformer-base (6+6 layers, d 512, 8 heads, FFN 2048) for 40k steps (not run here).")
     quick_note = ("Quick mode trains a 2+2-layer, 128-wide model for 200 steps of 1,500 tokens (1 seed, under one "
                   "epoch) on pairs of at most 32 source subwords and tests on the first 200 such test pairs: far "
