@@ -1,5 +1,6 @@
 """The translation experiment (ev-softmax paper Sec. 4.4): data, model, decoding, DDP training, a tiny end-to-end run."""
 import json
+import math
 import random
 from pathlib import Path
 
@@ -199,10 +200,11 @@ def test_label_smoothed_losses_for_output_normalizers():
 
 @pytest.mark.parametrize("normalizer", ["ev_softmax", "sparsemax"])
 def test_training_lowers_the_loss(normalizer):
-    result = train(spec(normalizer, steps=30), toy_examples(24), torch.device("cpu"))
+    result = train(spec(normalizer, steps=40) | {"lr": 1e-2}, toy_examples(24), torch.device("cpu"))
     losses = [h[1] for h in result["history"]]
-    assert result["world_size"] == 1 and len(losses) == 30
-    assert sum(losses[-5:]) / 5 < 0.8 * sum(losses[:5]) / 5
+    assert result["world_size"] == 1 and len(losses) == 40
+    # the model does better than guessing uniformly over the 30 tokens (log 30 = 3.4 nats)
+    assert sum(losses[:5]) / 5 > 4.0 and sum(losses[-5:]) / 5 < 0.9 * math.log(30)
 
 
 def test_resume_continues_exactly(tmp_path):
