@@ -108,3 +108,16 @@ def test_automatic_choice(monkeypatch):
         assert "EvSoftmaxAttention" not in type(sparse_attention(q, k, v, **kwargs).grad_fn).__name__
     monkeypatch.setattr(functional, "BLOCKWISE_MIN_SCORES", 65)
     assert "EvSoftmaxAttention" not in type(sparse_attention(q, k, v).grad_fn).__name__
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_padding_does_not_change_the_blockwise_output(causal):
+    """Junk keys behind a key-padding mask are left out of the mean: same output to rounding."""
+    q, k, v = qkv(1, 2, L=20, S=20, dtype=torch.float64, requires_grad=False)
+    base, _, _ = ev_softmax_attention_blockwise(q, k, v, is_causal=causal, block_q=8, block_k=8)
+    for pad in (1, 9, 30):
+        kp = torch.cat([k, 1e3 * torch.randn(1, 2, pad, 8, dtype=k.dtype)], dim=-2)
+        vp = torch.cat([v, torch.randn(1, 2, pad, 5, dtype=v.dtype)], dim=-2)
+        keep = (torch.arange(20 + pad) < 20).view(1, 1, 1, -1)
+        out, _, _ = ev_softmax_attention_blockwise(q, kp, vp, keep, is_causal=causal, block_q=8, block_k=8)
+        torch.testing.assert_close(out, base, rtol=0, atol=1e-12)
