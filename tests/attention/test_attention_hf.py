@@ -132,10 +132,10 @@ def test_training_step_and_dropout_only_in_training():
                                model(input_ids=ids, attention_mask=mask).last_hidden_state)
 
 
-def test_marian_softmax_equals_eager_and_sparse_decoder_is_causal():
-    model = marian()
+def softmax_equals_eager(model, decoder_length, seed):
+    """A padded seq2seq batch: sparsenorm_softmax gives eager's logits and every attention group."""
     ids, mask = padded_batch()
-    dec = torch.randint(2, VOCAB, (3, 5), generator=torch.Generator().manual_seed(3))
+    dec = torch.randint(2, VOCAB, (3, decoder_length), generator=torch.Generator().manual_seed(seed))
     inputs = dict(input_ids=ids, attention_mask=mask, decoder_input_ids=dec)
     eager = run(model, "eager", **inputs)
     ours = run(model, "sparsenorm_softmax", **inputs)
@@ -143,6 +143,12 @@ def test_marian_softmax_equals_eager_and_sparse_decoder_is_causal():
     for name in ("encoder_attentions", "decoder_attentions", "cross_attentions"):
         for a, b in zip(getattr(ours, name), getattr(eager, name)):
             torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    return inputs, mask
+
+
+def test_marian_softmax_equals_eager_and_sparse_decoder_is_causal():
+    model = marian()
+    inputs, mask = softmax_equals_eager(model, 5, seed=3)
     sparse = run(model, "sparsenorm_sparsemax", **inputs)
     future = torch.ones(5, 5, dtype=torch.bool).triu(1)
     assert torch.equal(sparse.decoder_attentions[0][..., future], torch.zeros(3, 2, int(future.sum())))
@@ -153,14 +159,7 @@ def test_marian_softmax_equals_eager_and_sparse_decoder_is_causal():
 
 def test_t5_softmax_equals_eager_with_position_bias():
     model = t5()
-    ids, mask = padded_batch()
-    dec = torch.randint(2, VOCAB, (3, 4), generator=torch.Generator().manual_seed(4))
-    inputs = dict(input_ids=ids, attention_mask=mask, decoder_input_ids=dec)
-    eager = run(model, "eager", **inputs)
-    ours = run(model, "sparsenorm_softmax", **inputs)
-    torch.testing.assert_close(ours.logits, eager.logits, atol=1e-5, rtol=1e-5)
-    for a, b in zip(ours.encoder_attentions, eager.encoder_attentions):
-        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    inputs, mask = softmax_equals_eager(model, 4, seed=4)
     ev = run(model, "sparsenorm_ev_softmax", **inputs)
     padded = ~mask.bool()[:, None, None, :]
     w = ev.encoder_attentions[0]
