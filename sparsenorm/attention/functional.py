@@ -121,13 +121,23 @@ def sparse_attention(
     after dropout, as ``nn.MultiheadAttention`` returns them).
     """
     _check_inputs(query, key, value, dropout_p, scale)
+    keep, bias = split_mask(attn_mask)
+    return attend(query, key, value, normalizer, keep, bias, is_causal, dropout_p, scale, return_weights, **params)
+
+
+def attend(
+    query: Tensor, key: Tensor, value: Tensor, normalizer: Union[str, Callable], keep: Optional[Tensor],
+    bias: Optional[Tensor], is_causal: bool = False, dropout_p: float = 0.0, scale: Optional[float] = None,
+    return_weights: bool = False, **params,
+) -> Union[Tensor, Tuple[Tensor, Tensor]]:
+    """:func:`sparse_attention` with the mask already split into a boolean ``keep`` and a finite
+    ``bias`` (see :func:`sparsenorm.attention.masks.split_mask`); shapes as there."""
     fn, name = resolve_normalizer(normalizer, params)
     key, value = _expand_heads(query, key, "key"), _expand_heads(query, value, "value")
     L, S = query.shape[-2], key.shape[-2]
     scale = query.shape[-1] ** -0.5 if scale is None else float(scale)
     out_dtype = query.dtype
     cdt = compute_dtype(query)
-    keep, bias = split_mask(attn_mask)
     scores_shape = torch.broadcast_shapes(query.shape[:-2], key.shape[:-2]) + (L, S)
     for m in (keep, bias):
         if m is not None:
@@ -135,7 +145,7 @@ def sparse_attention(
                 if torch.broadcast_shapes(m.shape, scores_shape) != scores_shape:
                     raise RuntimeError
             except RuntimeError:
-                raise ValueError(f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to the "
+                raise ValueError(f"attn_mask of shape {tuple(m.shape)} does not broadcast to the "
                                  f"attention scores' shape {tuple(scores_shape)}") from None
     if bias is not None:
         bias = bias.to(cdt)
@@ -144,9 +154,11 @@ def sparse_attention(
 
     blockwise = (
         name in _BLOCKWISE_NORMALIZERS and not return_weights and dropout_p == 0.0
-        and L * S >= BLOCKWISE_MIN_SCORES and (bias is None or not bias.requires_grad)
+        and L * S >= max(BLOCKWISE_MIN_SCORES, 1) and (bias is None or not bias.requires_grad)
     )
     if blockwise:
+        # The blockwise path slices masks by (row, column): give 0-d/1-d masks both dims.
+        keep, bias = (None if m is None else m.reshape((1,) * max(0, 2 - m.dim()) + m.shape) for m in (keep, bias))
         batch = scores_shape[:-2]
         q, k, v = q.expand(*batch, L, q.shape[-1]), k.expand(*batch, S, k.shape[-1]), v.expand(*batch, S, v.shape[-1])
         out, support, count = ev_softmax_attention_blockwise(q, k, v, keep, bias, is_causal, scale, count_support=record)
