@@ -11,6 +11,7 @@ EXPERIMENTS = {
     "cvae": "sparsenorm.experiments.evsoftmax_cvae",
     "multilabel": "sparsenorm.experiments.rsoftmax_multilabel",
     "ssvae": "sparsenorm.experiments.evsoftmax_ssvae",
+    "mt": "sparsenorm.experiments.evsoftmax_translation",
 }
 
 

@@ -267,7 +267,9 @@ def test_yeast_cache_has_the_standard_split(tmp_path, monkeypatch):
 
 
 def test_failed_fetch_says_what_to_do(tmp_path, monkeypatch):
-    monkeypatch.setattr(md.shutil, "which", lambda name: None)
+    from sparsenorm.experiments._shared import debian
+
+    monkeypatch.setattr(debian.shutil, "which", lambda name: None)
     with pytest.raises(UserFacingError, match="r-cran-mlr") as info:
         md.fetch_yeast(tmp_path / "cache")
     assert "--data-dir" in str(info.value)

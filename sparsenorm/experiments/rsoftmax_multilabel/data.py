@@ -28,10 +28,7 @@ import bz2
 import csv
 import gzip
 import lzma
-import os
 import re
-import shutil
-import subprocess
 import tempfile
 import zlib
 from dataclasses import dataclass, field
@@ -41,6 +38,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from .._shared.common import UserFacingError, cache_dir
+from .._shared.debian import download_deb, extract_deb
 
 SYNTHETIC_SAMPLES = 5000
 SYNTHETIC_FEATURES = 128
@@ -367,40 +365,19 @@ def read_mlr_multilabel_task(rdb_path: Path, rdx_path: Path, name: str = YEAST_O
 
 
 def _download_mlr_deb(workdir: Path) -> Path:
-    """``apt-get download r-cran-mlr`` into ``workdir`` (after ``apt-get update`` when root and the
-    package lists are missing)."""
+    """``apt-get download r-cran-mlr`` into ``workdir``."""
     how_to = (f"or download {MLR_PACKAGE}_*.deb by hand (https://packages.debian.org/stable/{MLR_PACKAGE}) "
               f"into the data folder (--data-dir DIR or $SPARSENORM_CACHE), or pass your own data with "
               f"--data-dir FILE.npz|FILE.csv")
-    if shutil.which("apt-get") is None:
-        raise UserFacingError(f"yeast comes from the Debian package {MLR_PACKAGE}, but apt-get is not available; {how_to}")
-
-    def download() -> subprocess.CompletedProcess:
-        return subprocess.run(["apt-get", "download", MLR_PACKAGE], cwd=workdir, capture_output=True, text=True)
-
-    result = download()
-    if result.returncode != 0 and hasattr(os, "geteuid") and os.geteuid() == 0:
-        subprocess.run(["apt-get", "update"], capture_output=True, text=True)
-        result = download()
-    debs = sorted(workdir.glob(f"{MLR_PACKAGE}_*.deb"))
-    if result.returncode != 0 or not debs:
-        detail = (result.stderr or result.stdout).strip().splitlines()
-        raise UserFacingError(
-            f"could not fetch yeast: `apt-get download {MLR_PACKAGE}` failed ({detail[-1] if detail else 'no output'}); "
-            f"run `apt-get update` (as root) and retry, {how_to}"
-        )
-    return debs[-1]
+    return download_deb(MLR_PACKAGE, workdir, "yeast", how_to)
 
 
 def _extract_rdata(deb: Path, workdir: Path) -> Tuple[Path, Path]:
-    if shutil.which("dpkg-deb") is None:
-        raise UserFacingError(f"dpkg-deb is needed to unpack {deb.name}; install dpkg, or extract "
-                              f"usr/lib/R/site-library/mlr/data/Rdata.rdb and Rdata.rdx into the data folder yourself")
-    target = workdir / "extracted"
-    result = subprocess.run(["dpkg-deb", "-x", str(deb), str(target)], capture_output=True, text=True)
+    target = extract_deb(deb, workdir / "extracted",
+                         "extract usr/lib/R/site-library/mlr/data/Rdata.rdb and Rdata.rdx into the data folder yourself")
     rdbs = sorted(target.glob("**/mlr/data/Rdata.rdb"))
-    if result.returncode != 0 or not rdbs:
-        raise UserFacingError(f"could not unpack {deb}: {result.stderr.strip() or 'no mlr/data/Rdata.rdb inside'}")
+    if not rdbs:
+        raise UserFacingError(f"could not unpack {deb}: no mlr/data/Rdata.rdb inside")
     return rdbs[0], rdbs[0].with_suffix(".rdx")
 
 

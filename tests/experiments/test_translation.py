@@ -1,0 +1,278 @@
+"""The translation experiment (ev-softmax paper Sec. 4.4): data, model, decoding, DDP training, a tiny end-to-end run."""
+import json
+import math
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+for _module in ("sentencepiece", "sacrebleu", "rouge_score"):
+    pytest.importorskip(_module, reason=f"the [mt] extra is not installed ({_module} missing): pip install -e '.[mt]'")
+
+from sparsenorm.experiments._shared.common import UserFacingError
+from sparsenorm.experiments.evsoftmax_translation import data as mt_data
+from sparsenorm.experiments.evsoftmax_translation.decode import beam_search, greedy, output_log_probs
+from sparsenorm.experiments.evsoftmax_translation.evaluate import attended, rouge_l
+from sparsenorm.experiments.evsoftmax_translation.model import BOS, EOS, PAD, SITES, ModelConfig, Seq2Seq
+from sparsenorm.experiments.evsoftmax_translation.train import (
+    collate, global_batches, launch, output_loss, train,
+)
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+WORDS = {"the": "die", "house": "Haus", "is": "ist", "green": "grün", "red": "rot", "big": "groß",
+         "small": "klein", "car": "Auto", "window": "Fenster", "opens": "öffnet", "file": "Datei", "menu": "Menü"}
+
+
+@pytest.fixture(autouse=True)
+def quiet(monkeypatch):
+    monkeypatch.setenv("SPARSENORM_NO_PROGRESS", "1")
+
+
+def write_parallel(folder: Path, sizes=(("train", 200), ("valid", 10), ("test", 12)), seed=0) -> Path:
+    """Tiny injected parallel text: a word-for-word EN->DE toy language."""
+    rng = random.Random(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    for split, n in sizes:
+        en = [" ".join(rng.choice(list(WORDS)) for _ in range(rng.randint(3, 7))) for _ in range(n)]
+        (folder / f"{split}.en").write_text("".join(s + "\n" for s in en))
+        (folder / f"{split}.de").write_text("".join(" ".join(WORDS[w] for w in s.split()) + "\n" for s in en))
+    return folder
+
+
+def tiny_model(normalizer="ev_softmax", seed=0, vocab=30, dropout=0.0) -> Seq2Seq:
+    torch.manual_seed(seed)
+    cfg = ModelConfig(vocab=vocab, d_model=16, heads=2, ffn=32, enc_layers=2, dec_layers=2, dropout=dropout, max_len=64)
+    return Seq2Seq(cfg, {s: (normalizer, {}) for s in SITES})
+
+
+def toy_examples(n=24, vocab=30, seed=0):
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        src = [rng.randrange(4, vocab) for _ in range(rng.randint(2, 9))]
+        out.append((src + [EOS], [BOS] + src[::-1] + [EOS]))
+    return out
+
+
+# ---------------------------------------------------------------------------------------- data
+
+
+def test_help_page_paragraphs_are_read_by_id():
+    html = ('<html><body><p id="par_id1" class="paragraph">Choose <span class="emph">File - Open</span>.<br/>'
+            'Then&nbsp;click.</p><h1 id="hd_id2">Title</h1><div id="other">skip</div>'
+            '<table><tr><td id="par_id3">outer <p id="par_id4">inner</p> tail</td></tr></table></body></html>')
+    assert mt_data.paragraphs(html) == {"par_id1": "Choose File - Open.Then click.", "hd_id2": "Title",
+                                        "par_id3": "outer tail", "par_id4": "inner"}
+
+
+def test_pairs_are_aligned_cleaned_and_split_without_leaks(tmp_path):
+    for lang, texts in (("en", ["Open the file now.", "Same text here", "Short"]),
+                        ("de", ["Öffnen Sie die Datei jetzt.", "Same text here", "Kurz"])):
+        page = tmp_path / lang / "text" / "a.html"
+        page.parent.mkdir(parents=True)
+        page.write_text("".join(f'<p id="par_id{i}">{t}</p>' for i, t in enumerate(texts)))
+    pairs = mt_data.align_help_pages(tmp_path / "en", tmp_path / "de")
+    assert pairs == [("Open the file now.", "Öffnen Sie die Datei jetzt."), ("Same text here", "Same text here"),
+                     ("Short", "Kurz")]
+    # untranslated, too short and duplicate pairs go
+    assert mt_data.clean_pairs(pairs + pairs[:1]) == pairs[:1]
+    many = [(f"sentence number {i} here", f"Satz Nummer {i} hier") for i in range(50)] * 2
+    split = mt_data.split_pairs(many, seed=3)
+    assert split == mt_data.split_pairs(many, seed=3) and sum(map(len, split.values())) == 100
+    sources = {s: {en for en, _ in split[s]} for s in split}
+    assert not (sources["train"] & sources["test"]) and not (sources["train"] & sources["valid"])
+    assert len(split["test"]) == len(split["valid"]) == 2 * 5  # a tenth of 50 sources, both copies
+
+
+def test_user_files_are_checked(tmp_path):
+    folder = write_parallel(tmp_path / "d")
+    data = mt_data.load_parallel(folder)
+    assert data.sizes() == {"train": 200, "valid": 10, "test": 12} and "user" in data.source
+    (folder / "valid.de").write_text("nur eine Zeile\n")
+    with pytest.raises(UserFacingError, match="valid.en has 10 lines but valid.de has 1"):
+        mt_data.load_parallel(folder)
+    (folder / "test.de").unlink()
+    with pytest.raises(UserFacingError, match="missing test.de"):
+        mt_data.read_user_data(folder)
+
+
+# ---------------------------------------------------------------------------------------- model
+
+
+@pytest.mark.parametrize("normalizer", ["ev_softmax", "sparsemax", "softmax"])
+def test_padding_does_not_change_a_sentence(normalizer):
+    model = tiny_model(normalizer).eval()
+    short, long = toy_examples(2)[0], (list(range(4, 16)) + [EOS], [BOS] + list(range(4, 18)) + [EOS])
+    src, tgt_in, _ = collate([short], torch.device("cpu"))
+    alone = model(src, tgt_in)[0]
+    src, tgt_in, _ = collate([short, long], torch.device("cpu"))
+    padded = model(src, tgt_in)[0, :alone.shape[0]]
+    torch.testing.assert_close(alone, padded, atol=1e-5, rtol=1e-5)
+
+
+def test_incremental_decoding_matches_teacher_forcing():
+    model = tiny_model("ev_softmax").eval()
+    src, tgt_in, _ = collate(toy_examples(3), torch.device("cpu"))
+    memory, valid = model.encode(src)
+    full = model.decode(tgt_in[:, :4], memory, valid)
+    kv, caches = model.memory_kv(memory), [{} for _ in model.decoder]
+    steps = torch.stack([model.step(tgt_in[:, t], t, kv, valid, caches) for t in range(4)], 1)
+    torch.testing.assert_close(steps, full, atol=1e-5, rtol=1e-5)
+
+
+def test_posthoc_evidential_is_softmax_in_training_and_ev_softmax_in_evaluation():
+    soft, posthoc, ev = tiny_model("softmax"), tiny_model("posthoc_evidential"), tiny_model("ev_softmax")
+    src, tgt_in, _ = collate(toy_examples(4), torch.device("cpu"))
+    torch.testing.assert_close(posthoc.train()(src, tgt_in), soft.train()(src, tgt_in))
+    torch.testing.assert_close(posthoc.eval()(src, tgt_in), ev.eval()(src, tgt_in))
+
+
+def test_attended_counts_valid_keys_only():
+    model = tiny_model("softmax")
+    examples = toy_examples(6)
+    stats = attended(model, examples, batch_size=3, device=torch.device("cpu"))
+    src_lengths = [len(s) for s, _ in examples]
+    tgt_lengths = [len(t) - 1 for _, t in examples]
+    # softmax attends every valid key: the encoder's mean is the mean source length over source queries
+    expected_enc = sum(n * n for n in src_lengths) / sum(src_lengths)
+    assert stats["encoder"]["mean"] == pytest.approx(expected_enc)
+    assert stats["cross"]["mean"] == pytest.approx(sum(m * n for m, n in zip(src_lengths, tgt_lengths)) / sum(tgt_lengths))
+    assert stats["decoder"]["mean"] == pytest.approx(sum(n * (n + 1) / 2 for n in tgt_lengths) / sum(tgt_lengths))
+    assert stats["encoder"]["mean"] == stats["encoder"]["valid"] and len(stats["cross"]["layers"]) == 2
+    sparse = attended(tiny_model("sparsemax"), examples, 3, torch.device("cpu"))
+    assert 1 <= sparse["cross"]["mean"] < stats["cross"]["mean"]
+
+
+# ---------------------------------------------------------------------------------------- decoding
+
+
+@pytest.mark.parametrize("output", ["softmax", "sparsemax", "ev_softmax"])
+def test_beam_of_one_is_greedy_and_beam_search_runs_with_sparse_outputs(output):
+    model = tiny_model("ev_softmax", seed=1).eval()
+    src, _, _ = collate(toy_examples(5, seed=2), torch.device("cpu"))
+    log_probs = output_log_probs(model, output)
+    assert beam_search(model, src, log_probs, beam=1, alpha=0.0) == greedy(model, src, log_probs)
+    hyps = beam_search(model, src, log_probs, beam=4, alpha=0.6)
+    assert len(hyps) == 5 and all(EOS not in h and PAD not in h for h in hyps)
+
+
+def test_rouge_l_keeps_umlauts():
+    assert rouge_l(["Grün ist das Haus"], ["Grün ist das Haus"]) == pytest.approx(100.0)
+    assert rouge_l(["Grün"], ["Grun"]) == 0.0  # the default rouge-score tokenizer would equate these
+
+
+# ---------------------------------------------------------------------------------------- training
+
+
+def spec(normalizer="ev_softmax", steps=4, checkpoint=None, resume=False, dropout=0.0, output="softmax"):
+    return {"model": dict(vocab=30, d_model=16, heads=2, ffn=32, enc_layers=1, dec_layers=1, dropout=dropout, max_len=64),
+            "attention": {s: [normalizer, {}] for s in SITES}, "output": output, "seed": 0, "steps": steps,
+            "max_tokens": 120, "lr": 3e-3, "warmup": 2, "label_smoothing": 0.1, "clip": 1.0,
+            "checkpoint": checkpoint, "checkpoint_every": 2, "resume": resume}
+
+
+def test_global_batches_are_seeded_and_bounded():
+    examples = toy_examples(40)
+    stream, again = global_batches(examples, 60, seed=5, min_size=2), global_batches(examples, 60, seed=5, min_size=2)
+    first = [next(stream) for _ in range(15)]
+    assert first == [next(again) for _ in range(15)]
+    assert all(len(b) >= 2 for b in first)
+    assert all(max(len(examples[i][0]) + len(examples[i][1]) for i in b) * len(b) <= 60 for b in first)
+    # one epoch covers every example exactly once
+    stream = global_batches(examples, 60, seed=5)
+    seen = []
+    while len(seen) < 40:
+        seen += next(stream)
+    assert sorted(seen) == list(range(40))
+
+
+def test_label_smoothed_losses_for_output_normalizers():
+    z, y = torch.randn(5, 7), torch.randint(0, 7, (5,))
+    loss, smoothed = output_loss("softmax", 0.1)
+    assert smoothed and loss(z, y) == pytest.approx(float(torch.nn.functional.cross_entropy(z, y, reduction="sum", label_smoothing=0.1)), rel=1e-5)
+    for name in ("ev_softmax", "sparsemax", "entmax15"):
+        loss, smoothed = output_loss(name, 0.1)
+        assert smoothed and torch.isfinite(loss(z, y))
+    loss, smoothed = output_loss("r_softmax", 0.1)  # its loss takes labels, not a distribution
+    assert not smoothed and torch.isfinite(loss(z, y))
+
+
+@pytest.mark.parametrize("normalizer", ["ev_softmax", "sparsemax"])
+def test_training_lowers_the_loss(normalizer):
+    result = train(spec(normalizer, steps=40) | {"lr": 1e-2}, toy_examples(24), torch.device("cpu"))
+    losses = [h[1] for h in result["history"]]
+    assert result["world_size"] == 1 and len(losses) == 40
+    # the model does better than guessing uniformly over the 30 tokens (log 30 = 3.4 nats)
+    assert sum(losses[:5]) / 5 > 4.0 and sum(losses[-5:]) / 5 < 0.9 * math.log(30)
+
+
+def test_resume_continues_exactly(tmp_path):
+    examples = toy_examples(24)
+    straight = train(spec(steps=6, dropout=0.1), examples, torch.device("cpu"))
+    ckpt = str(tmp_path / "c.pt")
+    train(spec(steps=4, checkpoint=ckpt, dropout=0.1), examples, torch.device("cpu"))
+    resumed = train(spec(steps=6, checkpoint=ckpt, resume=True, dropout=0.1), examples, torch.device("cpu"))
+    assert [h[0] for h in resumed["history"]] == list(range(1, 7))
+    for a, b in zip(straight["model"].parameters(), resumed["model"].parameters()):
+        torch.testing.assert_close(a, b)
+
+
+def test_ddp_two_processes_match_one_process(tmp_path):
+    """torchrun, 2 CPU processes (gloo): replicas stay identical and the loss matches one process."""
+    examples = toy_examples(32)
+    torch.save({"train": examples}, tmp_path / "data.pt")
+    s = spec(steps=4, checkpoint=str(tmp_path / "ddp.pt"))
+    s["max_tokens"] = 200
+    s["dump_params"] = str(tmp_path / "params")
+    state = launch(s, tmp_path / "data.pt", 2, tmp_path / "spec.json")
+    ranks = [torch.load(f"{tmp_path / 'params'}.rank{r}") for r in (0, 1)]
+    assert torch.equal(ranks[0]["params"], ranks[1]["params"])
+    single = train({k: v for k, v in s.items() if k != "dump_params"} | {"checkpoint": None}, examples, torch.device("cpu"))
+    assert [h[0] for h in state["history"]] == [h[0] for h in single["history"]] == [1, 2, 3, 4]
+    for (_, a), (_, b) in zip(state["history"], single["history"]):
+        assert a == pytest.approx(b, rel=1e-5)
+    flat = torch.cat([p.detach().reshape(-1) for p in single["model"].parameters()])
+    diff = (ranks[0]["params"] - flat).abs()
+    # Adam divides by sqrt(v): where a gradient is ~0 (rare tokens' embedding rows), float rounding of the
+    # all-reduced sum flips its update, which is at most ~lr per step; everywhere else the runs agree.
+    assert float(diff.median()) < 1e-6 and float((diff > 1e-5).float().mean()) < 0.02
+    assert float(diff.max()) <= 2 * s["lr"] * s["steps"]
+
+
+# ---------------------------------------------------------------------------------------- end to end
+
+
+def test_tiny_end_to_end_run(tmp_path):
+    from sparsenorm import cli
+
+    data = write_parallel(tmp_path / "data")
+    out = tmp_path / "out"
+    argv = ["reproduce", "mt", "--quick", "--device", "cpu", "--data-dir", str(data), "--max-steps", "3",
+            "--normalizers", "softmax,posthoc_evidential,ev_softmax", "--test-size", "6", "--out", str(out)]
+    assert cli.main(argv) == 0
+    results = json.loads((out / "mt" / "results.json").read_text())["results"]
+    rows = results["summary"]["normalizers"]
+    assert set(rows) == {"softmax", "posthoc_evidential", "ev_softmax"}
+    assert results["jobs"]["jobs"] == ["softmax-seed0", "ev_softmax-seed0"]  # post-hoc reuses the softmax model
+    for row in rows.values():
+        assert 0 <= row["bleu"]["mean"] <= 100 and 0 <= row["chrf"]["mean"] <= 100
+        assert set(row["attended"]) == set(SITES) and row["world_size"] == 1
+        assert 1 <= row["attended"]["cross"]["mean"]["mean"] <= row["attended"]["cross"]["valid"]
+    assert rows["softmax"]["attended"]["encoder"]["mean"]["mean"] == pytest.approx(rows["softmax"]["attended"]["encoder"]["valid"])
+    assert results["summary"]["world_size"] == 1
+    report = (out / "mt" / "report.md").read_text()
+    assert "Table 4" in report and "29.4 ± 0.05" in report and "nrefs:1" in report
+    for fig in ("bleu_vs_attended.png", "cross_attention_maps.png", "training_loss.png"):
+        assert (out / "mt" / fig).read_bytes()[:8] == PNG_MAGIC
+    verdicts = {c["claim"][:30]: c["verdict"] for c in results["claims"]}
+    assert len(verdicts) == 3
+
+
+def test_bad_options_are_user_errors(tmp_path):
+    from sparsenorm import cli
+
+    with pytest.raises(SystemExit):
+        cli.main(["reproduce", "mt", "--attention", "softmaxx", "--out", str(tmp_path)])
+    assert cli.main(["reproduce", "mt", "--quick", "--epochs", "2", "--data-dir", str(write_parallel(tmp_path / "d")),
+                     "--out", str(tmp_path)]) == 2
