@@ -17,7 +17,8 @@ def download_deb(package: str, workdir: Path, how_to: str) -> Path:
     """``apt-get download PACKAGE`` into ``workdir`` (after ``apt-get update`` when that fails and we are
     root, i.e. the package lists may be missing); the path of the ``.deb``."""
     if shutil.which("apt-get") is None:
-        raise UserFacingError(f"the data comes from the Debian package {package}, but apt-get is not available; {how_to}")
+        raise UserFacingError(f"the data comes from the Debian package {package}, but apt-get is not available; "
+                              f"{how_to}")
     workdir = Path(workdir)
 
     def download() -> subprocess.CompletedProcess:

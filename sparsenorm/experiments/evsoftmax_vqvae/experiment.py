@@ -30,6 +30,7 @@ from .vqvae import VQVAE, VQVAEConfig, codebook_stats, encode_all, reconstructio
 PAPER_NORMALIZERS = ("softmax", "sparsemax", "entmax15", "posthoc_evidential", "ev_softmax")
 DEFAULT_NORMALIZERS = PAPER_NORMALIZERS + ("r_softmax",)
 GRID_PER_CLASS = 8  # samples per class kept for the sample grid
+GRID_CLASSES = 10  # rows of the sample grid (the first classes)
 LN2 = math.log(2.0)
 
 
@@ -187,7 +188,8 @@ class VQVAEExperiment:
                              codebook=s.codebook, restart_dead=s.restart_dead)
         n_train = len(data.train_y) if s.vq_train_images is None else min(s.vq_train_images, len(data.train_y))
         key = (f"vqvae-{data.fingerprint()}-seed{seed}-h{s.vq_hidden}-k{s.codes}-{s.codebook}"
-               f"{'-restart' if s.restart_dead else ''}-e{s.vq_epochs}-lr{s.vq_lr:g}-n{n_train}"
+               f"{'-restart' if s.restart_dead else ''}-e{s.vq_epochs}-lr{s.vq_lr:g}-b{s.vq_batch}-beta{s.beta:g}"
+               f"-n{n_train}"
                f"{f'-steps{s.max_steps}' if s.max_steps else ''}.pt")
         path = out / "models" / key
         model = VQVAE(config)
@@ -436,7 +438,8 @@ def evaluate_prior(name: str, prior: GatedPixelCNN, seed_models: SeedModels, con
     sample_time = clock.elapsed
     images = decode_all(seed_models.vqvae.to(device).eval(), codes, device, chunk)
     logits = clf.predict_logits(context.classifier.to(device), images, device)
-    keep = torch.cat([torch.nonzero(labels == c).flatten()[:GRID_PER_CLASS] for c in range(n_classes)])
+    grid_classes = min(n_classes, GRID_CLASSES)
+    keep = torch.cat([torch.nonzero(labels == c).flatten()[:GRID_PER_CLASS] for c in range(grid_classes)])
     grid_images = ((images[keep].clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).numpy()
     return {
         "top1": clf.topk_accuracy(logits, labels, 1),
@@ -449,7 +452,7 @@ def evaluate_prior(name: str, prior: GatedPixelCNN, seed_models: SeedModels, con
         "samples": len(labels),
         "sample_time_s": round(sample_time, 1),
         **test_nll(normalizer, prior, seed_models, device),
-        "grid": grid_images.reshape(n_classes, -1, *grid_images.shape[1:]),
+        "grid": grid_images.reshape(grid_classes, -1, *grid_images.shape[1:]),
     }
 
 

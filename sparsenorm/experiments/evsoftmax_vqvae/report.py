@@ -181,7 +181,7 @@ def _grid_figure(out: Path, records: List[Dict[str, Any]], settings, class_names
         ax.set_xticks([])
         ax.set_yticks([(i + 0.5) * h for i in range(classes)] if name == names[0] else [])
         if name == names[0]:
-            ax.set_yticklabels(class_names, fontsize=6)
+            ax.set_yticklabels(list(class_names)[:classes], fontsize=6)
     fig.suptitle("Samples from each prior (rows = classes)", fontsize=10)
     return save_figure(fig, out / "sample_grids.png")
 
@@ -252,8 +252,8 @@ def write_report(out: Path, summary: Dict[str, Any], records: List[Dict[str, Any
         "normalizer (softmax: cross-entropy; sparsemax/entmax-1.5: Fenchel-Young losses; ev-softmax: NLL of its "
         "Eq. 10 training form; r-softmax: the r-softmax paper's Eq. 4, computed in its O(K) single-label form), "
         f"{settings.prior_layers} layers of width {settings.prior_dim}, Adam {settings.prior_lr:g}, batch "
-        f"{settings.prior_batch}, {settings.prior_epochs} epoch(s), lowest validation loss kept. The same learning rate "
-        "for all (the released code used 1e-5 / 1e-6). Post-hoc evidential is the softmax prior, sparsified at "
+        f"{settings.prior_batch}, {settings.prior_epochs} epoch(s), lowest validation loss kept. The same learning "
+        "rate for all (the released code used 1e-5 / 1e-6). Post-hoc evidential is the softmax prior, sparsified at "
         "sampling from its last 1x1 layer (Itkina et al.). Sampling draws every code from the evaluation form (exact "
         "zeros), autoregressively over the grid, in batches; every normalizer of a seed gets the same random stream.",
         "",
