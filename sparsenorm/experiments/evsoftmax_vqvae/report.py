@@ -122,7 +122,13 @@ def _sparse_beats_softmax_claim(summary: Dict[str, Any]) -> Claim:
     if "softmax" not in norms or not trained:
         return Claim(claim, NOT_TESTABLE, "needs softmax and a sparse prior", "Sec. 4.3")
     soft = norms["softmax"]["top1"]
-    beat = [n for n in trained if norms[n]["top1"] > soft]
+
+    def clearly_above(n: str) -> bool:  # beyond twice the sampling standard error of the difference
+        se = math.hypot(_pooled_se(norms["softmax"], "top1"), _pooled_se(norms[n], "top1"))
+        return norms[n]["top1"] - soft > 2 * se
+
+    beat = [n for n in trained if clearly_above(n)]
+    higher = [n for n in trained if norms[n]["top1"] > soft]
     text = ", ".join(f"{n} {100 * norms[n]['top1']:.1f}%" for n in trained)
     evidence = f"top-1: softmax {100 * soft:.1f}%; {text}"
     posthoc_ok = True
@@ -131,9 +137,10 @@ def _sparse_beats_softmax_claim(summary: Dict[str, Any]) -> Claim:
         posthoc_ok = posthoc <= soft + 2 * math.hypot(_pooled_se(norms["softmax"], "top1"),
                                                       _pooled_se(norms["posthoc_evidential"], "top1"))
         evidence += f"; post-hoc {100 * posthoc:.1f}%"
+    evidence += f"; beyond 2 s.e.: {', '.join(beat) or 'none'}"
     if len(beat) == len(trained) and posthoc_ok:
         verdict = REPRODUCED
-    elif beat:
+    elif higher:
         verdict = PARTLY
     else:
         verdict = NOT_REPRODUCED
