@@ -12,6 +12,7 @@ EXPERIMENTS = {
     "multilabel": "sparsenorm.experiments.rsoftmax_multilabel",
     "ssvae": "sparsenorm.experiments.evsoftmax_ssvae",
     "mt": "sparsenorm.experiments.evsoftmax_translation",
+    "vqvae": "sparsenorm.experiments.evsoftmax_vqvae",
 }
 
 

@@ -1,0 +1,86 @@
+"""Real Fashion-MNIST (Xiao et al. 2017): 60,000 training / 10,000 test 28x28 grey images, 10 classes.
+
+Returned as an :class:`mnist.MNIST` (the same layout as MNIST: float32 ``(N, 784)`` in [0, 1]; the
+last 10,000 training images are the validation split). Where the data comes from, in order:
+
+1. ``data_dir`` holding the four IDX files (the original distribution's names, optionally ``.gz``:
+   ``train-images-idx3-ubyte``, ``train-labels-idx1-ubyte``, ``t10k-images-idx3-ubyte``,
+   ``t10k-labels-idx1-ubyte``), or an ``mnist.npz``/pickle in MNIST's formats (see :mod:`.mnist`);
+2. the cache folder ``fashion-mnist/`` in ``data_dir`` (if given) or :func:`common.cache_dir`;
+3. a fetch: ``apt-get download dataset-fashion-mnist`` (31 MB, Expat licence), unpacked with
+   ``dpkg-deb -x``; its IDX files (``/usr/share/datasets/fashion-mnist/``) are copied into that cache.
+"""
+from __future__ import annotations
+
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Optional
+
+from .common import UserFacingError, cache_dir
+from .debian import download_deb, extract_deb
+from .mnist import IDX_FILES, MNIST, load_mnist
+
+PACKAGE = "dataset-fashion-mnist"
+PATH_IN_PACKAGE = "usr/share/datasets/fashion-mnist"
+CACHE_FOLDER = "fashion-mnist"
+CLASS_NAMES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag",
+               "Ankle boot")
+
+_HOW_TO = (f"or download {PACKAGE}_*.deb by hand (https://packages.debian.org/stable/{PACKAGE}) into the data "
+           f"folder (--data-dir DIR or $SPARSENORM_CACHE/{CACHE_FOLDER}), or put the four Fashion-MNIST IDX files "
+           f"({', '.join(IDX_FILES.values())}, optionally .gz) into a folder and pass it with --data-dir")
+
+
+def _has_idx(folder: Path) -> bool:
+    return folder.is_dir() and any((folder / f"{stem}{ext}").is_file()
+                                   for stem in IDX_FILES.values() for ext in ("", ".gz"))
+
+
+def load_fashion_mnist(data_dir: Optional[Path] = None, *, fetch: bool = True) -> MNIST:
+    """Fashion-MNIST from the user's IDX files in ``data_dir``, else the cache, else a one-time fetch.
+
+    ``fetch=False`` raises instead of downloading.
+    """
+    if data_dir is not None:
+        data_dir = Path(data_dir).expanduser()
+        if data_dir.is_file() or _has_idx(data_dir):
+            return _named(load_mnist(data_dir, fetch=False))
+    store = (data_dir if data_dir is not None else cache_dir()) / CACHE_FOLDER
+    if not _has_idx(store):
+        if not fetch:
+            raise UserFacingError(f"Fashion-MNIST is not in {store} and fetching is off; {_HOW_TO}")
+        _fetch_into(store)
+    return _named(load_mnist(store, fetch=False))
+
+
+def _named(data: MNIST) -> MNIST:
+    from dataclasses import replace
+
+    return replace(data, source=f"Fashion-MNIST, {data.source}")
+
+
+def _fetch_into(store: Path) -> None:
+    try:
+        store.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserFacingError(f"cannot create the cache folder {store}: {exc}; set SPARSENORM_CACHE or --data-dir "
+                              f"to a writable folder") from None
+    local = sorted(store.glob(f"{PACKAGE}_*.deb")) + sorted(store.parent.glob(f"{PACKAGE}_*.deb"))
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        if local:
+            deb = local[-1]
+        else:
+            print(f"sparsenorm: fetching Fashion-MNIST (Debian {PACKAGE}, 31 MB) into {store} (once)", file=sys.stderr)
+            deb = download_deb(PACKAGE, work, "Fashion-MNIST", _HOW_TO)
+        unpacked = extract_deb(deb, work / "unpacked", _HOW_TO) / PATH_IN_PACKAGE
+        files = [unpacked / f"{stem}.gz" for stem in IDX_FILES.values()]
+        missing = [f.name for f in files if not f.is_file()]
+        if missing:
+            raise UserFacingError(f"{deb.name} lacks {', '.join(missing)} under /{PATH_IN_PACKAGE}; {_HOW_TO}")
+        for f in files:  # copy then rename: a killed run never leaves a half-written IDX file
+            partial = store / (f.name + ".part")
+            shutil.copyfile(f, partial)
+            partial.replace(store / f.name)

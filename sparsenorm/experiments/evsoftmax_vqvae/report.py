@@ -1,0 +1,297 @@
+"""Summaries over seeds, the verdicts, the Table 3-style tables and the figures of the VQ-VAE experiment."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+
+from .._shared.common import headless_pyplot, markdown_table, save_figure
+from .._shared.runner import NEW, NOT_REPRODUCED, NOT_TESTABLE, PARTLY, REPRODUCED, Claim, Report
+
+# Table 3 (tinyImageNet, 200 classes, 16x16 grid of K = 512 codes): top-5 %, top-10 %, K (mean nonzero codes).
+PAPER_TABLE3 = {
+    "softmax": (38.4, 48.8, 512),
+    "sparsemax": (40.0, 52.0, 46),
+    "entmax15": (38.4, 49.2, 90),
+    "posthoc_evidential": (38.2, 48.4, 102),
+    "ev_softmax": (43.6, 55.6, 77),
+}
+PAPER_K_ORDER = ("sparsemax", "ev_softmax", "entmax15", "posthoc_evidential", "softmax")
+METRICS = ("top1", "top3", "nonzero_codes", "nll_bits", "nll_bits_eval_form", "nll_bits_train_form",
+           "nll_bits_on_support", "off_support", "diversity", "distinct_codes_sampled", "sample_time_s")
+VQ_METRICS = ("test_mse", "test_codes_used", "test_perplexity", "classifier_top1_on_reconstructions",
+              "classifier_top3_on_reconstructions", "train_time_s")
+
+
+def _stats(values: List[Optional[float]]) -> Dict[str, Any]:
+    """Mean and std over seeds; a None (an infinite NLL) in any seed makes the mean None."""
+    if not values or any(v is None for v in values):
+        return {"mean": None, "std": None, "values": values}
+    arr = np.asarray(values, dtype=float)
+    return {"mean": float(arr.mean()), "std": float(arr.std()), "values": values}
+
+
+def aggregate(records: List[Dict[str, Any]], settings) -> Dict[str, Any]:
+    per: Dict[str, Dict[str, List]] = {}
+    samples: Dict[str, int] = {}
+    for rec in records:
+        for name, m in rec["normalizers"].items():
+            for key in METRICS:
+                per.setdefault(name, {}).setdefault(key, []).append(m.get(key))
+            samples[name] = samples.get(name, 0) + m["samples"]
+    normalizers = {}
+    for name in settings.normalizers:
+        if name not in per:
+            continue
+        entry: Dict[str, Any] = {"samples_total": samples[name]}
+        for key, values in per[name].items():
+            s = _stats(values)
+            entry[key] = s["mean"]
+            entry[f"{key}_std"] = s["std"]
+            entry[f"{key}_per_seed"] = s["values"]
+        normalizers[name] = entry
+    vq_by_seed = {rec["seed"]: rec["vqvae"] for rec in records}
+    vqvae = {key: _stats([vq_by_seed[s].get(key) for s in sorted(vq_by_seed)]) for key in VQ_METRICS}
+    return {"normalizers": normalizers, "vqvae": vqvae, "vqvae_per_seed": vq_by_seed, "seeds": len(vq_by_seed)}
+
+
+def _fmt(entry: Dict[str, Any], key: str, scale: float = 1.0, digits: int = 1) -> str:
+    mean = entry.get(key)
+    if mean is None:
+        return "∞"
+    std = entry.get(f"{key}_std") or 0.0
+    return f"{mean * scale:.{digits}f} ± {std * scale:.{digits}f}"
+
+
+def _pooled_se(entry: Dict[str, Any], key: str) -> float:
+    p, n = entry[key], entry["samples_total"]
+    return math.sqrt(max(p * (1 - p), 1e-12) / n)
+
+
+def _accuracy_claim(summary: Dict[str, Any]) -> Claim:
+    claim = "ev-softmax gives the most accurate class-conditional samples (top-k accuracy of a classifier)"
+    norms = summary["normalizers"]
+    rivals = [n for n in PAPER_TABLE3 if n != "ev_softmax" and n in norms]
+    if "ev_softmax" not in norms or not rivals:
+        return Claim(claim, NOT_TESTABLE, "needs ev_softmax and at least one other normalizer of Table 3", "Table 3")
+    parts, wins, clear = [], 0, 0
+    for key in ("top1", "top3"):
+        ev = norms["ev_softmax"][key]
+        best = max(rivals, key=lambda n: norms[n][key])
+        gap = ev - norms[best][key]
+        se = math.hypot(_pooled_se(norms["ev_softmax"], key), _pooled_se(norms[best], key))
+        wins += gap > 0
+        clear += gap > 2 * se
+        parts.append(f"{key}: ev-softmax {100 * ev:.1f}% vs best other {best} {100 * norms[best][key]:.1f}% "
+                     f"(gap {100 * gap:+.1f}, 2 s.e. = {200 * se:.1f})")
+    if clear == 2:
+        verdict = REPRODUCED
+    elif wins == 2:
+        verdict = PARTLY
+        parts.append("highest, but not beyond sampling noise")
+    elif wins == 1:
+        verdict = PARTLY
+    else:
+        verdict = NOT_REPRODUCED
+    return Claim(claim, verdict, "; ".join(parts), "Sec. 4.3, Table 3")
+
+
+def _k_order_claim(summary: Dict[str, Any]) -> Claim:
+    claim = "K (nonzero codes per position) orders sparsemax < ev-softmax < entmax-1.5 < post-hoc ≪ softmax"
+    norms = summary["normalizers"]
+    present = [n for n in PAPER_K_ORDER if n in norms]
+    if len(present) < 2:
+        return Claim(claim, NOT_TESTABLE, "needs at least two of the Table 3 normalizers", "Table 3")
+    pairs = list(zip(present, present[1:]))
+    held = [norms[a]["nonzero_codes"] < norms[b]["nonzero_codes"] for a, b in pairs]
+    ks = ", ".join(f"{n} {norms[n]['nonzero_codes']:.1f}" for n in present)
+    measured = " < ".join(sorted(present, key=lambda n: norms[n]["nonzero_codes"]))
+    verdict = REPRODUCED if all(held) else (PARTLY if any(held) else NOT_REPRODUCED)
+    missing = [n for n in PAPER_K_ORDER if n not in norms]
+    note = f" ({', '.join(missing)} not run)" if missing else ""
+    return Claim(claim, verdict, f"K: {ks}; measured order {measured}; {sum(held)}/{len(held)} adjacent pairs as in "
+                 f"the paper{note}", "Sec. 4.3, Table 3")
+
+
+def _sparse_beats_softmax_claim(summary: Dict[str, Any]) -> Claim:
+    claim = "sparse priors trained sparse (sparsemax, entmax-1.5, ev-softmax) beat softmax; post-hoc does not"
+    norms = summary["normalizers"]
+    trained = [n for n in ("sparsemax", "entmax15", "ev_softmax") if n in norms]
+    if "softmax" not in norms or not trained:
+        return Claim(claim, NOT_TESTABLE, "needs softmax and a sparse prior", "Sec. 4.3")
+    soft = norms["softmax"]["top1"]
+
+    def clearly_above(n: str) -> bool:  # beyond twice the sampling standard error of the difference
+        se = math.hypot(_pooled_se(norms["softmax"], "top1"), _pooled_se(norms[n], "top1"))
+        return norms[n]["top1"] - soft > 2 * se
+
+    beat = [n for n in trained if clearly_above(n)]
+    higher = [n for n in trained if norms[n]["top1"] > soft]
+    text = ", ".join(f"{n} {100 * norms[n]['top1']:.1f}%" for n in trained)
+    evidence = f"top-1: softmax {100 * soft:.1f}%; {text}"
+    posthoc_ok = True
+    if "posthoc_evidential" in norms:
+        posthoc = norms["posthoc_evidential"]["top1"]
+        posthoc_ok = posthoc <= soft + 2 * math.hypot(_pooled_se(norms["softmax"], "top1"),
+                                                      _pooled_se(norms["posthoc_evidential"], "top1"))
+        evidence += f"; post-hoc {100 * posthoc:.1f}%"
+    evidence += f"; beyond 2 s.e.: {', '.join(beat) or 'none'}"
+    if len(beat) == len(trained) and posthoc_ok:
+        verdict = REPRODUCED
+    elif higher:
+        verdict = PARTLY
+    else:
+        verdict = NOT_REPRODUCED
+    return Claim(claim, verdict, evidence, "Sec. 4.3")
+
+
+def _rsoftmax_claim(summary: Dict[str, Any]) -> Optional[Claim]:
+    norms = summary["normalizers"]
+    if "r_softmax" not in norms:
+        return None
+    r = norms["r_softmax"]
+    others = {n: norms[n]["top1"] for n in norms if n != "r_softmax"}
+    rank = 1 + sum(v > r["top1"] for v in others.values())
+    return Claim("r-softmax (r = 0.5) as the prior's output (not in the paper)", NEW,
+                 f"top-1 {100 * r['top1']:.1f}%, top-3 {100 * r['top3']:.1f}%, K {r['nonzero_codes']:.1f}; "
+                 f"rank {rank} of {len(others) + 1} by top-1", "")
+
+
+def claims(summary: Dict[str, Any], settings) -> List[Claim]:
+    found = [_accuracy_claim(summary), _k_order_claim(summary), _sparse_beats_softmax_claim(summary),
+             _rsoftmax_claim(summary)]
+    return [c for c in found if c is not None]
+
+
+# ---------------------------------------------------------------------- figures
+
+def _grid_figure(out: Path, records: List[Dict[str, Any]], settings, class_names) -> Optional[Path]:
+    plt = headless_pyplot()
+    first = {}
+    for rec in records:  # the lowest seed's grid per normalizer
+        for name, m in rec["normalizers"].items():
+            if name not in first or rec["seed"] < first[name][0]:
+                first[name] = (rec["seed"], m["grid_file"])
+    names = [n for n in settings.normalizers if n in first and (out / first[n][1]).is_file()]
+    if not names:
+        return None
+    grids = {n: np.load(out / first[n][1]) for n in names}
+    fig, axes = plt.subplots(1, len(names), figsize=(2.6 * len(names), 3.2), squeeze=False)
+    for ax, name in zip(axes[0], names):
+        g = grids[name]  # (classes, per_class, C, H, W) uint8
+        classes, per, c, h, w = g.shape
+        tiled = g.transpose(0, 3, 1, 4, 2).reshape(classes * h, per * w, c)
+        ax.imshow(tiled.squeeze(-1) if c == 1 else tiled, cmap="gray" if c == 1 else None, vmin=0, vmax=255)
+        ax.set_title(f"{name}\n(seed {first[name][0]})", fontsize=9)
+        ax.set_xticks([])
+        ax.set_yticks([(i + 0.5) * h for i in range(classes)] if name == names[0] else [])
+        if name == names[0]:
+            ax.set_yticklabels(list(class_names)[:classes], fontsize=6)
+    fig.suptitle("Samples from each prior (rows = classes)", fontsize=10)
+    return save_figure(fig, out / "sample_grids.png")
+
+
+def _k_vs_accuracy_figure(out: Path, summary: Dict[str, Any], settings) -> Path:
+    plt = headless_pyplot()
+    norms = summary["normalizers"]
+    fig, ax = plt.subplots(figsize=(5.5, 4))
+    for name, m in norms.items():
+        for key, marker in (("top1", "o"), ("top3", "^")):
+            ax.errorbar(m["nonzero_codes"], 100 * m[key], xerr=m["nonzero_codes_std"] or 0,
+                        yerr=100 * (m[f"{key}_std"] or 0), fmt=marker, capsize=3,
+                        color=f"C{list(norms).index(name)}", label=name if key == "top1" else None)
+    ax.set_xscale("log")
+    ax.set_xlabel(f"K = mean nonzero codes per position during sampling (of {settings.codes})")
+    ax.set_ylabel("classifier accuracy on samples (%)  ● top-1  ▲ top-3")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    return save_figure(fig, out / "k_vs_accuracy.png")
+
+
+# ---------------------------------------------------------------------- the report
+
+def write_report(out: Path, summary: Dict[str, Any], records: List[Dict[str, Any]], settings, context) -> Report:
+    norms = summary["normalizers"]
+    grid = summary["vqvae_per_seed"][min(summary["vqvae_per_seed"])]["code_grid"]
+    n_classes = len(context.class_names)
+    figures = {"k_vs_accuracy": _k_vs_accuracy_figure(out, summary, settings)}
+    grids = _grid_figure(out, records, settings, context.class_names)
+    if grids is not None:
+        figures["sample_grids"] = grids
+
+    table3 = []
+    for name, m in norms.items():
+        paper = PAPER_TABLE3.get(name)
+        table3.append([name, _fmt(m, "top1", 100), _fmt(m, "top3", 100), _fmt(m, "nonzero_codes"),
+                       *(map(str, paper) if paper else ("—", "—", "—"))])
+    fit = []
+    for name, m in norms.items():
+        fit.append([name, _fmt(m, "nll_bits", digits=2), _fmt(m, "nll_bits_eval_form", digits=2),
+                    _fmt(m, "off_support", 100), _fmt(m, "nll_bits_on_support", digits=2),
+                    _fmt(m, "diversity", digits=3), _fmt(m, "distinct_codes_sampled", digits=0)])
+    vq_rows = [[str(seed), f"{v['test_mse']:.4f}", f"{v['test_codes_used']} / {settings.codes}",
+                f"{v['test_perplexity']:.1f}", f"{100 * v['classifier_top1_on_reconstructions']:.1f}%",
+                str(v.get("dead_code_restarts") or "none"), f"{v['train_time_s']:.0f} s"]
+               for seed, v in sorted(summary["vqvae_per_seed"].items(), key=lambda kv: int(kv[0]))]
+    clf = context.classifier_info
+    substituted = (
+        f"**Data: {context.data_name}, not the paper's tinyImageNet.** {context.data_source}; "
+        f"{context.sizes['train']:,} train / {context.sizes['val']:,} validation / {context.sizes['test']:,} test "
+        f"images of shape {'x'.join(map(str, context.image_shape))}, {n_classes} classes. The same VQ-VAE "
+        f"(two stride-2 convolutions) gives a {grid[0]}x{grid[1]} code grid (paper: 16x16 on 64x64 images) over "
+        f"K = {settings.codes} codes. With {n_classes} classes instead of 200 the report gives top-1/top-3 accuracy "
+        f"(paper: top-5/top-10), from {settings.samples_per_class} samples per class (paper: 25); the paper's "
+        f"numbers are shown for orientation only, they are not comparable in level."
+        if context.data_name in ("Fashion-MNIST", "MNIST") else
+        f"Data: the user's {context.data_source}: {context.sizes['train']:,} train / {context.sizes['val']:,} "
+        f"validation / {context.sizes['test']:,} test images, {n_classes} classes, a {grid[0]}x{grid[1]} code grid. "
+        f"Top-1/top-3 accuracy (paper: top-5/top-10 with 200 classes).")
+    body = [
+        "## Setting", "",
+        substituted, "",
+        f"Classifier for the evaluation (the paper's Wide ResNet, made small): {clf['architecture']}, trained on "
+        f"{clf['train_images']:,} real training images for {clf['epochs']} epoch(s) (best validation epoch kept"
+        f"{', loaded from the cache' if clf.get('cached') else ''}): **test accuracy {100 * clf['test_accuracy']:.1f}% "
+        f"top-1, {100 * clf['test_top3']:.1f}% top-3** on real test images.", "",
+        "Priors: class-conditional gated PixelCNN, one per normalizer, trained with the registry's loss of that "
+        "normalizer (softmax: cross-entropy; sparsemax/entmax-1.5: Fenchel-Young losses; ev-softmax: NLL of its "
+        "Eq. 10 training form; r-softmax: the r-softmax paper's Eq. 4, computed in its O(K) single-label form), "
+        f"{settings.prior_layers} layers of width {settings.prior_dim}, Adam {settings.prior_lr:g}, batch "
+        f"{settings.prior_batch}, {settings.prior_epochs} epoch(s), lowest validation loss kept. The same learning "
+        "rate for all (the released code used 1e-5 / 1e-6). Post-hoc evidential is the softmax prior, sparsified at "
+        "sampling from its last 1x1 layer (Itkina et al.). Sampling draws every code from the evaluation form (exact "
+        "zeros), autoregressively over the grid, in batches; every normalizer of a seed gets the same random stream.",
+        "",
+        "## Stage 1: the VQ-VAE (trained once per seed, shared by every prior)", "",
+        f"Width {settings.vq_hidden}, β = {settings.beta:g}, codebook updates by "
+        f"{'the codebook loss (the paper)' if settings.codebook == 'loss' else 'EMA'}"
+        f"{', dead-code restarts after each epoch' if settings.restart_dead else ''}, Adam {settings.vq_lr:g}, "
+        f"{settings.vq_epochs} epoch(s). Codes used and perplexity (exp of the entropy of the code histogram) on the "
+        "test grids; the last column is the classifier's accuracy on VQ-VAE reconstructions of test images, the "
+        "ceiling for samples.", "",
+        markdown_table(["seed", "test MSE ([-1,1] pixels)", "codes used", "perplexity", "classifier top-1 on recon.",
+                        "dead-code restarts", "train time"], vq_rows), "",
+        "## Table 3: accuracy of class-conditional samples and K", "",
+        f"Mean ± std over {summary['seeds']} seed(s); {settings.samples_per_class} samples per class per seed. "
+        f"K = mean number of nonzero codes (of {settings.codes}) in the sampling distribution over all sampling steps.",
+        "",
+        markdown_table(["normalizer", "top-1 %", "top-3 %", "K", "paper Acc-5 %*", "paper Acc-10 %*", "paper K*"],
+                       table3), "",
+        "\\* tinyImageNet, 200 classes, 16x16 grid: a different data set and metric; compare orderings, not levels.",
+        "",
+        "## How well each prior fits the test codes", "",
+        "NLL in bits per code position on the test grids (teacher forcing). *NLL (trained form)*: of the distribution "
+        "the prior was trained to fit — softmax, post-hoc's softmax, ev-softmax's Eq. 10 (ε = 1e-6); sparsemax, "
+        "entmax-1.5 and r-softmax have no full-support form, so theirs is ∞ as soon as one true code gets "
+        "probability 0. *NLL (sampling form)*: of the distribution codes are drawn from. *Off support*: test positions "
+        "whose true code has probability 0 under the sampling form. *Diversity*: mean pairwise RMS pixel distance "
+        f"between samples of one class (real test images: {context.real_diversity:.3f}).", "",
+        markdown_table(["normalizer", "NLL bits (trained form)", "NLL bits (sampling form)", "off support %",
+                        "NLL bits on support", "diversity", "distinct codes sampled"], fit), "",
+        "![K vs accuracy](k_vs_accuracy.png)", "",
+    ]
+    if grids is not None:
+        body += ["![sample grids](sample_grids.png)", ""]
+    return Report(body="\n".join(body), figures=figures, headline="k_vs_accuracy")
