@@ -19,5 +19,7 @@ test: venv
 test-slow: venv
 	.venv/bin/python -m pytest -q -m slow
 
+# Normalizers (ratios to softmax and to the entmax package), then attention (ratios to SDPA, peak memory).
 bench: venv
 	.venv/bin/python -m sparsenorm.bench
+	.venv/bin/python -m sparsenorm.bench_attention

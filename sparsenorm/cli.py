@@ -82,6 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     which.add_parser("all", parents=[common], help="every experiment, then the index OUT/README.md")
 
     sub.add_parser("demo", help="print the worked examples for every normalizer and check the properties table")
+    sub.add_parser("build-kernels", help="compile the C++ CPU kernels once into the cache (then used by default)")
     return parser
 
 
@@ -116,12 +117,25 @@ def _reproduce(args: argparse.Namespace) -> int:
     return 0
 
 
+def _build_kernels() -> int:
+    from . import kernels
+
+    failed = {name: reason for name, reason in kernels.build().items() if reason is not None}
+    for name, reason in failed.items():
+        print(f"sparsenorm: kernel {name} not built ({reason}); the pure-PyTorch path is used", file=sys.stderr)
+    built = sorted(set(kernels.available()) - set(failed))
+    print(f"CPU kernels built: {', '.join(built) or 'none'}")
+    return 1 if failed else 0
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         if args.command == "reproduce":
             return _reproduce(args)
+        if args.command == "build-kernels":
+            return _build_kernels()
         if args.command == "demo":
             from .demo import main as demo_main
 

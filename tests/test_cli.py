@@ -80,3 +80,13 @@ def test_data_problem_is_one_line(capsys, tmp_path):
     assert code == 2
     assert_one_line_error(err)
     assert "train-labels-idx1-ubyte" in err
+
+
+def test_build_kernels_reports_what_was_built(capsys):
+    from sparsenorm import kernels
+
+    code = cli.main(["build-kernels"])
+    out = capsys.readouterr().out
+    built = [name for name, ok in kernels.available().items() if ok]
+    assert code == (0 if len(built) == len(kernels.available()) else 1)
+    assert all(name in out for name in built)
