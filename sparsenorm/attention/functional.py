@@ -80,6 +80,34 @@ def _normalize(fn: Callable, scores: Tensor, keep: Optional[Tensor]) -> Tensor:
     return weights.masked_fill(empty, 0.0)
 
 
+def _flash_ev_softmax(query: Tensor, key: Tensor, value: Tensor, keep: Optional[Tensor], is_causal: bool,
+                      scale: Optional[float]) -> Optional[Tensor]:
+    """ev-softmax attention by the Triton flash kernel, or None where it does not apply.
+
+    It applies to 4-D (B, H, L, E) inputs with E <= 128 and the value's head dim equal to the
+    query's, without batch broadcasting, and to masks that vary over keys only (padding); other
+    cases (and a missing triton) return None, and the caller takes the PyTorch paths.
+    """
+    from ..kernels.ops import triton_launchers
+
+    launchers = triton_launchers()
+    if launchers is None or any(t.dim() != 4 for t in (query, key, value)):
+        return None
+    B, E, S = query.shape[0], query.shape[-1], key.shape[-2]
+    if E > 128 or value.shape[-1] != E or key.shape[0] != B or value.shape[0] != B:
+        return None
+    key_mask = None
+    if keep is not None:
+        if keep.dim() > 4:
+            return None
+        keep = keep.reshape((1,) * (4 - keep.dim()) + keep.shape)
+        if keep.shape[1] != 1 or keep.shape[2] != 1:
+            return None  # a mask that differs between heads or queries
+        key_mask = keep.expand(B, 1, 1, S).reshape(B, S)
+    return launchers.flash_ev_softmax_attention(query, key, value, is_causal=is_causal, scale=scale,
+                                                key_mask=key_mask)
+
+
 def sparse_attention(
     query: Tensor,
     key: Tensor,
@@ -112,7 +140,9 @@ def sparse_attention(
     rebind its parameters, e.g. ``alpha=1.3``, ``r=0.5``) or a callable ``fn(scores, dim=-1)``
     (``**params`` passed to it). ``dropout_p`` drops weights as SDPA does (always, when > 0).
 
-    ev-softmax without weights, dropout or a float mask that needs a gradient runs blockwise
+    On CUDA, ev-softmax without weights, dropout, statistics recording or a float mask runs the
+    Triton flash kernel (:mod:`sparsenorm.kernels.triton`, extra ``[gpu]``) where it applies (see
+    :func:`_flash_ev_softmax`). Elsewhere, ev-softmax without weights, dropout or a float mask that needs a gradient runs blockwise
     (:mod:`sparsenorm.attention.blockwise`, exact, O(L) extra memory) once ``L * S`` reaches
     :data:`BLOCKWISE_MIN_SCORES`. The other normalizers need the whole row for their threshold
     (a sort or an iteration over all scores), so they run densely, with the L x S weights.
@@ -133,6 +163,11 @@ def attend(
     """:func:`sparse_attention` with the mask already split into a boolean ``keep`` and a finite
     ``bias`` (see :func:`sparsenorm.attention.masks.split_mask`); shapes as there."""
     fn, name = resolve_normalizer(normalizer, params)
+    if (query.is_cuda and name in _BLOCKWISE_NORMALIZERS and not return_weights and dropout_p == 0.0
+            and bias is None and not stats.recording()):
+        out = _flash_ev_softmax(query, key, value, keep, is_causal, scale)
+        if out is not None:
+            return out
     key, value = _expand_heads(query, key, "key"), _expand_heads(query, value, "value")
     L, S = query.shape[-2], key.shape[-2]
     scale = query.shape[-1] ** -0.5 if scale is None else float(scale)

@@ -36,7 +36,7 @@ def _rows(x: Tensor) -> Tensor:
 _TRITON = None  # the Triton launchers once looked up: a module, or False where triton is missing
 
 
-def _triton():
+def triton_launchers():
     """The Triton launchers for CUDA tensors, or None (triton not installed, or kernels disabled).
 
     Imported on the first CUDA call only, so CPU-only use never imports triton.
@@ -76,7 +76,7 @@ def _ev_softmax_cpu(x: Tensor, eps: Optional[float], log: bool) -> Tensor:
 
 @ev_softmax.register_kernel("cuda")
 def _ev_softmax_cuda(x: Tensor, eps: Optional[float], log: bool) -> Tensor:
-    launchers = _triton()
+    launchers = triton_launchers()
     if launchers is not None and launchers.ev_softmax_supports(x):
         return launchers.ev_softmax_forward(x, eps, log)
     return ref_evidential.ev_softmax_forward(x, eps, log)
@@ -94,7 +94,7 @@ def _ev_softmax_setup(ctx, inputs, output) -> None:
 
 def _ev_softmax_backward(ctx, grad: Tensor):
     (out,) = ctx.saved_tensors
-    launchers = _triton() if out.is_cuda and not torch.is_grad_enabled() else None
+    launchers = triton_launchers() if out.is_cuda and not torch.is_grad_enabled() else None
     if launchers is not None:  # (double backward keeps the differentiable ops below)
         return launchers.ev_softmax_backward(grad, out, ctx.log), None, None
     if ctx.log:
@@ -127,7 +127,7 @@ def _project_cpu(x: Tensor, kind: str, k: Optional[int]) -> Tensor:
 
 @project.register_kernel("cuda")
 def _project_cuda(x: Tensor, kind: str, k: Optional[int]) -> Tensor:
-    launchers = _triton()
+    launchers = triton_launchers()
     if launchers is not None and launchers.project_supports(x):
         return launchers.project(x, kind)  # exact threshold without sorting: ``k`` has no use there
     return ref_projection.project_sorted(x, kind)
@@ -155,7 +155,7 @@ def _project_backward_cpu(p: Tensor, grad: Tensor, kind: str) -> Tensor:
 
 @project_backward.register_kernel("cuda")
 def _project_backward_cuda(p: Tensor, grad: Tensor, kind: str) -> Tensor:
-    launchers = _triton()
+    launchers = triton_launchers()
     if launchers is not None and launchers.project_supports(p):
         return launchers.project_backward(p, grad.to(p.dtype).expand_as(p), kind)
     return ref_projection.dense_backward(p, grad, kind)

@@ -154,3 +154,25 @@ def test_in_subprocess():
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
                           env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+
+
+@in_process
+@pytest.mark.parametrize("causal", [False, True])
+def test_sparse_attention_flash_route_equals_the_pytorch_path(causal):
+    """What ``sparse_attention`` runs on CUDA for ev-softmax (``_flash_ev_softmax``, called here on
+    interpreter tensors): a padding mask of any broadcast form becomes the kernel's key mask, GQA
+    passes through, and the output equals the PyTorch path's; masks the kernel cannot take give None."""
+    from sparsenorm.attention import functional as attn
+
+    g = torch.Generator().manual_seed(0)
+    B, Hq, Hk, L, S, E = 2, 4, 2, 12, 16, 32
+    q, k, v = (torch.randn(B, h, n, E, generator=g) for h, n in ((Hq, L), (Hk, S), (Hk, S)))
+    keep = torch.ones(B, 1, 1, S, dtype=torch.bool)
+    keep[1, ..., 11:] = False  # the second sequence is padded
+    for mask in (keep, keep[1, 0, 0]):  # per sequence (B, 1, 1, S); one for all (S,)
+        out = attn._flash_ev_softmax(q.to(DEVICE), k.to(DEVICE), v.to(DEVICE), mask.to(DEVICE), causal, None)
+        ref = sparsenorm.attention.sparse_attention(q, k, v, "ev_softmax", attn_mask=mask, is_causal=causal)
+        torch.testing.assert_close(out.cpu(), ref, atol=2e-5, rtol=2e-5)
+    for other in (torch.ones(B, 1, L, S, dtype=torch.bool), torch.ones(B, 1, S, dtype=torch.bool)):
+        # per query, or (B, 1, S), which broadcasts B against the heads as in SDPA: not a key mask
+        assert attn._flash_ev_softmax(q.to(DEVICE), k.to(DEVICE), v.to(DEVICE), other.to(DEVICE), causal, None) is None
