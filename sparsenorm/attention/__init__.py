@@ -1,0 +1,18 @@
+"""Sparse attention: every sparsenorm normalizer in place of softmax in scaled dot-product attention.
+
+* :func:`sparse_attention` -- ``F.scaled_dot_product_attention`` with ``normalizer=``.
+* :class:`MultiheadAttention` -- a drop-in for ``torch.nn.MultiheadAttention`` with ``normalizer=``.
+* :func:`record` -- attended keys per query (support size), per layer and head, from any model.
+* :mod:`.blockwise` -- exact ev-softmax attention without the L x S matrix (used automatically).
+* :mod:`.masks` -- the "not there" rule for attention masks.
+"""
+from .blockwise import ev_softmax_attention_blockwise
+from .functional import BLOCKWISE_MIN_SCORES, sparse_attention
+from .masks import split_mask
+from .modules import MultiheadAttention
+from .stats import AttentionStats, LayerStats, record
+
+__all__ = [
+    "sparse_attention", "MultiheadAttention", "record", "AttentionStats", "LayerStats",
+    "ev_softmax_attention_blockwise", "split_mask", "BLOCKWISE_MIN_SCORES",
+]

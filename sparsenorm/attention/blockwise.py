@@ -1,0 +1,243 @@
+"""Memory-efficient exact ev-softmax attention: blockwise over queries and keys, never L x S.
+
+ev-softmax (ev-softmax paper, Eq. 7) keeps the keys whose score is at least the mean score over
+the valid keys, and the mean is linear in the keys:
+
+    mean_j (q . k_j) * scale = q . mean_j(k_j) * scale          (+ mean_j b_ij with a float bias)
+
+so each query's threshold is known before any score is computed: the plain mean of the keys,
+their prefix mean under a causal mask, the mean over valid keys under a key-padding mask, and
+``(M @ K) / M.sum(-1)`` for a general boolean mask ``M`` (one blockwise pass). The attention is
+then softmax restricted to ``{j valid : s_ij >= threshold_i}``, computed with FlashAttention's
+online-softmax recurrence over key blocks (running max ``m``, sum ``l``, output ``o``), one query
+block at a time. Backward (FlashAttention-2) recomputes each block's scores and support from the
+saved ``q, k, v``, output and log-sum-exp; the threshold carries no gradient (the support
+indicator is piecewise constant, Eq. 9). Extra memory: O(L) per head (output, log-sum-exp,
+threshold) plus one block of scores.
+
+Rounding: the threshold here is ``q . mean(k)``, the dense path's is ``mean(q . k)``; they agree
+to rounding, so an entry within rounding of its row's mean can fall on different sides. Should
+rounding put the threshold above every valid score of a row (e.g. a single valid key), that row
+is redone with the threshold capped at its maximum valid score, as the dense ev-softmax caps it
+(this check reads one boolean per query block on the host).
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+BLOCK_Q = 256
+BLOCK_K = 512
+
+
+def _rows_cols(t: Optional[Tensor], i0: int, i1: int, j0: int, j1: int) -> Optional[Tensor]:
+    """Block ``[i0:i1, j0:j1]`` of a mask broadcastable to (..., L, S); size-1 dims stay as they are."""
+    if t is None:
+        return None
+    if t.shape[-2] != 1:
+        t = t[..., i0:i1, :]
+    if t.shape[-1] != 1:
+        t = t[..., j0:j1]
+    return t
+
+
+def _valid_block(keep: Optional[Tensor], causal: bool, i0: int, i1: int, j0: int, j1: int,
+                 device) -> Optional[Tensor]:
+    valid = _rows_cols(keep, i0, i1, j0, j1)
+    if causal and j1 - 1 > i0:  # some key of the block lies after some query of the block
+        tri = torch.arange(j0, j1, device=device) <= torch.arange(i0, i1, device=device).unsqueeze(-1)
+        valid = tri if valid is None else valid & tri
+    return valid
+
+
+def threshold(q: Tensor, k: Tensor, keep: Optional[Tensor], bias: Optional[Tensor], causal: bool,
+              scale: float, block_k: int = BLOCK_K) -> Tuple[Tensor, Tensor]:
+    """``(threshold, count)``: each query's mean valid score ``(..., L, 1)`` and its number of valid keys.
+
+    ``q`` (..., L, E), ``k`` (..., S, E); ``keep`` a boolean mask broadcastable to (..., L, S) or
+    None; ``bias`` a finite float mask likewise; ``causal`` = SDPA's top-left ``is_causal``.
+    """
+    L, S = q.shape[-2], k.shape[-2]
+    dt = q.dtype
+    rows_independent = keep is None or keep.shape[-2] == 1
+    if bias is None and rows_independent:
+        if keep is None:
+            keys, ones = k, None
+        else:  # key padding: zero the padded keys, count the valid ones
+            w = keep.to(dt).transpose(-2, -1)  # (..., S, 1)
+            keys, ones = k * w, w
+        if causal:  # prefix sums; query i sees keys 0..min(i, S-1)
+            idx = torch.arange(L, device=q.device).clamp_max(S - 1)
+            ksum = keys.cumsum(-2)[..., idx, :]
+            count = (torch.arange(1, S + 1, device=q.device, dtype=dt).unsqueeze(-1) if ones is None
+                     else ones.cumsum(-2))[..., idx, :]
+        else:
+            ksum = keys.sum(-2, keepdim=True)
+            count = torch.full((1, 1), float(S), dtype=dt, device=q.device) if ones is None else ones.sum(-2, keepdim=True)
+        mean_k = ksum / count.clamp_min(1)
+        thr = (q * mean_k).sum(-1, keepdim=True) * scale
+        return thr, count.expand_as(thr)
+    # General mask or bias: mask-weighted key sums (M @ K), counts and bias sums, block by block.
+    ksum = count = bsum = None
+    for j0 in range(0, S, block_k):
+        j1 = min(j0 + block_k, S)
+        valid = _valid_block(keep, causal, 0, L, j0, j1, q.device)
+        w = torch.ones((1, j1 - j0), dtype=dt, device=q.device) if valid is None else valid.to(dt)
+        w = w.expand(*w.shape[:-2], L, j1 - j0)
+        part = w @ k[..., j0:j1, :]
+        ksum = part if ksum is None else ksum + part
+        c = w.sum(-1, keepdim=True)
+        count = c if count is None else count + c
+        if bias is not None:
+            b = (_rows_cols(bias, 0, L, j0, j1) * w).sum(-1, keepdim=True)
+            bsum = b if bsum is None else bsum + b
+    thr = (q * ksum).sum(-1, keepdim=True) * scale / count.clamp_min(1)
+    if bsum is not None:
+        thr = thr + bsum / count.clamp_min(1)
+    return thr, count
+
+
+def _scores(q_blk: Tensor, k_blk: Tensor, scale: float, bias_blk: Optional[Tensor],
+            valid: Optional[Tensor], thr_blk: Tensor) -> Tuple[Tensor, Tensor]:
+    """The block's scores with entries off the support set to -inf, and the support (bool)."""
+    s = torch.matmul(q_blk, k_blk.transpose(-2, -1)).mul_(scale)
+    if bias_blk is not None:
+        s = s + bias_blk
+    support = s >= thr_blk
+    if valid is not None:
+        support = support & valid
+    return s.masked_fill_(~support, float("-inf")), support
+
+
+def _forward_block(q_blk, k, v, keep, bias, causal, scale, thr_blk, i0, i1, block_k, count_support):
+    S = k.shape[-2]
+    m = l = o = n_support = None
+    for j0 in range(0, S, block_k):
+        if causal and j0 > i1 - 1:
+            break
+        j1 = min(j0 + block_k, S)
+        valid = _valid_block(keep, causal, i0, i1, j0, j1, q_blk.device)
+        s, support = _scores(q_blk, k[..., j0:j1, :], scale, _rows_cols(bias, i0, i1, j0, j1), valid, thr_blk)
+        m_blk = s.amax(-1, keepdim=True)
+        m_new = m_blk if m is None else torch.maximum(m, m_blk)
+        m_safe = m_new.masked_fill(m_new == float("-inf"), 0.0)
+        p = torch.exp(s.sub_(m_safe))
+        pv = torch.matmul(p, v[..., j0:j1, :])
+        if m is None:
+            l, o = p.sum(-1, keepdim=True), pv
+        else:
+            corr = torch.exp(m - m_safe)
+            l = l * corr + p.sum(-1, keepdim=True)
+            o = o * corr + pv
+        m = m_new
+        if count_support:
+            c = support.sum(-1, keepdim=True)
+            n_support = c if n_support is None else n_support + c
+    return m, l, o, n_support
+
+
+def _block_max(q_blk, k, v, keep, bias, causal, scale, i0, i1, block_k):
+    """Each row's maximum valid score (-inf if none), from the same block products as the passes."""
+    S = k.shape[-2]
+    m = None
+    for j0 in range(0, S, block_k):
+        if causal and j0 > i1 - 1:
+            break
+        j1 = min(j0 + block_k, S)
+        valid = _valid_block(keep, causal, i0, i1, j0, j1, q_blk.device)
+        s = torch.matmul(q_blk, k[..., j0:j1, :].transpose(-2, -1)).mul_(scale)
+        if _rows_cols(bias, i0, i1, j0, j1) is not None:
+            s = s + _rows_cols(bias, i0, i1, j0, j1)
+        if valid is not None:
+            s = s.masked_fill(~valid, float("-inf"))
+        b = s.amax(-1, keepdim=True)
+        m = b if m is None else torch.maximum(m, b)
+    return m
+
+
+class EvSoftmaxAttentionFunction(torch.autograd.Function):
+    """Blockwise ev-softmax attention; inputs share their batch shape (...). Returns (out, lse, support)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, keep, bias, causal, scale, count_support, block_q, block_k):
+        L = q.shape[-2]
+        thr, count = threshold(q, k, keep, bias, causal, scale, block_k)
+        outs, lses, supports = [], [], []
+        for i0 in range(0, L, block_q):
+            i1 = min(i0 + block_q, L)
+            q_blk, thr_blk = q[..., i0:i1, :], thr[..., i0:i1, :]
+            args = (q_blk, k, v, keep, bias, causal, scale)
+            m, l, o, n = _forward_block(*args, thr_blk, i0, i1, block_k, count_support)
+            stranded = (l == 0) & (count[..., i0:i1, :] > 0)  # rounding put the mean above the max
+            if bool(stranded.any()):
+                thr_blk = torch.where(stranded, _block_max(*args, i0, i1, block_k), thr_blk)
+                thr[..., i0:i1, :] = thr_blk
+                m, l, o, n = _forward_block(*args, thr_blk, i0, i1, block_k, count_support)
+            empty = l == 0
+            outs.append(torch.where(empty, 0.0, o / l.masked_fill(empty, 1.0)))
+            # +inf for rows with no key: every recomputed weight exp(s - lse) is then 0.
+            lses.append(torch.where(empty, float("inf"), m + torch.log(l)))
+            if count_support:
+                supports.append(n)
+        out = torch.cat(outs, -2)
+        lse = torch.cat(lses, -2)
+        ctx.save_for_backward(q, k, v, out, lse, thr, keep, bias)
+        ctx.causal, ctx.scale, ctx.block_q, ctx.block_k = causal, scale, block_q, block_k
+        count = count.expand_as(lse).squeeze(-1)
+        ctx.mark_non_differentiable(lse, count)
+        support = torch.cat(supports, -2).squeeze(-1) if count_support else None
+        if support is not None:
+            ctx.mark_non_differentiable(support)
+        return out, lse, support, count
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out, _lse, _support, _count):
+        q, k, v, out, lse, thr, keep, bias = ctx.saved_tensors
+        causal, scale, block_q, block_k = ctx.causal, ctx.scale, ctx.block_q, ctx.block_k
+        L, S = q.shape[-2], k.shape[-2]
+        dq = torch.zeros_like(q)
+        dk = torch.zeros_like(k)
+        dv = torch.zeros_like(v)
+        for i0 in range(0, L, block_q):
+            i1 = min(i0 + block_q, L)
+            q_blk, do_blk = q[..., i0:i1, :], grad_out[..., i0:i1, :]
+            delta = (do_blk * out[..., i0:i1, :]).sum(-1, keepdim=True)
+            lse_blk, thr_blk = lse[..., i0:i1, :], thr[..., i0:i1, :]
+            for j0 in range(0, S, block_k):
+                if causal and j0 > i1 - 1:
+                    break
+                j1 = min(j0 + block_k, S)
+                k_blk, v_blk = k[..., j0:j1, :], v[..., j0:j1, :]
+                valid = _valid_block(keep, causal, i0, i1, j0, j1, q.device)
+                s, _ = _scores(q_blk, k_blk, scale, _rows_cols(bias, i0, i1, j0, j1), valid, thr_blk)
+                p = torch.exp(s.sub_(lse_blk))
+                dv[..., j0:j1, :] += torch.matmul(p.transpose(-2, -1), do_blk)
+                ds = torch.matmul(do_blk, v_blk.transpose(-2, -1)).sub_(delta).mul_(p).mul_(scale)
+                dq[..., i0:i1, :] += torch.matmul(ds, k_blk)
+                dk[..., j0:j1, :] += torch.matmul(ds.transpose(-2, -1), q_blk)
+        return dq, dk, dv, None, None, None, None, None, None, None
+
+
+def ev_softmax_attention_blockwise(
+    q: Tensor, k: Tensor, v: Tensor, keep: Optional[Tensor] = None, bias: Optional[Tensor] = None,
+    is_causal: bool = False, scale: Optional[float] = None, count_support: bool = False,
+    block_q: int = BLOCK_Q, block_k: int = BLOCK_K,
+) -> Tuple[Tensor, Optional[Tensor], Tensor]:
+    """ev-softmax attention without the L x S matrix: ``(out, support, valid_count)``.
+
+    ``q`` (..., L, E), ``k`` (..., S, E), ``v`` (..., S, Ev) with one batch shape (...) (expand
+    them first); ``keep`` boolean (True = attend) and ``bias`` (finite, no gradient) broadcastable
+    to (..., L, S); ``is_causal`` SDPA's top-left causal mask, combined with ``keep``. ``support``
+    (..., L) is the number of attended keys per query when ``count_support``, else None. Rows with
+    no valid key give 0 and zero gradient. Use :func:`sparsenorm.attention.sparse_attention`,
+    which validates arguments and picks this path, rather than calling this directly.
+    """
+    if bias is not None and bias.requires_grad:
+        raise ValueError("the blockwise path does not differentiate the float mask; use the dense path")
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    out, _, support, count = EvSoftmaxAttentionFunction.apply(
+        q, k, v, keep, bias, bool(is_causal), float(scale), count_support, block_q, block_k)
+    return out, support, count

@@ -1,0 +1,105 @@
+"""Hugging Face ``transformers`` integration: every sparsenorm normalizer as an ``attn_implementation``.
+
+    import sparsenorm.hf  # registers "sparsenorm_<name>" for every registry normalizer
+    model = AutoModel.from_pretrained(path, attn_implementation="sparsenorm_ev_softmax")
+    model.set_attn_implementation("sparsenorm_sparsemax")
+    name = sparsenorm.hf.register("entmax_bisect", alpha=1.3)  # "sparsenorm_entmax_bisect"; pass name= to keep both
+
+:func:`register` puts an attention function (the signature of transformers'
+``sdpa_attention_forward``) into ``AttentionInterface`` and a mask function into
+``AttentionMaskInterface`` under the same name; without the second, transformers builds no mask
+for an unknown implementation and padding is silently attended. The mask function is
+transformers' ``sdpa_mask`` (boolean masks, True = attend; ``None`` where SDPA's ``is_causal``
+would do, which the attention function then applies).
+
+The attention function reads every mask transformers hands it: boolean, additive (``finfo.min``
+entries are "not there", see :mod:`sparsenorm.attention.masks`), ``None`` with ``module.is_causal``
+(causal mask built here, top-left as SDPA), T5's ``position_bias`` (added to the scores, with
+``scaling=1.0``), grouped-query key/value heads. Not-there keys get exactly zero weight and are left
+out of ev-softmax's mean. Dropout applies only in ``module.training``. The weights are returned
+(for ``output_attentions=True``) when the call or the config asks for them; otherwise ev-softmax
+may run on the memory-efficient blockwise path.
+
+``"sparsenorm_posthoc_evidential"``: softmax while the model is in ``train()`` mode, ev-softmax in
+``eval()`` mode (post-hoc evidential sparsification of a softmax-trained model: Theorem 3.1 of
+the ev-softmax paper with the keys as the linear layer).
+
+Requires the ``[hf]`` extra (``pip install sparsenorm[hf]``).
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional, Union
+
+import torch
+from torch import Tensor, nn
+
+try:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+except ImportError as err:  # pragma: no cover - exercised only without the extra
+    raise ImportError(
+        "sparsenorm.hf needs Hugging Face transformers: pip install 'sparsenorm[hf]'"
+    ) from err
+
+from . import registry
+from .attention import stats
+from .attention.functional import attend, resolve_normalizer
+from .attention.masks import split_mask
+
+PREFIX = "sparsenorm_"
+
+
+def _combine(attention_mask: Optional[Tensor], position_bias: Optional[Tensor]):
+    """``(keep, bias)`` from transformers' mask and T5's additive ``position_bias``."""
+    keep, bias = split_mask(attention_mask, "attention_mask")
+    if position_bias is not None:
+        bias = position_bias if bias is None else bias + position_bias
+    return keep, bias
+
+
+def make_attention_function(normalizer: Union[str, Callable] = "ev_softmax", **params) -> Callable:
+    """An attention function for ``AttentionInterface`` with ``normalizer`` in place of softmax."""
+    resolve_normalizer(normalizer, params)  # fail now on a bad name or parameter
+    posthoc = normalizer == "posthoc_evidential"
+
+    def sparsenorm_attention_forward(
+        module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Optional[Tensor],
+        dropout: float = 0.0, scaling: Optional[float] = None, is_causal: Optional[bool] = None,
+        position_bias: Optional[Tensor] = None, **kwargs,
+    ):
+        keep, bias = _combine(attention_mask, position_bias)
+        if is_causal is None:
+            is_causal = getattr(module, "is_causal", False)
+        # As SDPA in transformers: the causal flag stands in for a mask only when none was built.
+        causal = bool(is_causal) and attention_mask is None and query.shape[2] > 1
+        want_weights = bool(kwargs.get("output_attentions") or getattr(getattr(module, "config", None),
+                                                                        "output_attentions", False))
+        name = ("softmax" if module.training else "ev_softmax") if posthoc else normalizer
+        with stats.in_module(module):
+            result = attend(
+                query, key, value, name, keep, bias, is_causal=causal,
+                dropout_p=float(dropout) if module.training else 0.0, scale=scaling,
+                return_weights=want_weights, **({} if posthoc else params),
+            )
+        out, weights = result if want_weights else (result, None)
+        return out.transpose(1, 2).contiguous(), weights
+
+    sparsenorm_attention_forward.__doc__ = f"transformers attention with {normalizer!r} in place of softmax."
+    return sparsenorm_attention_forward
+
+
+def register(normalizer: Union[str, Callable] = "ev_softmax", name: Optional[str] = None, **params) -> str:
+    """Register ``normalizer`` (a registry name or a callable; ``**params`` its parameters) as a
+    transformers attention implementation and mask function; returns the name, by default
+    ``"sparsenorm_<normalizer>"`` (a callable's ``__name__``). Registering a name again replaces it."""
+    if name is None:
+        name = PREFIX + (normalizer if isinstance(normalizer, str) else getattr(normalizer, "__name__", "custom"))
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"name must be a non-empty string, got {name!r}")
+    AttentionInterface.register(name, make_attention_function(normalizer, **params))
+    AttentionMaskInterface.register(name, sdpa_mask)
+    return name
+
+
+REGISTERED = [register(n) for n in registry.names()]
+"""The names registered on import: ``sparsenorm_<name>`` for every registry normalizer."""
