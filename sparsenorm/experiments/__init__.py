@@ -10,6 +10,7 @@ from types import ModuleType
 EXPERIMENTS = {
     "cvae": "sparsenorm.experiments.cvae",
     "multilabel": "sparsenorm.experiments.multilabel",
+    "finetune": "sparsenorm.experiments.rsoftmax_finetune",
 }
 
 
