@@ -13,6 +13,7 @@ and its test accuracy reported, next to the paper's SST-2 column.
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
@@ -164,6 +165,7 @@ class FinetuneExperiment:
     def run_job(self, job: Job, context: Dict[str, Any], settings: Settings, device: torch.device) -> Dict[str, Any]:
         from .model import RateSchedule, attention_maps, attention_name, evaluate, fine_tune, load_classifier
 
+        start, cpu = time.perf_counter(), time.process_time()
         name, lr, r_final = job.params["normalizer"], job.params["lr"], job.params["r_final"]
         schedule = RateSchedule(r_final, 1) if name == "r_softmax" else None
         implementation = schedule.register() if schedule is not None else attention_name(name)
@@ -176,6 +178,7 @@ class FinetuneExperiment:
         record: Dict[str, Any] = {
             "key": job.key, "normalizer": name, "lr": lr, "r_final": r_final, "seed": job.seed,
             "train": {"steps": trained.steps, "seconds": round(trained.seconds, 1),
+                      "cpu_seconds": round(trained.cpu_seconds, 1),
                       "seconds_per_step": trained.seconds / max(trained.steps, 1), "final_loss": trained.final_loss,
                       "r_at_end": trained.r_at_end},
             "validation": _without_layers(evaluate(model, tokenizer, context["validation"], desc=f"{job.key} val", **evals)),
@@ -191,6 +194,8 @@ class FinetuneExperiment:
                     label = other if r is None else f"r_softmax (r={r:g})"
                     record["swapped"][label] = evaluate(model, tokenizer, context["test"], desc=f"{job.key} as {label}",
                                                         **evals)
+        record["job_seconds"] = round(time.perf_counter() - start, 1)
+        record["job_cpu_seconds"] = round(time.process_time() - cpu, 1)
         return record
 
     def aggregate(self, records: List[Dict[str, Any]], settings: Settings) -> Dict[str, Any]:

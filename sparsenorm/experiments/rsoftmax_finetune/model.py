@@ -117,7 +117,8 @@ class RateSchedule:
     def __init__(self, r_final: float, total_steps: int):
         from sparsenorm import registry
 
-        registry.get("r_softmax", r=r_final)  # a bad rate fails here
+        if not 0.0 <= float(r_final) <= 1.0:
+            raise ValueError(f"r_final must lie in [0, 1], got {r_final}")
         self.r_final = float(r_final)
         self.total_steps = max(int(total_steps), 1)
         self.r = 0.0
@@ -168,6 +169,8 @@ def length_buckets(lengths: np.ndarray, batch_size: int) -> List[np.ndarray]:
 class TrainResult:
     steps: int
     seconds: float
+    cpu_seconds: float
+    """CPU time of this process (all its threads): the cost on an idle machine, whatever the load."""
     final_loss: float
     r_at_end: Optional[float] = None
 
@@ -187,7 +190,7 @@ def fine_tune(model, tokenizer, train: Split, *, epochs: int, batch_size: int, l
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     lr_schedule = get_linear_schedule_with_warmup(optimizer, 0, total)
     model.train()
-    start, step, recent = time.perf_counter(), 0, []
+    start, cpu, step, recent = time.perf_counter(), time.process_time(), 0, []
     bar = progress(range(total), total=total, desc=desc)
     for _ in bar:
         if step % per_epoch == 0:
@@ -203,12 +206,13 @@ def fine_tune(model, tokenizer, train: Split, *, epochs: int, batch_size: int, l
         optimizer.step()
         lr_schedule.step()
         optimizer.zero_grad(set_to_none=True)
-        recent = (recent + [float(loss)])[-20:]
+        recent = (recent + [float(loss.detach())])[-20:]
         step += 1
     if schedule is not None:
         schedule.finish()
     model.eval()
-    return TrainResult(step, time.perf_counter() - start, float(np.mean(recent)) if recent else float("nan"),
+    loss = float(np.mean(recent)) if recent else float("nan")
+    return TrainResult(step, time.perf_counter() - start, time.process_time() - cpu, loss,
                        schedule.r if schedule is not None else None)
 
 
@@ -228,7 +232,7 @@ def evaluate(model, tokenizer, split: Split, *, max_length: int, batch_size: int
 
     model.eval()
     lengths = token_lengths(tokenizer, split, max_length)
-    correct, start = 0, time.perf_counter()
+    correct, start, cpu = 0, time.perf_counter(), time.process_time()
     with record(model) as stats:
         for idx in progress(length_buckets(lengths, batch_size), desc=desc):
             batch = encode(tokenizer, [split.texts[i] for i in idx], max_length, device)
@@ -244,7 +248,8 @@ def evaluate(model, tokenizer, split: Split, *, max_length: int, batch_size: int
     val = sum(float(s.valid_sum.sum()) for s in stats.layers.values())
     return {"accuracy": correct / len(split), "n": len(split),
             "attended": sup / max(q, 1), "keys": val / max(q, 1), "zero_fraction": 1 - sup / max(val, 1),
-            "layers": layers, "seconds": round(time.perf_counter() - start, 2)}
+            "layers": layers, "seconds": round(time.perf_counter() - start, 2),
+            "cpu_seconds": round(time.process_time() - cpu, 2)}
 
 
 @torch.no_grad()

@@ -105,12 +105,18 @@ def write_report(out: Path, summary: Dict[str, Any], records: List[Dict[str, Any
                                    f"{c['zero_fraction']:.3f}"] for c in summary["r_curve"]]),
                   "", f"The paper's best final r on SST-2 was {PAPER_BEST_R_SST2}.", ""]
 
+    cost = summary["cost"]
     lines += ["## Cost per run", "",
-              markdown_table(["run", "steps", "train s", "s / step", "eval s (val + test)"],
+              markdown_table(["run", "steps", "train s (wall)", "train CPU s", "CPU s / step", "whole job s (wall)",
+                              "whole job CPU s"],
                              [[", ".join(c["keys_in_records"]), str(c["steps"]), f"{c['train_seconds']:.0f}",
-                               f"{c['seconds_per_step']:.2f}", f"{c['eval_seconds']:.0f}"] for c in summary["configs"]]),
-              "", "Times are wall-clock on this machine while two jobs ran side by side (one thread each); the softmax "
-              "run's swap evaluations are not included in its eval time.", ""]
+                               f"{c['train_cpu_seconds']:.0f}",
+                               f"{c['train_cpu_seconds'] / max(c['steps'], 1):.2f}", f"{c['job_seconds']:.0f}",
+                               f"{c['job_cpu_seconds']:.0f}"] for c in summary["configs"]]),
+              "", f"Jobs run one thread each, two side by side; wall times depend on what else the machine ran, CPU "
+              f"times much less (a whole job: loading, training, validation and test evaluation, and for softmax the "
+              f"swapped evaluations). All {cost['jobs']} job(s) took {cost['job_cpu_seconds']:.0f} CPU s, i.e. about "
+              f"{cost['job_cpu_seconds'] / 2:.0f} s of wall time on 2 idle cores.", ""]
     for key, path in figures.items():
         lines += [f"![{key}]({Path(path).name})", ""]
     headline = "accuracy_vs_r" if "accuracy_vs_r" in figures else (next(iter(figures)) if figures else None)
@@ -160,8 +166,7 @@ def plot_maps(maps: Dict[str, List[dict]], path: Path, head: int = 0) -> Path:
             weights = np.asarray(entry["weights"][head], dtype=float)
             shown = np.ma.masked_where(weights == 0, weights)
             ax = axes[i][j]
-            cmap = plt.get_cmap("viridis").copy()
-            cmap.set_bad("white")
+            cmap = plt.get_cmap("viridis").with_extremes(bad="white")
             ax.imshow(shown, cmap=cmap, vmin=0, vmax=max(weights.max(), 1e-9))
             ticks = range(len(entry["tokens"]))
             ax.set_xticks(ticks, entry["tokens"], rotation=90, fontsize=6)

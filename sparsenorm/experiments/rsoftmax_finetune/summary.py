@@ -35,6 +35,9 @@ def summarize(records: List[Dict[str, Any]]) -> Dict[str, Any]:
             "normalizer": name, "lr": lr, "r_final": r_final, "seeds": len(recs),
             "validation_accuracy": float(np.mean([r["validation"]["accuracy"] for r in recs])), **test,
             "train_seconds": float(np.mean([r["train"]["seconds"] for r in recs])),
+            "train_cpu_seconds": float(np.mean([r["train"]["cpu_seconds"] for r in recs])),
+            "job_seconds": float(np.mean([r["job_seconds"] for r in recs])),
+            "job_cpu_seconds": float(np.mean([r["job_cpu_seconds"] for r in recs])),
             "steps": int(np.mean([r["train"]["steps"] for r in recs])),
             "seconds_per_step": float(np.mean([r["train"]["seconds_per_step"] for r in recs])),
             "eval_seconds": float(np.mean([r["test"]["seconds"] + r["validation"]["seconds"] for r in recs])),
@@ -58,10 +61,13 @@ def summarize(records: List[Dict[str, Any]]) -> Dict[str, Any]:
             normalizers["posthoc_evidential"] = {
                 "normalizer": "posthoc_evidential", "lr": soft["lr"], "r_final": None, "seeds": soft["seeds"],
                 "validation_accuracy": None, **swapped["posthoc_evidential"],
-                "train_seconds": 0.0, "steps": 0, "seconds_per_step": None, "eval_seconds": None,
+                "train_seconds": 0.0, "train_cpu_seconds": 0.0, "steps": 0, "seconds_per_step": None,
+                "eval_seconds": None, "job_seconds": 0.0, "job_cpu_seconds": 0.0,
                 "note": "the softmax-fine-tuned model (softmax's selected learning rate) evaluated with ev-softmax attention",
             }
-    return {"configs": configs, "normalizers": normalizers, "r_curve": r_curve, "swapped": swapped}
+    cost = {"jobs": len(records), "job_seconds": float(sum(r["job_seconds"] for r in records)),
+            "job_cpu_seconds": float(sum(r["job_cpu_seconds"] for r in records))}
+    return {"configs": configs, "normalizers": normalizers, "r_curve": r_curve, "swapped": swapped, "cost": cost}
 
 
 def _best(configs: List[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
