@@ -12,6 +12,6 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
 fi
 stamp=.venv/.sparsenorm-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-    .venv/bin/pip install --quiet -e ".[test,experiments]"
+    .venv/bin/pip install --quiet -e ".[test,experiments,hf]"
     touch "$stamp"
 fi

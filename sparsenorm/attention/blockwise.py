@@ -26,6 +26,7 @@ from __future__ import annotations
 from typing import Optional, Tuple
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 BLOCK_Q = 256
@@ -99,19 +100,26 @@ def threshold(q: Tensor, k: Tensor, keep: Optional[Tensor], bias: Optional[Tenso
     return thr, count
 
 
-def _scores(q_blk: Tensor, k_blk: Tensor, scale: float, bias_blk: Optional[Tensor],
-            valid: Optional[Tensor], thr_blk: Tensor) -> Tuple[Tensor, Tensor]:
-    """The block's scores with entries off the support set to -inf, and the support (bool)."""
-    s = torch.matmul(q_blk, k_blk.transpose(-2, -1)).mul_(scale)
+def _support_scores(q_blk: Tensor, k_blk: Tensor, bias_blk: Optional[Tensor], valid: Optional[Tensor],
+                    thr_blk: Tensor) -> Tensor:
+    """The block's scores minus the threshold on the support, ``-inf`` off it (``q_blk`` is pre-scaled).
+
+    Shifting each row by its threshold changes no softmax, and ``s - thr > -smallest_normal`` is
+    ``s >= thr`` without a boolean temporary (as in ``sparsenorm.evidential._support_logits``).
+    """
+    c = torch.matmul(q_blk, k_blk.transpose(-2, -1))
     if bias_blk is not None:
-        s = s + bias_blk
-    support = s >= thr_blk
+        c = c.add_(bias_blk) if torch.broadcast_shapes(c.shape, bias_blk.shape) == c.shape else c + bias_blk
+    c.sub_(thr_blk)
+    F.threshold_(c, -torch.finfo(c.dtype).smallest_normal, float("-inf"))
     if valid is not None:
-        support = support & valid
-    return s.masked_fill_(~support, float("-inf")), support
+        c.masked_fill_(~valid, float("-inf"))
+    return c
 
 
-def _forward_block(q_blk, k, v, keep, bias, causal, scale, thr_blk, i0, i1, block_k, count_support):
+def _forward_block(q_blk, k, v, keep, bias, causal, thr_blk, i0, i1, block_k, count_support):
+    """Online softmax over the key blocks for one query block: ``(m, l, o, support count)``, with
+    ``m`` the running maximum of ``s - thr`` over the support."""
     S = k.shape[-2]
     m = l = o = n_support = None
     for j0 in range(0, S, block_k):
@@ -119,26 +127,26 @@ def _forward_block(q_blk, k, v, keep, bias, causal, scale, thr_blk, i0, i1, bloc
             break
         j1 = min(j0 + block_k, S)
         valid = _valid_block(keep, causal, i0, i1, j0, j1, q_blk.device)
-        s, support = _scores(q_blk, k[..., j0:j1, :], scale, _rows_cols(bias, i0, i1, j0, j1), valid, thr_blk)
-        m_blk = s.amax(-1, keepdim=True)
+        c = _support_scores(q_blk, k[..., j0:j1, :], _rows_cols(bias, i0, i1, j0, j1), valid, thr_blk)
+        if count_support:
+            n = (c != float("-inf")).sum(-1, keepdim=True)
+            n_support = n if n_support is None else n_support + n
+        m_blk = c.amax(-1, keepdim=True)
         m_new = m_blk if m is None else torch.maximum(m, m_blk)
         m_safe = m_new.masked_fill(m_new == float("-inf"), 0.0)
-        p = torch.exp(s.sub_(m_safe))
+        p = c.sub_(m_safe).exp_()
         pv = torch.matmul(p, v[..., j0:j1, :])
         if m is None:
             l, o = p.sum(-1, keepdim=True), pv
         else:
             corr = torch.exp(m - m_safe)
-            l = l * corr + p.sum(-1, keepdim=True)
-            o = o * corr + pv
+            l = l.mul_(corr).add_(p.sum(-1, keepdim=True))
+            o = o.mul_(corr).add_(pv)
         m = m_new
-        if count_support:
-            c = support.sum(-1, keepdim=True)
-            n_support = c if n_support is None else n_support + c
     return m, l, o, n_support
 
 
-def _block_max(q_blk, k, v, keep, bias, causal, scale, i0, i1, block_k):
+def _block_max(q_blk, k, v, keep, bias, causal, i0, i1, block_k):
     """Each row's maximum valid score (-inf if none), from the same block products as the passes."""
     S = k.shape[-2]
     m = None
@@ -147,9 +155,10 @@ def _block_max(q_blk, k, v, keep, bias, causal, scale, i0, i1, block_k):
             break
         j1 = min(j0 + block_k, S)
         valid = _valid_block(keep, causal, i0, i1, j0, j1, q_blk.device)
-        s = torch.matmul(q_blk, k[..., j0:j1, :].transpose(-2, -1)).mul_(scale)
-        if _rows_cols(bias, i0, i1, j0, j1) is not None:
-            s = s + _rows_cols(bias, i0, i1, j0, j1)
+        s = torch.matmul(q_blk, k[..., j0:j1, :].transpose(-2, -1))
+        bias_blk = _rows_cols(bias, i0, i1, j0, j1)
+        if bias_blk is not None:
+            s = s + bias_blk
         if valid is not None:
             s = s.masked_fill(~valid, float("-inf"))
         b = s.amax(-1, keepdim=True)
@@ -163,12 +172,13 @@ class EvSoftmaxAttentionFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, keep, bias, causal, scale, count_support, block_q, block_k):
         L = q.shape[-2]
-        thr, count = threshold(q, k, keep, bias, causal, scale, block_k)
+        qs = q * scale  # scores are qs @ k^T, in the forward and in the backward alike
+        thr, count = threshold(qs, k, keep, bias, causal, 1.0, block_k)
         outs, lses, supports = [], [], []
         for i0 in range(0, L, block_q):
             i1 = min(i0 + block_q, L)
-            q_blk, thr_blk = q[..., i0:i1, :], thr[..., i0:i1, :]
-            args = (q_blk, k, v, keep, bias, causal, scale)
+            q_blk, thr_blk = qs[..., i0:i1, :], thr[..., i0:i1, :]
+            args = (q_blk, k, v, keep, bias, causal)
             m, l, o, n = _forward_block(*args, thr_blk, i0, i1, block_k, count_support)
             stranded = (l == 0) & (count[..., i0:i1, :] > 0)  # rounding put the mean above the max
             if bool(stranded.any()):
@@ -177,13 +187,13 @@ class EvSoftmaxAttentionFunction(torch.autograd.Function):
                 m, l, o, n = _forward_block(*args, thr_blk, i0, i1, block_k, count_support)
             empty = l == 0
             outs.append(torch.where(empty, 0.0, o / l.masked_fill(empty, 1.0)))
-            # +inf for rows with no key: every recomputed weight exp(s - lse) is then 0.
+            # log-sum-exp of s - thr; +inf for rows with no key, so every recomputed weight is 0.
             lses.append(torch.where(empty, float("inf"), m + torch.log(l)))
             if count_support:
                 supports.append(n)
         out = torch.cat(outs, -2)
         lse = torch.cat(lses, -2)
-        ctx.save_for_backward(q, k, v, out, lse, thr, keep, bias)
+        ctx.save_for_backward(qs, k, v, out, lse, thr, keep, bias)
         ctx.causal, ctx.scale, ctx.block_q, ctx.block_k = causal, scale, block_q, block_k
         count = count.expand_as(lse).squeeze(-1)
         ctx.mark_non_differentiable(lse, count)
@@ -195,30 +205,31 @@ class EvSoftmaxAttentionFunction(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out, _lse, _support, _count):
-        q, k, v, out, lse, thr, keep, bias = ctx.saved_tensors
+        qs, k, v, out, lse, thr, keep, bias = ctx.saved_tensors
         causal, scale, block_q, block_k = ctx.causal, ctx.scale, ctx.block_q, ctx.block_k
-        L, S = q.shape[-2], k.shape[-2]
-        dq = torch.zeros_like(q)
+        L, S = qs.shape[-2], k.shape[-2]
+        dq = torch.zeros_like(qs)
         dk = torch.zeros_like(k)
         dv = torch.zeros_like(v)
         for i0 in range(0, L, block_q):
             i1 = min(i0 + block_q, L)
-            q_blk, do_blk = q[..., i0:i1, :], grad_out[..., i0:i1, :]
+            q_blk, do_blk = qs[..., i0:i1, :], grad_out[..., i0:i1, :]
             delta = (do_blk * out[..., i0:i1, :]).sum(-1, keepdim=True)
             lse_blk, thr_blk = lse[..., i0:i1, :], thr[..., i0:i1, :]
+            dq_blk = dq[..., i0:i1, :]
             for j0 in range(0, S, block_k):
                 if causal and j0 > i1 - 1:
                     break
                 j1 = min(j0 + block_k, S)
                 k_blk, v_blk = k[..., j0:j1, :], v[..., j0:j1, :]
-                valid = _valid_block(keep, causal, i0, i1, j0, j1, q.device)
-                s, _ = _scores(q_blk, k_blk, scale, _rows_cols(bias, i0, i1, j0, j1), valid, thr_blk)
-                p = torch.exp(s.sub_(lse_blk))
+                valid = _valid_block(keep, causal, i0, i1, j0, j1, qs.device)
+                p = _support_scores(q_blk, k_blk, _rows_cols(bias, i0, i1, j0, j1), valid, thr_blk)
+                p = p.sub_(lse_blk).exp_()
                 dv[..., j0:j1, :] += torch.matmul(p.transpose(-2, -1), do_blk)
-                ds = torch.matmul(do_blk, v_blk.transpose(-2, -1)).sub_(delta).mul_(p).mul_(scale)
-                dq[..., i0:i1, :] += torch.matmul(ds, k_blk)
+                ds = torch.matmul(do_blk, v_blk.transpose(-2, -1)).sub_(delta).mul_(p)  # d(loss)/d(qs k^T)
+                dq_blk += torch.matmul(ds, k_blk)
                 dk[..., j0:j1, :] += torch.matmul(ds.transpose(-2, -1), q_blk)
-        return dq, dk, dv, None, None, None, None, None, None, None
+        return dq.mul_(scale), dk, dv, None, None, None, None, None, None, None
 
 
 def ev_softmax_attention_blockwise(

@@ -157,6 +157,8 @@ def attend(
         and L * S >= max(BLOCKWISE_MIN_SCORES, 1) and (bias is None or not bias.requires_grad)
     )
     if blockwise:
+        # The blockwise path slices masks by (row, column): give 0-d/1-d masks both dims.
+        keep, bias = (None if m is None else m.reshape((1,) * max(0, 2 - m.dim()) + m.shape) for m in (keep, bias))
         batch = scores_shape[:-2]
         q, k, v = q.expand(*batch, L, q.shape[-1]), k.expand(*batch, S, k.shape[-1]), v.expand(*batch, S, v.shape[-1])
         out, support, count = ev_softmax_attention_blockwise(q, k, v, keep, bias, is_causal, scale, count_support=record)

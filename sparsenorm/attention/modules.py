@@ -46,6 +46,10 @@ class MultiheadAttention(nn.MultiheadAttention):
     :func:`sparsenorm.attention.sparse_attention`. Where PyTorch gives NaN for a query with every
     key masked, this gives a zero attention output (the output projection's bias then).
     ``is_causal=True`` without ``attn_mask`` applies the causal mask (PyTorch requires the mask).
+
+    Inside ``nn.TransformerEncoderLayer``, PyTorch's inference fast path (eval mode without
+    gradients) computes softmax attention in a fused kernel and never calls this module's
+    ``forward``; turn it off with ``torch.backends.mha.set_fastpath_enabled(False)``.
     """
 
     def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True,

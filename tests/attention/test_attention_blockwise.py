@@ -19,6 +19,7 @@ def masks(L, S):
     bias = torch.randn(L, S, generator=g)
     return {
         "none": None,
+        "1-d key padding": torch.arange(S) < S - 5,
         "key padding": (torch.arange(S) < torch.tensor([[S - 7], [S]])).reshape(2, 1, 1, S),
         "general bool": general,
         "additive finfo.min": torch.zeros(2, 1, L, S).masked_fill(~general, torch.finfo(torch.float32).min),

@@ -1,0 +1,196 @@
+"""Benchmark: ``sparse_attention`` against ``F.scaled_dot_product_attention``, time and peak memory.
+
+    python -m sparsenorm.bench_attention [--lengths 512,2048,8192] [--batch-heads 8] [--dim 64]
+        [--rounds 5] [--memory-lengths 1024,2048,4096,8192,16384] [--clock thread|wall]
+        [--dense-limit-gb 16] [--json FILE] [--no-time] [--no-memory]
+
+Self-attention without a mask, float32 on the CPU, queries/keys/values of shape (B*H, L, D).
+Each candidate runs forward + backward (a fixed random output gradient).
+
+* Time: every candidate once per round, in a fresh random order each round (interleaved), median
+  over rounds; ratios against SDPA with the math backend (``sdpa_kernel(SDPBackend.MATH)``), the
+  reference the issue names; SDPA's default CPU kernel (a fused flash-style kernel) is listed
+  too. ``--clock thread`` (default) runs on one thread and times per-thread CPU time, which other
+  processes on a busy machine disturb much less than wall time.
+* Peak memory: each (candidate, L) in a fresh subprocess, one thread: after a small warm-up call
+  and the inputs are made, ``/proc/self/clear_refs`` resets the process's peak resident size
+  (VmHWM); the reported figure is peak resident size during one forward + backward minus the
+  resident size before it (Linux only). It includes the output and the gradients (4 B*H*L*D
+  floats) and whatever the allocator keeps; Python's tracemalloc does not see torch's memory.
+
+Dense candidates whose score matrices would exceed ``--dense-limit-gb`` (estimated as 5 float32
+B*H*L*L tensors) are skipped and marked so.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import subprocess
+import sys
+import time
+from typing import Callable, Dict, List, Optional
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from ._text import markdown_table
+from .attention import blockwise
+from .attention.functional import attend
+
+MATH = "sdpa (math)"
+CANDIDATES = [MATH, "sdpa (default CPU kernel)", "ev_softmax (blockwise)", "ev_softmax (dense)",
+              "sparsemax (dense)", "entmax15 (dense)"]
+BLOCKWISE = {"ev_softmax (blockwise)"}
+DENSE_TENSORS = 5  # estimated live B*H*L*L float32 tensors of a dense forward + backward
+
+
+def attention_fn(label: str) -> Callable:
+    """``fn(q, k, v) -> out`` for a candidate label."""
+    if label == MATH:
+        def fn(q, k, v):
+            with sdpa_kernel(SDPBackend.MATH):
+                return F.scaled_dot_product_attention(q, k, v)
+        return fn
+    if label == "sdpa (default CPU kernel)":
+        return F.scaled_dot_product_attention
+    if label == "ev_softmax (blockwise)":
+        return lambda q, k, v: blockwise.ev_softmax_attention_blockwise(q, k, v)[0]
+    name = label.split(" ")[0]
+    # return_weights=True forces the dense path; the weights are dropped at once.
+    return lambda q, k, v: attend(q, k, v, name, None, None, return_weights=True)[0]
+
+
+def make_inputs(bh: int, length: int, dim: int, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(bh, length, dim, generator=g).requires_grad_() for _ in range(3))
+    return q, k, v, torch.randn(bh, length, dim, generator=g)
+
+
+def run_once(fn: Callable, q, k, v, grad) -> None:
+    for t in (q, k, v):
+        t.grad = None
+    fn(q, k, v).backward(grad)
+
+
+def dense_fits(label: str, bh: int, length: int, limit_gb: float) -> bool:
+    return label in BLOCKWISE or DENSE_TENSORS * bh * length * length * 4 <= limit_gb * 2**30
+
+
+def time_length(labels: List[str], bh: int, length: int, dim: int, rounds: int, clock) -> Dict[str, float]:
+    fns = {label: attention_fn(label) for label in labels}
+    for fn in fns.values():  # warm-up (first-call initialisation), on small inputs
+        run_once(fn, *make_inputs(bh, 64, dim))
+    q, k, v, grad = make_inputs(bh, length, dim)
+    times: Dict[str, List[float]] = {label: [] for label in labels}
+    for _ in range(rounds):
+        order = list(labels)
+        random.shuffle(order)
+        for label in order:
+            t0 = clock()
+            run_once(fns[label], q, k, v, grad)
+            times[label].append(clock() - t0)
+    return {label: statistics.median(ts) for label, ts in times.items()}
+
+
+def _read_status(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def measure_peak_here(label: str, bh: int, length: int, dim: int) -> int:
+    """Peak extra resident bytes of one forward + backward, in this process (see module docstring)."""
+    torch.set_num_threads(1)
+    fn = attention_fn(label)
+    run_once(fn, *make_inputs(bh, 64, dim))  # warm-up: lazy initialisation is not the candidate's memory
+    q, k, v, grad = make_inputs(bh, length, dim)
+    before = _read_status("VmRSS")
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # reset VmHWM to the current resident size
+    run_once(fn, q, k, v, grad)
+    return _read_status("VmHWM") - before
+
+
+def measure_peak(label: str, bh: int, length: int, dim: int) -> Optional[int]:
+    """:func:`measure_peak_here` in a fresh subprocess; None if it failed (e.g. not Linux, out of memory)."""
+    cmd = [sys.executable, "-m", "sparsenorm.bench_attention", "--_peak", label, str(bh), str(length), str(dim)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        print(f"  memory of {label} at L={length} failed: {proc.stderr.strip().splitlines()[-1:]}", file=sys.stderr)
+        return None
+    return int(proc.stdout.strip().splitlines()[-1])
+
+
+def _mb(n: Optional[int]) -> str:
+    return "skipped" if n is None else f"{n / 2**20:.0f}"
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--_peak"]:
+        label, bh, length, dim = argv[1], *map(int, argv[2:5])
+        print(measure_peak_here(label, bh, length, dim))
+        return 0
+    p = argparse.ArgumentParser(prog="python -m sparsenorm.bench_attention", description=__doc__.split("\n")[0])
+    p.add_argument("--lengths", default="512,2048,8192")
+    p.add_argument("--batch-heads", type=int, default=8)
+    p.add_argument("--dim", type=int, default=64)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--candidates", default=",".join(CANDIDATES))
+    p.add_argument("--memory-lengths", default="1024,2048,4096,8192,16384")
+    p.add_argument("--dense-limit-gb", type=float, default=16.0)
+    p.add_argument("--clock", choices=("thread", "wall"), default="thread")
+    p.add_argument("--no-time", action="store_true")
+    p.add_argument("--no-memory", action="store_true")
+    p.add_argument("--json")
+    args = p.parse_args(argv)
+    lengths = [int(x) for x in args.lengths.split(",") if x]
+    labels = [x for x in args.candidates.split(",") if x]
+    unknown = set(labels) - set(CANDIDATES)
+    if unknown:
+        p.error(f"unknown candidates {sorted(unknown)}; known: {CANDIDATES}")
+    if args.clock == "thread":
+        torch.set_num_threads(1)
+    clock = time.thread_time if args.clock == "thread" else time.perf_counter
+    bh, dim = args.batch_heads, args.dim
+    results: dict = {"batch_heads": bh, "dim": dim, "clock": args.clock, "rounds": args.rounds,
+                     "time_s": {}, "peak_bytes": {}, "scaling_bytes": {}}
+    print(f"# sparse_attention vs SDPA: forward+backward, float32, B*H={bh}, D={dim}, "
+          f"clock={args.clock}, median of {args.rounds} interleaved rounds; memory = peak RSS increase")
+    for length in lengths:
+        fit = [label for label in labels if dense_fits(label, bh, length, args.dense_limit_gb)]
+        times = {} if args.no_time else time_length(fit, bh, length, dim, args.rounds, clock)
+        peaks = {} if args.no_memory else {label: measure_peak(label, bh, length, dim) for label in fit}
+        results["time_s"][length], results["peak_bytes"][length] = times, peaks
+        base = times.get(MATH)
+        rows = []
+        for label in labels:
+            t = times.get(label)
+            rows.append([label, "skipped" if t is None else f"{t:.3f}",
+                         "n/a" if t is None or base is None else f"{t / base:.2f}", _mb(peaks.get(label))])
+        print(f"\n## L = {length}\n")
+        print(markdown_table(["candidate", "time (s)", f"x {MATH}", "peak extra (MB)"], rows))
+        sys.stdout.flush()
+    if not args.no_memory and args.memory_lengths:
+        scaling_labels = [label for label in ("ev_softmax (blockwise)", MATH) if label in labels]
+        rows = []
+        for length in [int(x) for x in args.memory_lengths.split(",") if x]:
+            peaks = {label: (measure_peak(label, bh, length, dim) if dense_fits(label, bh, length, args.dense_limit_gb)
+                             else None) for label in scaling_labels}
+            results["scaling_bytes"][length] = peaks
+            rows.append([length] + [_mb(peaks[label]) for label in scaling_labels])
+        print("\n## Peak extra memory (MB) of forward+backward against L\n")
+        print(markdown_table(["L"] + scaling_labels, rows))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

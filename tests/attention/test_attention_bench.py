@@ -1,0 +1,31 @@
+"""bench_attention runs end to end on tiny sizes (timings themselves belong to the benchmark)."""
+import sys
+
+import pytest
+import torch
+
+from sparsenorm import bench_attention
+
+
+def test_tables_for_every_candidate(capsys):
+    assert bench_attention.main(["--lengths", "32", "--rounds", "1", "--no-memory", "--batch-heads", "2",
+                                 "--dim", "8"]) == 0
+    out = capsys.readouterr().out
+    for label in bench_attention.CANDIDATES:
+        assert f"| {label} |" in out
+    assert "## L = 32" in out
+
+
+def test_dense_limit_skips_large_dense_candidates():
+    assert bench_attention.dense_fits("ev_softmax (blockwise)", 8, 10**6, 0.001)
+    assert not bench_attention.dense_fits("sparsemax (dense)", 8, 16384, 16.0)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="peak memory reads /proc (Linux only)")
+def test_peak_memory_of_one_forward_backward_is_measured():
+    threads = torch.get_num_threads()
+    try:
+        peak = bench_attention.measure_peak_here("sdpa (math)", 2, 512, 16)
+    finally:
+        torch.set_num_threads(threads)
+    assert peak >= 2 * 512 * 512 * 4  # at least the score matrix
