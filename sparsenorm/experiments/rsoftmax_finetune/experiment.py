@@ -91,8 +91,9 @@ class FinetuneExperiment:
     paper = PAPER
     default_normalizers = DEFAULT_NORMALIZERS
     full_runtime = ("Full mode (7 normalizers, the paper's 5 learning rates, 5 final r for r-softmax: 50 runs of 3 "
-                    "epochs over 8.4k sentences, 1 seed) is estimated at 30-40 h on 2 idle CPU cores from the "
-                    "measured step cost (see README); hours on a GPU.")
+                    "epochs x 265 steps over 8.4k sentences, 1 seed) is estimated at about 28 h on 2 idle CPU cores "
+                    "(~40k steps x ~5 CPU-s, scaled from the measured 2.0 CPU-s of a quick step by tokens per batch); "
+                    "an hour or two on a GPU.")
     quick_note = ("Quick mode fine-tunes softmax, r-softmax (final r 0.2 only), ev-softmax and sparsemax (post-hoc "
                   "evidential and the swaps come from the softmax run) for 1 epoch on 800 training sentences of at "
                   "most 48 tokens at one learning rate (1e-4), and scores 300 validation / 600 test sentences; it "

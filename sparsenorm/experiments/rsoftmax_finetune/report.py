@@ -135,6 +135,7 @@ def plot_r_curve(summary: Dict[str, Any], path: Path) -> Path:
     for name, row in summary["normalizers"].items():
         if name in colors:
             ax.axhline(100 * row["accuracy"], color=colors[name], ls="--", lw=1, label=name)
+    ax.set_xlim(0, max(0.55, max(rs) + 0.05))  # the paper's grid spans 0.05-0.5
     ax.set_xlabel("final r (r-softmax)")
     ax.set_ylabel("test accuracy (%)")
     ax.set_title("Accuracy vs final sparsity rate r")
