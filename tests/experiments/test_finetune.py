@@ -1,0 +1,228 @@
+"""The fine-tuning experiment (r-softmax Sec. 4.2) on a tiny configuration: a 2-layer BertConfig model with
+random weights and a tiny tokenizer saved to a temporary folder, tiny injected data; no downloads."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers", reason="the [hf] extra (transformers) is not installed")
+
+from sparsenorm import registry  # noqa: E402
+from sparsenorm.experiments._shared import runner  # noqa: E402
+from sparsenorm.experiments._shared.common import RunConfig, UserFacingError  # noqa: E402
+from sparsenorm.experiments.rsoftmax_finetune import data as ft_data  # noqa: E402
+from sparsenorm.experiments.rsoftmax_finetune import model as ft_model  # noqa: E402
+from sparsenorm.experiments.rsoftmax_finetune.experiment import FinetuneExperiment, judge_claims  # noqa: E402
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+GOOD = ["good", "great", "fun", "moving", "superb", "warm"]
+BAD = ["bad", "dull", "awful", "boring", "weak", "flat"]
+FILLER = ["the", "film", "is", "a", "story", "and", "very", "plot", "cast", "quite"]
+
+
+def _sentence(rng, words, n):
+    return " ".join(rng.choice(FILLER + words, size=n))
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    """A 2-layer, 16-wide BERT classifier with random weights and a word-level vocabulary."""
+    from transformers import BertConfig, BertForSequenceClassification, BertTokenizerFast
+
+    folder = tmp_path_factory.mktemp("tiny-bert")
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + GOOD + BAD + FILLER
+    (folder / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    BertTokenizerFast(vocab_file=str(folder / "vocab.txt")).save_pretrained(folder)
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=len(vocab), hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=32, max_position_embeddings=64, num_labels=2)
+    BertForSequenceClassification(config).save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def tiny_tsv(tmp_path_factory):
+    """GLUE SST-2-style train.tsv / dev.tsv."""
+    folder = tmp_path_factory.mktemp("tiny-sst")
+    rng = np.random.default_rng(0)
+    for name, n in (("train.tsv", 60), ("dev.tsv", 20)):
+        rows = ["sentence\tlabel"]
+        for i in range(n):
+            label = i % 2
+            rows.append(f"{_sentence(rng, GOOD if label else BAD, 4 + i % 7)}\t{label}")
+        (folder / name).write_text("\n".join(rows) + "\n")
+    return folder
+
+
+@pytest.fixture(autouse=True)
+def quiet(monkeypatch):
+    monkeypatch.setenv("SPARSENORM_NO_PROGRESS", "1")
+
+
+# ---------------------------------------------------------------- data
+
+def test_rotten_tomatoes_file_gives_binary_labels_and_a_stratified_partition(tmp_path):
+    rng = np.random.default_rng(1)
+    lines = []
+    for i in range(200):
+        score = [-2.5, -0.4, 0.0, 0.7, 3.1][i % 5]
+        lines.append(f"{i + 1}\t{score}\t{_sentence(rng, GOOD if score > 0 else BAD, 6)} {i}")
+    (tmp_path / ft_data.SENTENCES_FILE).write_text("\r\n".join(lines) + "\r\n")
+    data = ft_data.load_data(tmp_path)
+    assert data.label_names == ["negative", "positive"]
+    parts = [data.train, data.validation, data.test]
+    assert [len(p) for p in parts] == [128, 16, 16]  # 160 non-zero scores, 80/10/10
+    texts = [t for p in parts for t in p.texts]
+    assert len(set(texts)) == 160  # disjoint, and the 40 zero-score sentences are gone
+    for part in parts:
+        assert part.labels.mean() == pytest.approx(0.5)  # stratified (the scores are balanced)
+        for (text,), label in zip(part.texts, part.labels):
+            index = int(text.rsplit(" ", 1)[1])
+            assert label == ([-2.5, -0.4, 0.0, 0.7, 3.1][index % 5] > 0)
+    again = ft_data.load_data(tmp_path)
+    assert again.test.texts == data.test.texts  # the split does not depend on anything but SPLIT_SEED
+
+
+def test_malformed_sentence_line_names_the_file_and_line(tmp_path):
+    (tmp_path / ft_data.SENTENCES_FILE).write_text("1\t0.5\tfine\n2\tnot-a-number\toops\n")
+    with pytest.raises(UserFacingError, match="line 2"):
+        ft_data.load_data(tmp_path)
+
+
+def test_glue_pair_task_with_string_labels(tmp_path):
+    header = "index\tsentence1\tsentence2\tlabel"
+    rows = [f"{i}\tpremise {i}\thypothesis {i}\t{'entailment' if i % 2 else 'not_entailment'}" for i in range(40)]
+    (tmp_path / "train.tsv").write_text("\n".join([header] + rows + ["40\tbroken row"]) + "\n")
+    (tmp_path / "dev.tsv").write_text("\n".join([header] + rows[:6]) + "\n")
+    data = ft_data.load_data(tmp_path)
+    assert data.label_names == ["entailment", "not_entailment"]
+    assert len(data.train) + len(data.validation) == 40 and len(data.test) == 6  # the broken row is skipped
+    assert data.test.texts[1] == ("premise 1", "hypothesis 1") and data.test.labels[1] == 0
+
+
+def test_glue_folder_without_dev_file_is_a_clear_error(tmp_path):
+    (tmp_path / "train.tsv").write_text("sentence\tlabel\na\t0\nb\t1\n")
+    with pytest.raises(UserFacingError, match="dev.tsv"):
+        ft_data.load_data(tmp_path)
+
+
+def test_model_dir_without_config_is_a_clear_error(tmp_path):
+    with pytest.raises(UserFacingError, match="config.json"):
+        ft_model.weights_dir(tmp_path)
+
+
+# ---------------------------------------------------------------- r schedule and measurement
+
+def test_rate_schedule_rises_linearly_to_r_final_and_is_r_softmax():
+    schedule = ft_model.RateSchedule(0.2, total_steps=5)
+    assert [schedule.step(i) for i in range(5)] == pytest.approx([0.0, 0.05, 0.1, 0.15, 0.2])
+    scores = torch.randn(3, 10)
+    schedule.step(2)
+    assert torch.equal(schedule(scores, dim=-1), registry.get("r_softmax", r=0.1).forward(scores, dim=-1))
+    with pytest.raises(ValueError, match="r"):
+        ft_model.RateSchedule(1.5, 3)
+
+
+def _oracle_sparsity(model, batch):
+    """Zero fraction and attended keys per query straight from the returned weights (no padding)."""
+    with torch.no_grad():
+        attentions = model(**batch, output_attentions=True).attentions
+    weights = torch.stack(attentions)  # layers, batch, heads, L, L
+    return float((weights == 0).float().mean()), float((weights != 0).sum(-1).float().mean())
+
+
+@pytest.mark.parametrize("normalizer", ["ev_softmax", "sparsemax", "r_softmax"])
+def test_measured_sparsity_matches_the_attention_weights(tiny_model, normalizer):
+    tokenizer, model = ft_model.load_classifier(tiny_model, 2, ft_model.attention_name(normalizer, r=0.3)
+                                                if normalizer == "r_softmax" else ft_model.attention_name(normalizer))
+    with torch.no_grad():  # random init gives near-uniform scores; sharpen them so sparsemax has zeros too
+        for layer in model.bert.encoder.layer:
+            layer.attention.self.query.weight.mul_(50.0)
+    rng = np.random.default_rng(2)
+    texts = [(_sentence(rng, GOOD, 7),) for _ in range(5)]  # one token length: no padding
+    split = ft_data.Split(texts, np.array([1, 0, 1, 0, 1]))
+    result = ft_model.evaluate(model, tokenizer, split, max_length=32)
+    zero, attended = _oracle_sparsity(model, ft_model.encode(tokenizer, texts, 32))
+    assert result["zero_fraction"] == pytest.approx(zero, abs=1e-6)
+    assert result["attended"] == pytest.approx(attended, abs=1e-6)
+    assert result["keys"] == 9 and len(result["layers"]) == 2
+    assert 0 < result["zero_fraction"] < 1
+    if normalizer == "r_softmax":
+        assert result["zero_fraction"] >= 0.3 - 1e-6  # at least a fraction r of each row is zero
+
+
+def test_padding_does_not_change_the_fine_tuned_prediction(tiny_model):
+    """Training batches are padded: the mask must make a padded sentence score as the sentence alone."""
+    tokenizer, model = ft_model.load_classifier(tiny_model, 2, ft_model.attention_name("ev_softmax"))
+    model.eval()
+    short, long = ("good film",), ("the film is a very dull and flat story",)
+    with torch.no_grad():
+        alone = model(**ft_model.encode(tokenizer, [short], 32)).logits
+        padded = model(**ft_model.encode(tokenizer, [short, long], 32)).logits[:1]
+    torch.testing.assert_close(padded, alone, atol=1e-5, rtol=1e-5)
+
+
+# ---------------------------------------------------------------- the experiment end to end
+
+def _config(out, model_dir, data_dir, **kw):
+    return RunConfig(out=out, quick=True, device="cpu", data_dir=data_dir, max_steps=3,
+                     extra={"model_dir": model_dir, "r_finals": [0.1, 0.5], "max_length": 24}, **kw)
+
+
+def test_tiny_run_writes_results_report_and_figures(tmp_path, tiny_model, tiny_tsv, monkeypatch):
+    exp = FinetuneExperiment()
+    monkeypatch.setattr(exp, "run_options", lambda settings, device: runner.RunOptions(threads=1, workers=1))
+    names = ["softmax", "r_softmax", "ev_softmax", "sparsemax", "posthoc_evidential"]
+    out = runner.run_experiment(exp, _config(tmp_path / "ft", tiny_model, tiny_tsv, normalizers=names))
+    results = json.loads((out / "results.json").read_text())["results"]
+    rows = results["summary"]["normalizers"]
+    assert set(rows) == set(names)
+    for name, row in rows.items():
+        assert 0 <= row["accuracy"] <= 1 and 0 <= row["zero_fraction"] < 1 and row["attended"] > 0, name
+    assert rows["softmax"]["zero_fraction"] == 0  # dense
+    assert rows["r_softmax"]["zero_fraction"] > 0.1  # final r is one of 0.1, 0.5
+    assert rows["posthoc_evidential"]["zero_fraction"] > 0  # ev-softmax at test time
+    swapped = results["summary"]["swapped"]
+    assert set(swapped) == {"sparsemax", "sparsehourglass", "entmax15", "r_softmax (r=0.1)", "r_softmax (r=0.5)",
+                            "posthoc_evidential"}
+    assert swapped["posthoc_evidential"] == {k: v for k, v in rows["posthoc_evidential"].items() if k in swapped["posthoc_evidential"]}
+    assert [c["r_final"] for c in results["summary"]["r_curve"]] == [0.1, 0.5]
+    by_key = {r["key"]: r for r in results["records"]}
+    assert by_key["r_softmax-lr0.0001-r0.5-seed0"]["train"]["r_at_end"] == 0.5
+    assert by_key["softmax-lr0.0001-seed0"]["train"]["steps"] == 3  # max_steps caps the run
+    claims = {c["claim"]: c["verdict"] for c in results["claims"]}
+    assert claims["r-softmax attention matches or beats softmax after fine-tuning"] in (runner.REPRODUCED,
+                                                                                       runner.NOT_REPRODUCED)
+    assert claims["sparsehourglass attention breaks the pretrained model"] == runner.NOT_TESTABLE  # not fine-tuned
+    for figure in ("accuracy_vs_r.png", "attention_maps.png", "sparsity_per_layer.png"):
+        assert (out / figure).read_bytes()[:8] == PNG_MAGIC
+    report = (out / "report.md").read_text()
+    assert "paper SST-2 (BERT)" in report and "92.32" in report and "Swapped in without fine-tuning" in report
+
+
+def test_claims_follow_the_numbers():
+    def row(acc, **kw):
+        return {"accuracy": acc, "zero_fraction": 0.2, "attended": 8.0, "keys": 10.0, "lr": 1e-4, "r_final": None, **kw}
+
+    summary = {"normalizers": {"softmax": row(0.90), "r_softmax": row(0.895, r_final=0.2), "sparsemax": row(0.80),
+                               "sparsehourglass": row(0.88)},
+               "r_curve": [{"r_final": 0.2, "accuracy": 0.895, "validation_accuracy": 0.9},
+                           {"r_final": 0.5, "accuracy": 0.85, "validation_accuracy": 0.86}], "swapped": {}}
+    verdicts = [c.verdict for c in judge_claims(summary)]
+    assert verdicts[:4] == [runner.REPRODUCED, runner.REPRODUCED, runner.NOT_REPRODUCED, runner.REPRODUCED]
+    summary["normalizers"]["r_softmax"]["accuracy"] = 0.88
+    assert judge_claims(summary)[0].verdict == runner.NOT_REPRODUCED
+
+
+def test_cli_lists_finetune_without_importing_transformers():
+    code = ("import sys; from sparsenorm import cli; p = cli.build_parser(); "
+            "p.parse_args(['reproduce', 'finetune', '--quick', '--model-dir', 'x', '--r-finals', '0.1,0.2']); "
+            "print('transformers' in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "False"
