@@ -30,7 +30,6 @@ from __future__ import annotations
 
 from typing import Callable, Optional, Union
 
-import torch
 from torch import Tensor, nn
 
 try:

@@ -5,7 +5,6 @@ in the paper's slides and Fig. 1, and Dempster's rule evaluated by brute force o
 """
 from __future__ import annotations
 
-import itertools
 import math
 
 import numpy as np

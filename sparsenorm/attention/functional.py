@@ -1,7 +1,6 @@
 """``sparse_attention``: scaled dot-product attention with any sparsenorm normalizer in place of softmax."""
 from __future__ import annotations
 
-import math
 from functools import partial
 from typing import Callable, Optional, Tuple, Union
 

@@ -2,7 +2,6 @@
 import gc
 import weakref
 
-import pytest
 import torch
 from torch import nn
 

@@ -10,6 +10,7 @@ from sparsenorm import cli, registry
 from sparsenorm.experiments._shared import common, metrics, runner
 from sparsenorm.experiments.evsoftmax_cvae import EXPERIMENT, QUICK, claims, model, training
 from sparsenorm.experiments.evsoftmax_cvae.training import TrainingSetting
+from conftest import write_tiny_mnist
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 AUTHORS = TrainingSetting("sgd", 1e-3, 0.01 / 64)
@@ -18,19 +19,7 @@ AUTHORS = TrainingSetting("sgd", 1e-3, 0.01 / 64)
 @pytest.fixture(scope="module")
 def tiny_mnist(tmp_path_factory):
     """600 train / 100 validation / 100 test noisy 'digits' (a bar whose position is the label)."""
-    rng = np.random.default_rng(0)
-    folder = tmp_path_factory.mktemp("tiny_mnist")
-
-    def split(n):
-        labels = rng.integers(0, 10, n)
-        images = rng.integers(0, 40, (n, 28, 28)).astype(np.uint8)
-        for i, d in enumerate(labels):
-            images[i, 2 + 2 * d:4 + 2 * d, 4:24] = 255
-        return images, labels
-
-    (xtr, ytr), (xva, yva), (xte, yte) = split(600), split(100), split(100)
-    np.savez(folder / "mnist.npz", x_train=xtr, y_train=ytr, x_val=xva, y_val=yva, x_test=xte, y_test=yte)
-    return folder
+    return write_tiny_mnist(tmp_path_factory.mktemp("tiny_mnist"), 600, 100, 100).parent
 
 
 @pytest.fixture(autouse=True)

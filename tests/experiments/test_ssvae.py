@@ -12,6 +12,7 @@ from sparsenorm.experiments._shared.common import RunConfig, UserFacingError
 from sparsenorm.experiments.evsoftmax_ssvae import EXPERIMENT
 from sparsenorm.experiments.evsoftmax_ssvae import model as ssvae_model
 from sparsenorm.experiments.evsoftmax_ssvae import train
+from conftest import write_tiny_mnist
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -19,19 +20,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 @pytest.fixture(scope="module")
 def tiny_mnist(tmp_path_factory):
     """300 train / 80 validation / 80 test noisy 'digits' (a bar whose position is the label), as an .npz."""
-    rng = np.random.default_rng(0)
-    folder = tmp_path_factory.mktemp("tiny_mnist_ssvae")
-
-    def split(n):
-        labels = rng.integers(0, 10, n)
-        images = rng.integers(0, 40, (n, 28, 28)).astype(np.uint8)
-        for i, d in enumerate(labels):
-            images[i, 2 + 2 * d:4 + 2 * d, 4:24] = 255
-        return images, labels
-
-    (xtr, ytr), (xva, yva), (xte, yte) = split(300), split(80), split(80)
-    np.savez(folder / "mnist.npz", x_train=xtr, y_train=ytr, x_val=xva, y_val=yva, x_test=xte, y_test=yte)
-    return folder / "mnist.npz"
+    return write_tiny_mnist(tmp_path_factory.mktemp("tiny_mnist_ssvae"), 300, 80, 80)
 
 
 @pytest.fixture(autouse=True)

@@ -43,6 +43,19 @@ class RunConfig:
         return d
 
 
+def positive_float(text: str) -> float:
+    """An argparse ``type`` for experiment options that must be a positive number."""
+    import argparse
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {value}")
+    return value
+
+
 def seed_everything(seed: int) -> torch.Generator:
     """Seed python, numpy and torch; return a CPU generator seeded the same way.
 

@@ -62,18 +62,6 @@ FULL = Settings(epochs=20, seeds=10, normalizers=DEFAULT_NORMALIZERS, sweep=FULL
 QUICK = Settings(epochs=3, seeds=3, normalizers=DEFAULT_NORMALIZERS, eval_every=50)
 
 
-def _positive_float(text: str) -> float:
-    import argparse
-
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {value}")
-    return value
-
-
 class CVAEExperiment:
     name = "cvae"
     description = ("CVAE on MNIST with even/odd queries: sparse multimodal priors (ev-softmax paper Sec. 4.1, "
@@ -92,12 +80,12 @@ class CVAEExperiment:
                            "window_steps", "workers")
 
     def add_arguments(self, parser) -> None:
-        parser.add_argument("--kl-weight", type=_positive_float,
+        parser.add_argument("--kl-weight", type=common.positive_float,
                             help="KL weight per example against the batch-summed reconstruction (default 0.01/64, "
                                  "the authors' code; 1 is the textbook ELBO)")
-        parser.add_argument("--lr", type=_positive_float, help="learning rate (default 1e-3)")
+        parser.add_argument("--lr", type=common.positive_float, help="learning rate (default 1e-3)")
         parser.add_argument("--optimizer", choices=sorted(OPTIMIZERS), help="optimizer (default sgd, as the paper)")
-        parser.add_argument("--temperature", type=_positive_float, help="Gumbel-Softmax temperature (default 0.67)")
+        parser.add_argument("--temperature", type=common.positive_float, help="Gumbel-Softmax temperature (default 0.67)")
         parser.add_argument("--eval-every", type=int, help="steps between checkpoints (default 100; quick 50)")
         parser.add_argument("--sweep", choices=("on", "off"),
                             help="the KL-weight / optimizer sweep {SGD 0.01/64, 1/64, 1; Adam 0.01/64} beside the "

@@ -7,7 +7,7 @@ from typing import Any, Dict, List
 import numpy as np
 
 from .._shared import common
-from .claims import METRIC_NAMES, fmt, sweep_matrix
+from .claims import fmt, sweep_matrix
 from .model import LATENT_CLASSES, QUERIES
 from .training import METRICS
 

@@ -26,7 +26,7 @@ from torch import Tensor
 
 from ... import registry
 from .._shared import common
-from .data import SemiSupervisedMNIST, binarise, shuffled_batches, split
+from .data import binarise, shuffled_batches, split
 from .model import M2, entropy, expected_neg_elbo, marginal_neg_elbo
 
 class Clock:

@@ -26,11 +26,10 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import Tensor
 
 from ... import registry
-from .._shared.common import UserFacingError, progress
+from .._shared.common import progress
 from .model import EOS, PAD, ModelConfig, Seq2Seq
 
 Example = Tuple[List[int], List[int]]  # source ids, target ids (with BOS ... EOS)

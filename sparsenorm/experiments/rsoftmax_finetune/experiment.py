@@ -14,16 +14,15 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 import torch
 
-from ... import registry
 from .._shared.common import RunConfig, UserFacingError
-from .._shared.runner import NEW, NOT_TESTABLE, Claim, Job, Report, RunOptions
+from .._shared.runner import NEW, Claim, Job, Report, RunOptions
 
 PAPER = "r-softmax (Bałazy et al. 2023), Sec. 4.2, Table 2"
 PAPER_LEARNING_RATES = (1e-5, 2e-5, 5e-5, 1e-4, 5e-4)

@@ -12,7 +12,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
-from .._shared.common import RunConfig, UserFacingError
+from .._shared.common import RunConfig, UserFacingError, positive_float
 from .._shared.runner import Job, Report, RunOptions
 from . import claims as verdicts
 from .data import CLASS_COUNTS, FIXED_DOCUMENT_LENGTH, average_label_sweep, document_length_sweep, load_real_data, make_synthetic
@@ -45,18 +45,6 @@ class Settings:
     @property
     def count_heads(self) -> Tuple[str, ...]:
         return COUNT_HEADS if self.count_head == "auto" else (self.count_head,)
-
-
-def _positive_float(text: str) -> float:
-    import argparse
-
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {value}")
-    return value
 
 
 def _class_counts(text: str) -> Tuple[int, ...]:
@@ -105,7 +93,7 @@ class MultilabelExperiment:
         parser.add_argument("--rate-grad", choices=RATE_GRADS,
                             help="Eq. 4's gradient through the quantile threshold, or detached as in the authors' "
                                  "code (default through)")
-        parser.add_argument("--hourglass-q", type=_positive_float,
+        parser.add_argument("--hourglass-q", type=positive_float,
                             help="sparsehourglass's q (default 1, the registry's; Laha et al.'s code uses 10)")
         parser.add_argument("--data", choices=("all", "real", "synthetic"), help="which data sets to run (default all)")
         parser.add_argument("--class-counts", type=_class_counts, help="synthetic class counts (default 10,20,30)")
