@@ -80,11 +80,16 @@ class MNIST:
 
     def fingerprint(self) -> str:
         """A short hash of the training split (names cached models trained on it)."""
-        digest = hashlib.sha1()
-        digest.update(np.ascontiguousarray(self.train_labels).tobytes())
-        digest.update(np.ascontiguousarray(self.train_images[::97]).tobytes())
-        digest.update(str(self.train_images.shape).encode())
-        return digest.hexdigest()[:12]
+        return split_fingerprint(self.train_images, self.train_labels)
+
+
+def split_fingerprint(images: np.ndarray, labels: np.ndarray) -> str:
+    """A short hash of a training split: its labels, every 97th image and the images' shape."""
+    digest = hashlib.sha1()
+    digest.update(np.ascontiguousarray(labels).tobytes())
+    digest.update(np.ascontiguousarray(images[::97]).tobytes())
+    digest.update(str(images.shape).encode())
+    return digest.hexdigest()[:12]
 
 
 def load_mnist(data_dir: Optional[Path] = None, *, fetch: bool = True) -> MNIST:

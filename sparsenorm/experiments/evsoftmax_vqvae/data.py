@@ -17,7 +17,6 @@ normalises tinyImageNet to [-1, 1]) with int64 labels, split into train / valida
 """
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -26,7 +25,7 @@ import numpy as np
 
 from .._shared.common import UserFacingError
 from .._shared.fashion_mnist import CLASS_NAMES as FASHION_CLASSES, load_fashion_mnist
-from .._shared.mnist import IMAGE_SIDE, MNIST, load_mnist
+from .._shared.mnist import IMAGE_SIDE, MNIST, load_mnist, split_fingerprint
 
 DATASETS = ("fashion-mnist", "mnist")
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif")
@@ -60,11 +59,7 @@ class ImageSet:
 
     def fingerprint(self) -> str:
         """A short hash of the training split (names cached models trained on it)."""
-        digest = hashlib.sha1()
-        digest.update(np.ascontiguousarray(self.train_y).tobytes())
-        digest.update(np.ascontiguousarray(self.train_x[::97]).tobytes())
-        digest.update(str(self.train_x.shape).encode())
-        return digest.hexdigest()[:12]
+        return split_fingerprint(self.train_x, self.train_y)
 
 
 def _from_mnist(data: MNIST, name: str, class_names: Sequence[str]) -> ImageSet:
