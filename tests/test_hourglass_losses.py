@@ -196,3 +196,39 @@ def test_modules_and_training():
             opt.step()
             losses.append(loss.item())
         assert losses[-1] < 0.6 * losses[0]
+
+
+# ---------------------------------------------------------------------------- the sorted pair sums
+@settings(max_examples=60, deadline=None)
+@given(st.data(), st.integers(1, 9), st.integers(1, 6))
+def test_sorted_pair_sums_equal_the_pair_tensor_form(data, c, rows):
+    """O(C log C) pair sums against the direct (M, C, C) sums, with ties, masked classes and empty sets."""
+    from sparsenorm.losses.hourglass import pair_classes, positive_negative_hinge, positive_pair_spread
+
+    values = st.sampled_from([-2.0, -0.5, 0.0, 0.5, 1.0, 3.0, float("-inf")])  # small set: many ties
+    z = torch.tensor(data.draw(st.lists(st.lists(values, min_size=c, max_size=c), min_size=rows, max_size=rows)),
+                     dtype=torch.float64)
+    positive = torch.tensor(data.draw(st.lists(st.lists(st.booleans(), min_size=c, max_size=c),
+                                               min_size=rows, max_size=rows)))
+    margin = torch.tensor(data.draw(st.lists(st.lists(st.sampled_from([0.0, 0.25, 1.0]), min_size=c, max_size=c),
+                                             min_size=rows, max_size=rows)), dtype=torch.float64)
+    pos, neg, bad = pair_classes(z, positive)
+    zf = z.masked_fill(z == float("-inf"), 0.0)
+    direct_hinge = torch.where(pos.unsqueeze(2) & neg.unsqueeze(1),
+                               (margin.unsqueeze(2) - (zf.unsqueeze(2) - zf.unsqueeze(1))).clamp_min(0), 0.0).sum((1, 2))
+    torch.testing.assert_close(positive_negative_hinge(z, pos, neg, margin), direct_hinge)
+    u = torch.where(pos, margin - zf, 0.0)
+    direct_spread = torch.where(pos.unsqueeze(2) & pos.unsqueeze(1), (u.unsqueeze(2) - u.unsqueeze(1)).abs(),
+                                0.0).sum((1, 2)) / 2
+    torch.testing.assert_close(positive_pair_spread(u, pos), direct_spread)
+    assert bad.tolist() == (positive & (z == float("-inf"))).any(1).tolist()
+
+
+def test_sorted_pair_sums_gradcheck():
+    from sparsenorm.losses.hourglass import positive_negative_hinge, positive_pair_spread
+
+    z = logits(4, 7, seed=3).requires_grad_()
+    margin = torch.rand(4, 7, dtype=torch.float64, generator=torch.Generator().manual_seed(1)).requires_grad_()
+    pos = multi_hot(4, 7, seed=2).bool()
+    assert gradcheck(lambda z, m: positive_negative_hinge(z, pos, ~pos, m), (z, margin))
+    assert gradcheck(lambda u: positive_pair_spread(u, pos), (z,))

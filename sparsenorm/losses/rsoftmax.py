@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from .._validation import check_param
 from ..rsoftmax import r_softmax, t_softmax
 from ._common import FlatBatch, check_reduction, reduce_loss
-from .hourglass import _multilabel_rows, pair_masks
+from .hourglass import _multilabel_rows, pair_classes, positive_negative_hinge
 
 Param = Union[float, Tensor]
 
@@ -50,11 +50,8 @@ def _eq4_loss(
     p = normalizer(z, batch)
     y = positive.to(z.dtype)
     fit = (y * (p - eta)).pow(2).sum(1)
-    _, pos_neg, bad_rows = pair_masks(z, positive)
-    z_fin = z.masked_fill(z == float("-inf"), 0.0)  # masked classes are in no pair
-    hinge = eta.unsqueeze(2) - (z_fin.unsqueeze(2) - z_fin.unsqueeze(1))
-    margin = torch.where(pos_neg, hinge.clamp_min(0), hinge.new_zeros(())).sum((1, 2))
-    per_row = (fit + margin).masked_fill(bad_rows, float("inf"))
+    pos, neg, bad_rows = pair_classes(z, positive)
+    per_row = (fit + positive_negative_hinge(z, pos, neg, eta)).masked_fill(bad_rows, float("inf"))
     return reduce_loss(per_row, batch, reduction).to(input.dtype)
 
 
@@ -87,7 +84,8 @@ def r_softmax_loss(
         reduction: ``'mean'`` | ``'sum'`` | ``'none'``.
 
     Classes that are "not there" (``mask == False``, ``-inf`` logits or logits ``<= finfo(dtype).min
-    / 2``) are excluded from the quantile and from every pair; a positive label on one gives ``+inf``. The pair term uses O(C^2) memory per row.
+    / 2``) are excluded from the quantile and from every pair; a positive label on one gives ``+inf``.
+    The pair term takes O(C log C) time and O(C) memory per row.
     """
     check_param(r, "r", low=0.0, high=1.0)
 
@@ -160,6 +158,12 @@ class TSoftmaxLoss(nn.Module):
         return t_softmax_loss(input, target, self.t, self.reduction, self.ignore_index, mask)
 
 
+def label_count_loss(count_logits: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
+    """Cross-entropy of logits over the label count ``0..C`` (rows ``(N, C + 1)``) against the true ``|y|``
+    of the multi-hot ``target`` ``(N, C)``: the count term of the r-softmax paper's Sec. 4.1 objective."""
+    return F.cross_entropy(count_logits, (target > 0).sum(-1).long(), reduction=reduction)
+
+
 class SparsityRatePredictor(nn.Module):
     """Predicts the number of positive labels per example, hence r-softmax's sparsity rate r.
 
@@ -200,8 +204,7 @@ class SparsityRatePredictor(nn.Module):
         """Cross-entropy between the predicted count distribution and the true ``|y|`` (target multi-hot (N, C))."""
         if target.shape[-1] != self.n_classes:
             raise ValueError(f"target must have {self.n_classes} classes on its last dim, got shape {tuple(target.shape)}")
-        counts = (target > 0).sum(-1).long()
-        return F.cross_entropy(count_logits, counts, reduction=reduction)
+        return label_count_loss(count_logits, target, reduction)
 
     def rate(self, count_logits: Tensor, hard: bool = True) -> Tensor:
         """Sparsity rate ``r = (C - k) / C`` per example, from the arg-max (``hard``) or expected count."""

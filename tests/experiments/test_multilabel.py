@@ -225,6 +225,45 @@ def test_topk_sets_and_train_method_picks_the_best_selection_epoch():
     assert 0 <= rs["r_softmax (mlp count)"]["count_accuracy"] <= 1
 
 
+@pytest.mark.parametrize("key", ["softmax", "sparsemax+hinge", "sparsehourglass", "r_softmax (mlp count)", "ev_softmax",
+                                 "sigmoid"])
+def test_stacked_training_equals_separate_runs(key):
+    """Networks trained side by side (different data, different seeds) follow their own trajectories."""
+    method = next(m for m in ml.methods_for(None, ml.COUNT_HEADS) if m.key == key)
+    splits, seeds = [], [0, 5]
+    for seed in seeds:
+        x, y = _tiny_problem(n=150, seed=seed)
+        splits.append(training.Split(x[:100], y[:100], x[100:], y[100:].numpy().astype(int), x[100:],
+                                     y[100:].numpy().astype(int), True))
+    together = training.train_stacked(method, splits, seeds, epochs=2, device=torch.device("cpu"))
+    for split, seed, stacked in zip(splits, seeds, together):
+        alone = training.train_method(method, split, seed, epochs=2, device=torch.device("cpu"))
+        assert alone.keys() == stacked.keys()
+        for variant in alone:
+            for metric, value in alone[variant].items():
+                assert stacked[variant][metric] == pytest.approx(value, abs=1e-9), (variant, metric)
+
+
+def test_stacked_net_members_are_the_stacked_slices():
+    nets = [ml.MultilabelNet(5, 4, hidden=8, count_head="mlp") for _ in range(3)]
+    stacked = ml.StackedMultilabelNet(nets)
+    x = torch.randn(3, 7, 5)
+    h, logits = stacked(x)
+    for s, net in enumerate(nets):
+        h_s, logits_s = stacked.member(s)(x[s])
+        torch.testing.assert_close(h[s], h_s)
+        torch.testing.assert_close(logits[s], logits_s)
+        torch.testing.assert_close(logits_s, net(x[s])[1])
+        torch.testing.assert_close(stacked.rate(h)[s], net.rate(h_s))
+    with pytest.raises(ValueError, match="nets"):
+        ml.StackedMultilabelNet([])
+    with pytest.raises(ValueError, match="equal training shapes"):
+        training.train_stacked(ml.methods_for(["softmax"])[0], [
+            training.Split(torch.zeros(4, 3), torch.zeros(4, 2), None, None, None, None, True),
+            training.Split(torch.zeros(5, 3), torch.zeros(5, 2), None, None, None, None, True)], [0, 1], 1,
+            torch.device("cpu"))
+
+
 # ------------------------------------------------------------------ claims
 
 
@@ -277,21 +316,21 @@ def test_smoke_run_writes_results_report_figures_and_resumes(tmp_path, monkeypat
     assert payload["experiment"] == "multilabel"
     results = payload["results"]
     assert results["settings"]["hourglass_q"] == 10.0 and results["settings"]["count_head"] == "auto"
-    assert results["jobs"]["jobs"] == ["synthetic-L10-labels5-length2000__seed0", "synthetic-L30-labels15-length2000__seed0",
-                                       "real__seed0"]
-    synthetic = [r for r in results["records"] if r["dataset"] == "synthetic"]
+    assert results["jobs"]["jobs"] == ["synthetic-L10__seed0", "synthetic-L30__seed0", "real__seed0"]
+    records = experiment.dataset_records(results["records"])
+    synthetic = [r for r in records if r["dataset"] == "synthetic"]
     assert [r["data"]["n_classes"] for r in synthetic] == [10, 30]
     assert synthetic[0]["data"]["n_train"] == 160
     expected = [ml.softmax_variant(m) for m in ml.THRESHOLD_MULTIPLES] + [
         ml.BEST_SOFTMAX, "sparsemax+huber", "sparsemax+hinge", "sparsehourglass", "r_softmax (linear count)",
         "r_softmax (mlp count)", "ev_softmax", "sigmoid", "r_softmax"]
     assert results["summary"]["variants"] == expected
-    for record in results["records"]:
+    for record in records:
         assert set(record["methods"]) == set(expected)
         assert record["methods"]["r_softmax"]["chosen"] in ("r_softmax (linear count)", "r_softmax (mlp count)")
         for entry in record["methods"].values():
             assert 0.0 <= entry["example_f1"] <= 1.0 and entry["best_epoch"] in (1, 2)  # max_steps=3 stops early
-    assert results["records"][-1]["data"]["name"] == "mine"
+    assert records[-1]["data"]["name"] == "mine"
     assert "count_accuracy" in results["summary"]["real"]["r_softmax"]
     assert [c["claim"][:9] for c in results["claims"]] == ["r-softmax", "r-softmax", "sparsemax", "r-softmax", "where ev-"]
     for c in results["claims"][:3]:
@@ -316,5 +355,6 @@ def test_parallel_workers_give_the_same_results(tmp_path):
                            normalizers=["softmax", "ev_softmax"], extra={"workers": workers, "data": "real"})
         out = runner.run_experiment(experiment.EXPERIMENT, config)
         payload = json.loads((out / "results.json").read_text())
-        results.append([{k: v["example_f1"] for k, v in r["methods"].items()} for r in payload["results"]["records"]])
+        records = experiment.dataset_records(payload["results"]["records"])
+        results.append([{k: v["example_f1"] for k, v in r["methods"].items()} for r in records])
     assert results[0] == results[1]

@@ -18,7 +18,7 @@ from . import claims as verdicts
 from .data import CLASS_COUNTS, FIXED_DOCUMENT_LENGTH, average_label_sweep, document_length_sweep, load_real_data, make_synthetic
 from .methods import COUNT_DECODES, COUNT_HEADS, HIDDEN, RATE_GRADS, RSoftmaxOptions, methods_for
 from .report import body, figures
-from .training import BATCH_SIZE, LEARNING_RATE, make_split, run_dataset
+from .training import BATCH_SIZE, LEARNING_RATE, make_split, run_datasets
 
 DEFAULT_NORMALIZERS = ["softmax", "sparsemax", "sparsehourglass", "r_softmax", "ev_softmax"]
 
@@ -69,6 +69,11 @@ def synthetic_settings(quick: bool, class_counts) -> Dict[Tuple[int, int, int], 
             key = (c, c // 2, length)
             found[key] = "both" if found.get(key) == "labels" else "length"
     return found
+
+
+def dataset_records(job_records: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """The per-(data set, seed) records inside the job records (a synthetic job holds several data sets)."""
+    return [record for job in job_records for record in job["records"]]
 
 
 class MultilabelExperiment:
@@ -130,29 +135,37 @@ class MultilabelExperiment:
     def jobs(self, settings: Settings, config: RunConfig) -> List[Job]:
         jobs = []
         if settings.data in ("all", "synthetic"):
+            by_classes: Dict[int, List[Dict[str, Any]]] = {}
             for (c, k, length), sweep in synthetic_settings(settings.quick, settings.class_counts).items():
-                jobs += [Job(f"synthetic-L{c}-labels{k}-length{length}__seed{s}", s,
-                             {"dataset": "synthetic", "n_classes": c, "n_labels": k, "length": length, "sweep": sweep})
-                         for s in range(settings.seeds)]
+                by_classes.setdefault(c, []).append({"n_labels": k, "length": length, "sweep": sweep})
+            # One job per (class count, seed): its settings have equal shapes and train side by side.
+            jobs += [Job(f"synthetic-L{c}__seed{s}", s, {"dataset": "synthetic", "n_classes": c, "settings": group})
+                     for c, group in by_classes.items() for s in range(settings.seeds)]
         if settings.data in ("all", "real"):
             data_dir = str(config.data_dir) if config.data_dir else None
             jobs += [Job(f"real__seed{s}", s, {"dataset": "real", "data_dir": data_dir}) for s in range(settings.seeds)]
         return jobs
 
     def run_job(self, job: Job, context: Dict[str, Any], settings: Settings, device: torch.device) -> Dict[str, Any]:
+        """``{"records": [...]}``: one record per data set of the job (see :func:`dataset_records`)."""
         p = job.params
         if p["dataset"] == "synthetic":
-            data = make_synthetic(p["n_classes"], p["n_labels"], p["length"], seed=job.seed)
-            split = make_split(data, device)
+            datasets = [make_synthetic(p["n_classes"], g["n_labels"], g["length"], seed=job.seed) for g in p["settings"]]
+            splits = [make_split(d, device) for d in datasets]
+            sweeps = [g["sweep"] for g in p["settings"]]
         else:
-            data = context["real"]
-            split = make_split(data, device, hold_out=settings.real_validation_fraction, seed=job.seed)
+            datasets = [context["real"]]
+            splits = [make_split(context["real"], device, hold_out=settings.real_validation_fraction, seed=job.seed)]
+            sweeps = [None]
         rsoftmax = RSoftmaxOptions(count_decode=settings.count_decode, rate_grad=settings.rate_grad)
-        record = run_dataset(data, split, context["methods"], job.seed, settings.epochs, device, settings.max_steps,
-                             keep_curves=p["dataset"] == "real", hourglass_q=settings.hourglass_q, rsoftmax=rsoftmax)
-        return {"dataset": p["dataset"], "sweep": p.get("sweep"), **record}
+        records = run_datasets(datasets, splits, context["methods"], job.seed, settings.epochs, device,
+                               settings.max_steps, keep_curves=p["dataset"] == "real",
+                               hourglass_q=settings.hourglass_q, rsoftmax=rsoftmax)
+        return {"records": [{"dataset": p["dataset"], "sweep": sweep, **record}
+                            for sweep, record in zip(sweeps, records)]}
 
     def aggregate(self, records, settings: Settings) -> Dict[str, Any]:
+        records = dataset_records(records)
         real = next((r["data"].get("name") for r in records if r["dataset"] == "real"), None)
         return verdicts.aggregate(records, real or "yeast")
 
@@ -160,7 +173,7 @@ class MultilabelExperiment:
         return verdicts.claims(summary)
 
     def report(self, out: Path, summary, records, settings: Settings, context) -> Report:
-        figs = figures(out, records, summary, settings.class_counts)
+        figs = figures(out, dataset_records(records), summary, settings.class_counts)
         sweeps = {"labels": {c: average_label_sweep(c, settings.quick) for c in settings.class_counts},
                   "length": document_length_sweep(settings.quick)}
         headline = "labels" if "labels" in figs else ("curves" if "curves" in figs else None)

@@ -27,7 +27,7 @@ from torch import Tensor, nn
 
 from ... import registry
 from ...losses import SparsityRatePredictor, sparsehourglass_multilabel_hinge_loss
-from ...losses.rsoftmax import _eq4_loss, r_softmax_loss
+from ...losses.rsoftmax import _eq4_loss, label_count_loss, r_softmax_loss
 
 HIDDEN = 128
 SIGMOID_THRESHOLD = 0.5
@@ -112,21 +112,112 @@ class MultilabelNet(nn.Module):
     hidden ReLU layer of the same width before it.
     """
 
-    def __init__(self, n_features: int, n_labels: int, hidden: int = HIDDEN, count_head: Optional[str] = None):
+    def __init__(self, n_features: int, n_labels: int, hidden: int = HIDDEN, count_head: Optional[str] = None,
+                 device=None):
         super().__init__()
-        self.hidden = nn.Sequential(nn.Linear(n_features, hidden), nn.ReLU())
-        self.out = nn.Linear(hidden, n_labels)
+        self.hidden = nn.Sequential(nn.Linear(n_features, hidden, device=device), nn.ReLU())
+        self.out = nn.Linear(hidden, n_labels, device=device)
+        self.count_head = count_head
         self.rate = None
         if count_head is not None:
             if count_head not in COUNT_HEADS:
                 raise ValueError(f"count_head must be one of {', '.join(COUNT_HEADS)}, got {count_head!r}")
-            self.rate = SparsityRatePredictor(hidden, n_labels)
-            if count_head == "mlp":
-                self.rate.layer = nn.Sequential(nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, n_labels + 1))
+            with torch.device(device or torch.get_default_device()):
+                self.rate = SparsityRatePredictor(hidden, n_labels)
+                if count_head == "mlp":
+                    self.rate.layer = nn.Sequential(nn.Linear(hidden, hidden), nn.ReLU(),
+                                                    nn.Linear(hidden, n_labels + 1))
 
     def forward(self, x: Tensor) -> Tuple[Tensor, Tensor]:
         h = self.hidden(x)
         return h, self.out(h)
+
+
+class StackedLinear(nn.Module):
+    """``S`` independent linear layers applied at once: ``(S, B, in) -> (S, B, out)`` by one batched matmul.
+
+    Built from ``S`` ordinary ``nn.Linear`` layers (their initial weights are copied), so each slice
+    starts exactly where its own seeded network would; :meth:`member` copies slice ``s`` back out.
+    """
+
+    def __init__(self, layers: Sequence[nn.Linear]):
+        super().__init__()
+        self.weight = nn.Parameter(torch.stack([layer.weight.detach() for layer in layers]))  # (S, out, in)
+        self.bias = nn.Parameter(torch.stack([layer.bias.detach() for layer in layers]))  # (S, out)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.baddbmm(self.bias.unsqueeze(1), x, self.weight.transpose(1, 2))
+
+    @torch.no_grad()
+    def member(self, s: int) -> nn.Linear:
+        out_features, in_features = self.weight.shape[1:]
+        layer = nn.Linear(in_features, out_features, device="meta").to_empty(device=self.weight.device)
+        layer.weight.copy_(self.weight[s])
+        layer.bias.copy_(self.bias[s])
+        return layer
+
+
+def _stack(modules: Sequence[nn.Module]) -> nn.Module:
+    """Stack ``S`` structurally equal modules made of ``nn.Linear``, ``nn.ReLU`` and ``nn.Sequential``."""
+    first = modules[0]
+    if isinstance(first, nn.Linear):
+        return StackedLinear(modules)
+    if isinstance(first, nn.Sequential):
+        return nn.Sequential(*(_stack(parts) for parts in zip(*modules)))
+    if isinstance(first, nn.ReLU):
+        return nn.ReLU()
+    raise TypeError(f"cannot stack {type(first).__name__}")
+
+
+def _member(module: nn.Module, s: int) -> nn.Module:
+    if isinstance(module, StackedLinear):
+        return module.member(s)
+    if isinstance(module, nn.Sequential):
+        return nn.Sequential(*(_member(part, s) for part in module))
+    return nn.ReLU()
+
+
+class StackedMultilabelNet(nn.Module):
+    """``S`` :class:`MultilabelNet` s of the same shape trained side by side (one per seed or data set).
+
+    ``forward`` takes ``(S, B, d)``, network ``s`` seeing ``x[s]``. The networks share no
+    parameter, so with :func:`training_loss` (the sum of the per-network mean losses) and an
+    element-wise optimizer such as Adam, each one follows exactly the trajectory it would follow
+    alone; stacking only replaces ``S`` small matmuls by one batched matmul (a ~128-wide MLP is
+    bound by per-step overhead on a CPU, not by arithmetic).
+    """
+
+    def __init__(self, nets: Sequence[MultilabelNet]):
+        super().__init__()
+        if not nets:
+            raise ValueError("nets must hold at least one MultilabelNet")
+        self.size = len(nets)
+        self.count_head = nets[0].count_head
+        self.hidden = _stack([n.hidden for n in nets])
+        self.out = _stack([n.out for n in nets])
+        self.rate = None
+        if nets[0].rate is not None:
+            n_labels = nets[0].rate.n_classes
+            with torch.device("meta"):  # no initialisation: the layer is replaced by the stacked one
+                self.rate = SparsityRatePredictor(1, n_labels)
+            self.rate.layer = _stack([n.rate.layer for n in nets])
+
+    def forward(self, x: Tensor) -> Tuple[Tensor, Tensor]:
+        h = self.hidden(x)
+        return h, self.out(h)
+
+    @torch.no_grad()
+    def member(self, s: int) -> MultilabelNet:
+        """A copy of network ``s`` as a plain :class:`MultilabelNet` (for evaluation)."""
+        first = self.hidden[0].weight
+        net = MultilabelNet(first.shape[2], self.out.weight.shape[1], first.shape[1], device="meta")
+        net.hidden, net.out = _member(self.hidden, s), _member(self.out, s)
+        net.count_head = self.count_head
+        if self.rate is not None:
+            with torch.device("meta"):
+                net.rate = SparsityRatePredictor(1, self.rate.n_classes)
+            net.rate.layer = _member(self.rate.layer, s)
+        return net
 
 
 def decode_count(count_logits: Tensor, how: str) -> Tensor:
@@ -173,9 +264,8 @@ def sparsemax_hinge_loss(logits: Tensor, target: Tensor) -> Tensor:
     return sparsehourglass_multilabel_hinge_loss(logits, target, q=SPARSEMAX_HINGE_Q)
 
 
-def r_softmax_loss_for(model: MultilabelNet, h: Tensor, logits: Tensor, y: Tensor, options: RSoftmaxOptions) -> Tensor:
-    """Eq. 4 with the rate of the predicted count, plus the count cross-entropy (Sec. 4.1)."""
-    count_logits = model.rate(h)
+def r_softmax_loss_for(count_logits: Tensor, logits: Tensor, y: Tensor, options: RSoftmaxOptions) -> Tensor:
+    """Eq. 4 with the rate of the predicted count, plus the count cross-entropy (Sec. 4.1); rows ``(N, C)``."""
     r = rate_from_count(decode_count(count_logits, options.count_decode), y.shape[1]).to(logits.dtype)
     if options.rate_grad == "through":
         eq4 = r_softmax_loss(logits, y, r=r)
@@ -183,22 +273,33 @@ def r_softmax_loss_for(model: MultilabelNet, h: Tensor, logits: Tensor, y: Tenso
         eq4 = _eq4_loss(lambda z, batch: r_softmax_detached_threshold(z, r), logits, y, "mean", -100)
     else:
         raise ValueError(f"rate_grad must be one of {', '.join(RATE_GRADS)}, got {options.rate_grad!r}")
-    return eq4 + model.rate.count_loss(count_logits, y)
+    return eq4 + label_count_loss(count_logits, y)
 
 
-def training_loss(method: Method, model: MultilabelNet, x: Tensor, y: Tensor, *, hourglass_q: float = 1.0,
+def training_loss(method: Method, model: nn.Module, x: Tensor, y: Tensor, *, hourglass_q: float = 1.0,
                   rsoftmax: RSoftmaxOptions = RSoftmaxOptions()) -> Tensor:
-    """The method's loss on a batch (``y`` float 0/1)."""
+    """The method's loss on a batch (``y`` float 0/1).
+
+    ``model`` is a :class:`MultilabelNet` with ``x`` ``(B, d)``, or a :class:`StackedMultilabelNet`
+    of ``S`` networks with ``x`` ``(S, B, d)``; then the loss is the sum of the ``S`` networks' own
+    mean losses (every loss here is a mean over equally many rows per network, so ``S`` times the
+    mean over all rows), and each network receives exactly the gradient of its own loss.
+    """
     h, logits = model(x)
+    stacked = x.shape[0] if x.dim() == 3 else 1
+    n_labels = logits.shape[-1]
+    logits, y = logits.reshape(-1, n_labels), y.reshape(-1, n_labels)
     if method.normalizer is None:
-        return F.binary_cross_entropy_with_logits(logits, y)
-    if method.key == "sparsemax+hinge":
-        return sparsemax_hinge_loss(logits, y)
-    if method.normalizer == "r_softmax":
-        return r_softmax_loss_for(model, h, logits, y, rsoftmax)
-    if method.normalizer == "sparsehourglass":
-        return registry.get("sparsehourglass", q=hourglass_q).multi_label_loss(logits, y)
-    return registry.get(method.normalizer).multi_label_loss(logits, y)
+        loss = F.binary_cross_entropy_with_logits(logits, y)
+    elif method.key == "sparsemax+hinge":
+        loss = sparsemax_hinge_loss(logits, y)
+    elif method.normalizer == "r_softmax":
+        loss = r_softmax_loss_for(model.rate(h).reshape(-1, n_labels + 1), logits, y, rsoftmax)
+    elif method.normalizer == "sparsehourglass":
+        loss = registry.get("sparsehourglass", q=hourglass_q).multi_label_loss(logits, y)
+    else:
+        loss = registry.get(method.normalizer).multi_label_loss(logits, y)
+    return loss * stacked
 
 
 @torch.no_grad()

@@ -7,7 +7,7 @@ seeded part of the training set held out for validation, and the test split is s
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -17,8 +17,8 @@ from .._shared import metrics
 from .._shared.common import Stopwatch, seed_everything
 from .data import MultilabelData
 from .methods import (
-    BEST_SOFTMAX, THRESHOLD_MULTIPLES, Method, MultilabelNet, RSoftmaxOptions, predict, softmax_variant,
-    training_loss,
+    BEST_SOFTMAX, THRESHOLD_MULTIPLES, Method, MultilabelNet, RSoftmaxOptions, StackedMultilabelNet, predict,
+    softmax_variant, training_loss,
 )
 
 BATCH_SIZE = 64
@@ -77,42 +77,76 @@ def train_method(method: Method, split: Split, seed: int, epochs: int, device: t
     F1, r-softmax's count accuracy), ``select_f1`` (the selection-set example F1 at that epoch),
     ``best_epoch`` (1-based) and ``curve`` (reported example F1 after every epoch).
     """
-    gen = seed_everything(seed)
-    n_labels = split.y_train.shape[1]
-    model = MultilabelNet(split.x_train.shape[1], n_labels, count_head=method.count_head).to(device)
+    return train_stacked(method, [split], [seed], epochs, device, max_steps, hourglass_q=hourglass_q,
+                         rsoftmax=rsoftmax)[0]
+
+
+def _stack_splits(splits: Sequence[Split]) -> Tuple[Tensor, Tensor]:
+    shapes = {(tuple(sp.x_train.shape), tuple(sp.y_train.shape)) for sp in splits}
+    if len(shapes) != 1:
+        raise ValueError(f"stacked splits must have equal training shapes, got {sorted(shapes)}")
+    return torch.stack([sp.x_train for sp in splits]), torch.stack([sp.y_train for sp in splits])
+
+
+def train_stacked(method: Method, splits: Sequence[Split], seeds: Sequence[int], epochs: int, device: torch.device,
+                  max_steps: Optional[int] = None, *, hourglass_q: float = 1.0,
+                  rsoftmax: RSoftmaxOptions = RSoftmaxOptions()) -> List[Dict[str, Dict]]:
+    """:func:`train_method` for several (split, seed) pairs at once, one result per pair.
+
+    Network ``s`` is initialised and shuffled from ``seeds[s]`` exactly as it would be alone and is
+    trained in a :class:`StackedMultilabelNet` (see there why its trajectory is its own), so the
+    results equal separate runs up to float rounding, at a fraction of the per-step overhead.
+    The splits must have equal training shapes (e.g. the settings of one synthetic class count).
+    """
+    if len(splits) != len(seeds):
+        raise ValueError(f"one seed per split: got {len(splits)} splits and {len(seeds)} seeds")
+    x_train, y_train = _stack_splits(splits)
+    n_models, n = x_train.shape[:2]
+    generators, nets = [], []
+    for seed in seeds:
+        generators.append(seed_everything(seed))  # as train_method alone: seed, build the network, shuffle
+        nets.append(MultilabelNet(x_train.shape[2], y_train.shape[2], count_head=method.count_head))
+    model = StackedMultilabelNet(nets).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=LEARNING_RATE)
-    n = split.x_train.shape[0]
+    rows = torch.arange(n_models, device=device).unsqueeze(1)
     options = {"hourglass_q": hourglass_q, "rsoftmax": rsoftmax}
-    best: Dict[str, Dict] = {}
-    curves: Dict[str, List[float]] = {v: [] for v in method.variants()}
+    best: List[Dict[str, Dict]] = [{} for _ in splits]
+    curves: List[Dict[str, List[float]]] = [{v: [] for v in method.variants()} for _ in splits]
     steps = 0
     for epoch in range(1, epochs + 1):
         model.train()
-        order = torch.randperm(n, generator=gen).to(device)
+        orders = torch.stack([torch.randperm(n, generator=g) for g in generators]).to(device)
         for start in range(0, n, BATCH_SIZE):
-            batch = order[start:start + BATCH_SIZE]
-            loss = training_loss(method, model, split.x_train[batch], split.y_train[batch], **options)
+            batch = orders[:, start:start + BATCH_SIZE]
+            loss = training_loss(method, model, x_train[rows, batch], y_train[rows, batch], **options)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
             steps += 1
             if max_steps is not None and steps >= max_steps:
                 break
-        model.eval()
-        selected = predict(method, model, split.x_select, **options)
-        select = selected[0]
-        report, label_scores, counts = selected if split.same else predict(method, model, split.x_report, **options)
-        for variant, pred in report.items():
-            sel_f1 = metrics.example_f1(split.y_select, select[variant])
-            scores = _scores(split.y_report, pred, label_scores, counts)
-            curves[variant].append(scores["example_f1"])
-            if variant not in best or sel_f1 > best[variant]["select_f1"]:
-                best[variant] = {**scores, "select_f1": sel_f1, "best_epoch": epoch}
+        for s, split in enumerate(splits):
+            _evaluate(method, model.member(s).eval(), split, epoch, best[s], curves[s], options)
         if max_steps is not None and steps >= max_steps:
             break
-    for variant in best:
-        best[variant]["curve"] = curves[variant]
+    for model_best, model_curves in zip(best, curves):
+        for variant in model_best:
+            model_best[variant]["curve"] = model_curves[variant]
     return best
+
+
+def _evaluate(method: Method, model: MultilabelNet, split: Split, epoch: int, best: Dict[str, Dict],
+              curves: Dict[str, List[float]], options: Dict) -> None:
+    """Score one network after an epoch; keep each variant's entry at its best selection F1 so far."""
+    selected = predict(method, model, split.x_select, **options)
+    select = selected[0]
+    report, label_scores, counts = selected if split.same else predict(method, model, split.x_report, **options)
+    for variant, pred in report.items():
+        sel_f1 = metrics.example_f1(split.y_select, select[variant])
+        scores = _scores(split.y_report, pred, label_scores, counts)
+        curves[variant].append(scores["example_f1"])
+        if variant not in best or sel_f1 > best[variant]["select_f1"]:
+            best[variant] = {**scores, "select_f1": sel_f1, "best_epoch": epoch}
 
 
 def add_chosen(scores: Dict[str, Dict]) -> None:
@@ -128,19 +162,26 @@ def add_chosen(scores: Dict[str, Dict]) -> None:
             scores[name] = {**scores[pick], "chosen": pick}
 
 
-def run_dataset(data: MultilabelData, split: Split, methods: List[Method], seed: int, epochs: int,
-                device: torch.device, max_steps: Optional[int], *, keep_curves: bool, hourglass_q: float,
-                rsoftmax: RSoftmaxOptions) -> Dict:
-    """Train every method on one data set and seed: the record with each variant's scores and seconds."""
-    record = {"seed": seed, "data": {"name": data.name, **data.summary()}, "methods": {}, "seconds": {}}
+def run_datasets(datasets: Sequence[MultilabelData], splits: Sequence[Split], methods: List[Method], seed: int,
+                 epochs: int, device: torch.device, max_steps: Optional[int], *, keep_curves: bool,
+                 hourglass_q: float, rsoftmax: RSoftmaxOptions) -> List[Dict]:
+    """Train every method on each data set with one seed: one record per data set, with each variant's scores.
+
+    The data sets (equal shapes) are trained side by side (:func:`train_stacked`); a record's
+    ``seconds`` per method is the stacked training's time divided by the number of data sets.
+    """
+    records = [{"seed": seed, "data": {"name": d.name, **d.summary()}, "methods": {}, "seconds": {},
+                "trained_together": len(datasets)} for d in datasets]
     for method in methods:
         clock = Stopwatch()
-        scores = train_method(method, split, seed, epochs, device, max_steps, hourglass_q=hourglass_q,
-                              rsoftmax=rsoftmax)
-        record["seconds"][method.key] = round(clock.elapsed, 2)
-        if not keep_curves:
-            for entry in scores.values():
-                entry.pop("curve")
-        record["methods"].update(scores)
-    add_chosen(record["methods"])
-    return record
+        results = train_stacked(method, splits, [seed] * len(splits), epochs, device, max_steps,
+                                hourglass_q=hourglass_q, rsoftmax=rsoftmax)
+        for record, scores in zip(records, results):
+            record["seconds"][method.key] = round(clock.elapsed / len(datasets), 2)
+            if not keep_curves:
+                for entry in scores.values():
+                    entry.pop("curve")
+            record["methods"].update(scores)
+    for record in records:
+        add_chosen(record["methods"])
+    return records
