@@ -175,7 +175,9 @@ def body(summary: Dict[str, Any], settings, context: Dict[str, Any], figs: Dict[
         "cross-entropy next to Eq. 4 (our reading of the paper's one-sentence \"additional layer\").",
         "- ev-softmax (not in either paper): trained through Eq. 10 with cross-entropy to y/|y|, predicting its support.",
         "",
-        "Mean seconds per training run: " + ", ".join(f"{k} {v:.1f}" for k, v in summary["seconds_per_run"].items()) + ".",
+        "Mean seconds per training run: " + ", ".join(f"{k} {v:.1f}" for k, v in summary["seconds_per_run"].items())
+        + ". A class count's synthetic settings are trained side by side (stacked networks, each on its own "
+        "trajectory), so a synthetic run's seconds are its stack's time divided by the stack size.",
         "",
     ]
     return "\n".join(lines)
