@@ -3,7 +3,6 @@ masked scores, values and gradients, with causal masks, key lengths (a zero leng
 GQA, head dims that are not powers of two, L != S, float32/float16/bfloat16. On a machine without
 CUDA the kernels run under Triton's interpreter on CPU tensors (L <= 64)."""
 import os
-import subprocess
 import sys
 
 import pytest
@@ -149,11 +148,8 @@ def test_bad_input_is_named():
 
 
 @pytest.mark.skipif(IN_PROCESS, reason="ran in this process")
-def test_in_subprocess():
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
-                          env=env, capture_output=True, text=True)
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+def test_in_subprocess(run_under_interpreter):
+    run_under_interpreter(__file__)
 
 
 @in_process

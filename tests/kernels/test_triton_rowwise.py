@@ -2,7 +2,6 @@
 there" form, empty/NaN/+inf rows, float32/float16/bfloat16). On a machine without CUDA they run
 under Triton's interpreter on CPU tensors (small shapes: the interpreter is slow per element)."""
 import os
-import subprocess
 import sys
 
 import pytest
@@ -193,11 +192,8 @@ def test_launchers_reject_bad_input_by_name():
 
 
 @pytest.mark.skipif(IN_PROCESS, reason="ran in this process")
-def test_in_subprocess():
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
-                          env=env, capture_output=True, text=True)
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+def test_in_subprocess(run_under_interpreter):
+    run_under_interpreter(__file__)
 
 
 @in_process
