@@ -48,8 +48,9 @@ def test_smoke_run_through_the_cli_writes_results_report_figures_and_index(tiny_
     lead = "adam-lr0.002-kl0.5"
     assert results["summary"]["lead"] == lead
     # softmax and post-hoc would share a job; here: one job per normalizer and seed.
-    assert results["jobs"]["jobs"] == [f"{lead}__softmax__seed0", f"{lead}__softmax__seed1",
-                                       f"{lead}__ev_softmax__seed0", f"{lead}__ev_softmax__seed1"]
+    # Seed-major, so that a run stopped part-way has every normalizer on its first seeds.
+    assert results["jobs"]["jobs"] == [f"{lead}__softmax__seed0", f"{lead}__ev_softmax__seed0",
+                                       f"{lead}__softmax__seed1", f"{lead}__ev_softmax__seed1"]
     for record in results["records"]:
         assert record["steps"] == 20 and record["setting"] == lead
         for name, r in record["normalizers"].items():

@@ -127,8 +127,9 @@ class CVAEExperiment:
         jobs = []
         for i, setting in enumerate(settings.training_settings()):
             seeds = settings.seeds if i == 0 else settings.sweep_seeds
-            for group in training_groups(settings.normalizers):
-                for seed in range(seeds):
+            # Seed-major: a run stopped part-way has every normalizer on its first seeds.
+            for seed in range(seeds):
+                for group in training_groups(settings.normalizers):
                     jobs.append(Job(
                         key=f"{setting.label}__{'+'.join(group)}__seed{seed}", seed=seed,
                         params={"optimizer": setting.optimizer, "learning_rate": setting.learning_rate,
