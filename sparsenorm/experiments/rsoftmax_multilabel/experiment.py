@@ -86,7 +86,7 @@ class MultilabelExperiment:
                     "yeast. A class count's 9 synthetic settings train side by side in one job per seed (stacked "
                     "networks, same results as one at a time); each job is cached in `runs/`, and `--data real` / "
                     "`--data synthetic --class-counts ...` run it in parts. Measured times: see the README.")
-    quick_note = ("Quick mode trains 15 epochs instead of 150, with 2 seeds and 3 points per sweep: the models are not "
+    quick_note = ("Quick mode trains 5 epochs instead of 150, with 2 seeds and 3 points per sweep: the models are not "
                   "converged, so its verdicts are indicative only.")
     # Job.params carries the data set; these only choose which jobs exist or how they are run.
     fingerprint_exclude = ("quick", "data", "class_counts", "workers")
@@ -109,7 +109,7 @@ class MultilabelExperiment:
         extra = {k: v for k, v in config.extra.items() if v is not None}
         if "workers" in extra and extra["workers"] < 1:
             raise UserFacingError(f"--workers must be a positive integer, got {extra['workers']}")
-        base = Settings(quick=config.quick, epochs=15 if config.quick else 150, seeds=2 if config.quick else 3,
+        base = Settings(quick=config.quick, epochs=5 if config.quick else 150, seeds=2 if config.quick else 3,
                         normalizers=None, workers=min(2, os.cpu_count() or 1))
         return replace(
             base, epochs=config.epochs or base.epochs, seeds=config.seeds or base.seeds, max_steps=config.max_steps,
