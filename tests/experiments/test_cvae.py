@@ -36,7 +36,7 @@ def test_smoke_run_through_the_cli_writes_results_report_figures_and_index(tiny_
     out = tmp_path / "out"
     argv = ["reproduce", "cvae", "--quick", "--seeds", "2", "--normalizers", "softmax,ev_softmax", "--device", "cpu",
             "--data-dir", str(tiny_mnist), "--max-steps", "20", "--eval-every", "5", "--kl-weight", "0.5",
-            "--optimizer", "adam", "--lr", "0.002", "--temperature", "0.5", "--out", str(out)]
+            "--optimizer", "adam", "--lr", "0.002", "--temperature", "0.5", "--workers", "1", "--out", str(out)]
     assert cli.main(argv) == 0
     payload = json.loads((out / "cvae" / "results.json").read_text())
     assert payload["experiment"] == "cvae"
