@@ -96,7 +96,7 @@ def write_mlr_fixture(folder: Path, x: np.ndarray, y: np.ndarray, object_name: s
 
 
 def test_synthetic_matches_the_papers_setting():
-    data = md.make_synthetic(n_classes=10, n_labels=5, length=300, seed=0)  # length 2,000 only costs time
+    data = md.make_synthetic(n_classes=10, n_labels=5, length=2000, seed=0)
     assert data.x_train.shape == (4000, 128) and data.x_eval.shape == (1000, 128)
     assert data.y_train.shape == (4000, 10) and data.y_eval.shape == (1000, 10)
     assert set(np.unique(data.y_train)) <= {0, 1}
@@ -112,11 +112,31 @@ def test_synthetic_label_count_and_length_follow_the_parameters():
     few = md.make_synthetic(20, 2, 2000, seed=1, n_samples=600)
     many = md.make_synthetic(20, 10, 2000, seed=1, n_samples=600)
     assert few.y_train.sum(1).mean() < 3 < 8 < many.y_train.sum(1).mean()
+
+
+def test_sampler_has_scikit_learns_distribution():
+    """Given scikit-learn's class and word distributions, the vectorised sampler's documents have the
+    same statistics as ``make_multilabel_classification``'s own (20,000 documents each)."""
     from sklearn.datasets import make_multilabel_classification
 
-    x, _ = make_multilabel_classification(n_samples=400, n_features=128, n_classes=10, n_labels=5, length=300,
-                                          allow_unlabeled=False, random_state=0)
-    assert 270 < x.sum(1).mean() < 330  # the document length is the features' sum
+    n, n_classes, n_labels, length = 20_000, 5, 3, 40
+    x_ref, y_ref, p_c, p_w_c = make_multilabel_classification(
+        n_samples=n, n_features=6, n_classes=n_classes, n_labels=n_labels, length=length, allow_unlabeled=False,
+        return_distributions=True, random_state=0)
+    x, y = md.sample_documents(p_c, p_w_c, n, n_labels, length, np.random.default_rng(1))
+    assert x.shape == x_ref.shape and y.shape == y_ref.shape and y.sum(1).min() >= 1 and x.sum(1).min() >= 1
+
+    def label_counts(labels):
+        return np.bincount(labels.sum(1), minlength=n_classes + 1) / n
+
+    # Frequencies over 20,000 documents: a standard error below 0.0036, so 0.015 is > 4 of them.
+    np.testing.assert_allclose(label_counts(y), label_counts(y_ref), atol=0.015)
+    np.testing.assert_allclose(y.mean(0), y_ref.mean(0), atol=0.015)  # each class's frequency
+    np.testing.assert_allclose(y.T @ y / n, y_ref.T @ y_ref / n, atol=0.015)  # co-occurrence
+    np.testing.assert_allclose(x.sum(1).mean(), x_ref.sum(1).mean(), rtol=0.01)  # document length
+    np.testing.assert_allclose(x.mean(0), x_ref.mean(0), rtol=0.03)  # each word's mean count
+    first = y[:, 0] == 1  # words depend on the labels: documents with class 0
+    np.testing.assert_allclose(x[first].mean(0), x_ref[y_ref[:, 0] == 1].mean(0), rtol=0.05)
 
 
 def test_synthetic_is_seeded():

@@ -106,27 +106,56 @@ def _seeded_split(n: int, eval_fraction: float, seed: int) -> Tuple[np.ndarray, 
 # synthetic data (r-softmax paper, "Datasets" paragraph)
 
 
+def sample_documents(p_c: np.ndarray, p_w_c: np.ndarray, n_samples: int, n_labels: float, length: float,
+                     rng: np.random.Generator) -> Tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's ``make_multilabel_classification`` generative process (``allow_unlabeled=False``), vectorised.
+
+    Per document: a label count ``k ~ Poisson(n_labels)`` redrawn until ``1 <= k <= C``; ``k``
+    distinct classes, drawn as scikit-learn does (i.i.d. draws ``~ p_c``, duplicates dropped, until
+    ``k`` are distinct: successive sampling without replacement, which is the Gumbel top-k of
+    ``log p_c``); a length ``n ~ Poisson(length)`` redrawn until ``n > 0``; word counts
+    ``~ Multinomial(n, mean of p_w_c's columns of those classes)``. The same distribution as
+    scikit-learn's loop (``tests/experiments/test_multilabel_data.py`` compares them), whose
+    duplicate rejection takes minutes per data set once most classes are drawn, rare ones included.
+    Returns word counts ``(n_samples, n_features)`` and 0/1 labels ``(n_samples, C)``.
+    """
+    n_features, n_classes = p_w_c.shape
+    sizes = rng.poisson(n_labels, n_samples)
+    while (bad := (sizes < 1) | (sizes > n_classes)).any():
+        sizes[bad] = rng.poisson(n_labels, int(bad.sum()))
+    keys = np.log(p_c) + rng.gumbel(size=(n_samples, n_classes))
+    ranks = np.argsort(np.argsort(-keys, axis=1), axis=1)
+    y = (ranks < sizes[:, None]).astype(np.int64)
+    words = rng.poisson(length, n_samples)
+    while (empty := words == 0).any():
+        words[empty] = rng.poisson(length, int(empty.sum()))
+    mixture = (y @ p_w_c.T) / sizes[:, None]  # each column of p_w_c sums to 1
+    x = rng.multinomial(words, mixture / mixture.sum(1, keepdims=True))
+    return x, y
+
+
 def make_synthetic(n_classes: int, n_labels: float, length: float, seed: int,
                    n_samples: int = SYNTHETIC_SAMPLES, n_features: int = SYNTHETIC_FEATURES) -> MultilabelData:
-    """scikit-learn's ``make_multilabel_classification`` as in the r-softmax paper.
+    """Synthetic multi-label documents as in the r-softmax paper (scikit-learn's ``make_multilabel_classification``).
 
     ``n_labels`` (average labels per example) and ``length`` (average document length, the sum of
     an example's features) are the Poisson means of the generator; 5,000 examples with 128 features,
     the first 80 % for training and the last 20 % as the validation set. Every example has at least
     one label (``allow_unlabeled=False``: the normalized label vector y/|y| needs one, and a sparse
     output always predicts at least one label). Features are word counts, z-scored with the training
-    part's statistics (the paper does not say how it scaled them).
+    part's statistics (the paper does not say how it scaled them). The process is scikit-learn's,
+    drawn by :func:`sample_documents` (same distribution, numpy's ``default_rng(seed)`` stream).
     """
-    from sklearn.datasets import make_multilabel_classification
-
     if not 0 < n_labels <= n_classes:
         raise ValueError(f"n_labels must be in (0, n_classes={n_classes}], got {n_labels}")
     if length <= 0:
         raise ValueError(f"length must be positive, got {length}")
-    x, y = make_multilabel_classification(
-        n_samples=n_samples, n_features=n_features, n_classes=n_classes, n_labels=n_labels,
-        length=length, allow_unlabeled=False, random_state=seed,
-    )
+    rng = np.random.default_rng(seed)
+    p_c = rng.uniform(size=n_classes)  # class and word distributions drawn as scikit-learn does
+    p_c /= p_c.sum()
+    p_w_c = rng.uniform(size=(n_features, n_classes))
+    p_w_c /= p_w_c.sum(0)
+    x, y = sample_documents(p_c, p_w_c, n_samples, n_labels, length, rng)
     n_train = int(round(n_samples * (1 - SYNTHETIC_VALIDATION_FRACTION)))
     x_train, x_eval = _standardise(x[:n_train].astype(np.float64), x[n_train:].astype(np.float64))
     return MultilabelData(
