@@ -191,7 +191,6 @@ class StackedMultilabelNet(nn.Module):
         super().__init__()
         if not nets:
             raise ValueError("nets must hold at least one MultilabelNet")
-        self.size = len(nets)
         self.count_head = nets[0].count_head
         self.hidden = _stack([n.hidden for n in nets])
         self.out = _stack([n.out for n in nets])
@@ -210,12 +209,9 @@ class StackedMultilabelNet(nn.Module):
     def member(self, s: int) -> MultilabelNet:
         """A copy of network ``s`` as a plain :class:`MultilabelNet` (for evaluation)."""
         first = self.hidden[0].weight
-        net = MultilabelNet(first.shape[2], self.out.weight.shape[1], first.shape[1], device="meta")
+        net = MultilabelNet(first.shape[2], self.out.weight.shape[1], first.shape[1], self.count_head, device="meta")
         net.hidden, net.out = _member(self.hidden, s), _member(self.out, s)
-        net.count_head = self.count_head
         if self.rate is not None:
-            with torch.device("meta"):
-                net.rate = SparsityRatePredictor(1, self.rate.n_classes)
             net.rate.layer = _member(self.rate.layer, s)
         return net
 
