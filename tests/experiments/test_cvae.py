@@ -211,7 +211,9 @@ def _stats(v, sd=0.0):
 
 def _row(w, speed, modes=5, used=3.0, unchanged=0, trained="x"):
     metric = lambda final, window: {"window": _stats(window), "final": _stats(final)}  # noqa: E731
+    values = {"w_digits": (speed, w), "w_authors": (speed / 10, w / 10), "parity_mass": (1 - speed, 1 - w)}
     return {"seeds": [0, 1, 2], "steps": 100, "trained_with": trained,
+            "per_seed": {m: {"window": [v[0]] * 3, "final": [v[1]] * 3} for m, v in values.items()},
             "w_digits": metric(w, speed), "w_authors": metric(w / 10, speed / 10), "parity_mass": metric(1 - w, 1 - speed),
             "nonzero_prior_modes": {"even": _stats(modes), "odd": _stats(modes)},
             "five_modes_seeds": 3 if modes == 5 else 0, "support_unchanged_seeds": unchanged,
@@ -235,6 +237,26 @@ def test_claims_follow_the_numbers():
     table["softmax"]["w_authors"] = {"window": _stats(0.0), "final": _stats(0.0)}
     first = claims.judge(table)[0]
     assert first.verdict == runner.PARTLY and "authors' metric" in first.evidence and "fails" in first.evidence
+
+
+def test_seed_by_seed_comparison_counts_wins_and_tests_only_enough_pairs():
+    def row(seeds, final):
+        return {"seeds": seeds, "per_seed": {"parity_mass": {"window": final, "final": final},
+                                             "w_digits": {"window": final, "final": final}}}
+    seeds = list(range(8))
+    better = [0.6 + 0.05 * i for i in range(7)] + [0.45]  # 7 wins; the one loss is the smallest difference
+    table = {"ev_softmax": row(seeds, better), "softmax": row(seeds, [0.5] * 8)}
+    higher = claims.paired_comparison(table, "ev_softmax", "softmax", "parity_mass", "final")
+    assert (higher["wins"], higher["n"]) == (7, 8) and higher["p"] < 0.05
+    lower = claims.paired_comparison(table, "ev_softmax", "softmax", "w_digits", "final")  # a distance: lower wins
+    assert lower["wins"] == 1 and lower["p"] == higher["p"]
+    # Pairs by seed, not by position; under MIN_PAIRS_FOR_TEST shared seeds there is no p.
+    table["softmax"] = row([7, 6, 5, 99], [0.1, 0.9, 0.9, 0.9])
+    few = claims.paired_comparison(table, "ev_softmax", "softmax", "parity_mass", "final")
+    assert few == {"wins": 1, "n": 3, "p": None}
+    assert claims.fmt_paired(few) == "1 of 3" and claims.fmt_paired(higher).startswith("7 of 8 (p 0.0")
+    table["softmax"] = row(seeds, better)
+    assert claims.paired_comparison(table, "ev_softmax", "softmax", "parity_mass", "final") == {"wins": 0, "n": 8, "p": 1.0}
 
 
 def test_lead_claims_list_the_sweep_settings_where_they_hold():

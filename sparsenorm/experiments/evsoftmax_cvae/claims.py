@@ -3,13 +3,17 @@
 Each metric (see :mod:`.training`) is summarised per seed as its mean over the checkpoints of the
 paper's figure window (the first ``window_steps`` steps; Fig. 3's x axis is checkpoint index x 100,
 so its "6,000 iterations" are about 5,100 steps) and its value at the end of training, both
-averaged over the two queries; then over seeds as mean, std (ddof 1) and standard error.
+averaged over the two queries; then over seeds as mean, std (ddof 1) and standard error. Since every
+normalizer of a setting trains on the same seeds, ev-softmax is also compared with the others seed by
+seed (wins and a Wilcoxon signed-rank test): a difference of means within the spread over seeds shows
+there.
 """
 from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
+from scipy import stats as scipy_stats
 
 from .._shared.runner import NOT_REPRODUCED, NOT_TESTABLE, PARTLY, REPRODUCED, Claim
 from .model import QUERIES
@@ -19,6 +23,8 @@ METRIC_NAMES = {"w_digits": "W, digit positions (ours)", "w_authors": "W, author
                 "parity_mass": "prior mass on the query's parity (direct test)"}
 EV, POSTHOC = "ev_softmax", "posthoc_evidential"
 SOURCE = "Sec. 4.1, Fig. 3"
+# Below 6 pairs no two-sided Wilcoxon signed-rank p can reach 0.05 (its smallest value is 2 / 2**n).
+MIN_PAIRS_FOR_TEST = 6
 
 
 def stats(values: Sequence[float]) -> Dict[str, float]:
@@ -63,6 +69,7 @@ def aggregate(records: List[Dict[str, Any]], window_steps: int, lead: str, title
                 "steps": pairs[0][0]["steps"],
                 "trained_with": runs[0]["trained_with"],
                 **{m: {k: stats([s[m][k] for s in per_seed]) for k in per_seed[0][m]} for m in METRICS},
+                "per_seed": {m: {k: [s[m][k] for s in per_seed] for k in ("window", "final")} for m in METRICS},
                 "nonzero_prior_modes": {q: stats(modes[q]) for q in QUERIES},
                 "modes_above_1pct": {q: stats([r["modes_above_1pct"][q] for r in runs]) for q in QUERIES},
                 "five_modes_seeds": sum(all(modes[q][i] == 5 for q in QUERIES) for i in range(len(runs))),
@@ -92,21 +99,49 @@ def _listing(table: Dict[str, Any], metric: str, when: str, names: Sequence[str]
     return ", ".join(f"{n} {table[n][metric][when]['mean']:.3f}" for n in shown)
 
 
+def paired_comparison(table: Dict[str, Any], a: str, b: str, metric: str, when: str) -> Dict[str, Any]:
+    """``a`` against ``b`` on the seeds both ran: in how many ``a`` scores better, and the two-sided
+    Wilcoxon signed-rank p of the paired differences (``None`` below ``MIN_PAIRS_FOR_TEST`` pairs)."""
+    score_a = dict(zip(table[a]["seeds"], table[a]["per_seed"][metric][when]))
+    score_b = dict(zip(table[b]["seeds"], table[b]["per_seed"][metric][when]))
+    seeds = sorted(set(score_a) & set(score_b))
+    diffs = np.array([score_a[s] - score_b[s] for s in seeds])
+    p = None
+    if len(seeds) >= MIN_PAIRS_FOR_TEST:
+        p = 1.0 if not diffs.any() else float(scipy_stats.wilcoxon(diffs).pvalue)
+    return {"wins": sum(_better(metric, score_a[s], score_b[s]) for s in seeds), "n": len(seeds), "p": p}
+
+
+def fmt_paired(c: Dict[str, Any]) -> str:
+    """``7 of 10 (p 0.19)``."""
+    return f"{c['wins']} of {c['n']}" + (f" (p {c['p']:.2g})" if c["p"] is not None else "")
+
+
 def _per_metric_verdict(holds: Dict[str, bool]) -> str:
     if all(holds.values()):
         return REPRODUCED
     return PARTLY if any(holds.values()) else NOT_REPRODUCED
 
 
-def _metric_claim(text: str, table: Dict[str, Any], needed: Sequence[str], test) -> Claim:
-    """A claim judged under each metric: reproduced under all, partly under some, not under none."""
+def _metric_claim(text: str, table: Dict[str, Any], needed: Sequence[str], test, rivals: Sequence[str] = ()) -> Claim:
+    """A claim judged under each metric (on means over seeds): reproduced under all, partly under some,
+    not under none. The evidence adds, per metric, how many seeds ev-softmax beats each of ``rivals`` in."""
     missing = [n for n in needed if n not in table]
     if missing or len(table) < 2:
         return Claim(text, NOT_TESTABLE, f"needs {', '.join(needed)} and another normalizer", SOURCE)
     holds = {m: bool(test(m)) for m in METRICS}
+
+    def seed_by_seed(m: str) -> str:
+        found = [r for r in rivals if r in table]
+        if not found:
+            return ""
+        return " (seeds where ev_softmax is better, first ~5k / end: " + ", ".join(
+            f"vs {r} {fmt_paired(paired_comparison(table, EV, r, m, 'window'))} / "
+            f"{fmt_paired(paired_comparison(table, EV, r, m, 'final'))}" for r in found) + ")"
+
     evidence = "; ".join(
         f"{METRIC_NAMES[m]} {'holds' if holds[m] else 'fails'}: first ~5k steps {_listing(table, m, 'window', needed)}"
-        f" / end {_listing(table, m, 'final', needed)}" for m in METRICS)
+        f" / end {_listing(table, m, 'final', needed)}{seed_by_seed(m)}" for m in METRICS)
     return Claim(text, _per_metric_verdict(holds), evidence, SOURCE)
 
 
@@ -117,13 +152,14 @@ def judge(table: Dict[str, Any]) -> List[Claim]:
 
     claims = [
         _metric_claim("ev-softmax converges the fastest and to the lowest distance to the true prior", table, [EV],
-                      lambda m: best(m, "window") == EV and best(m, "final") == EV),
+                      lambda m: best(m, "window") == EV and best(m, "final") == EV, rivals=["softmax", POSTHOC]),
         _metric_claim("post-hoc evidential ends second, converging more slowly than ev-softmax", table, [EV, POSTHOC],
                       lambda m: len(table) > 1 and _ranking(table, m, "final")[1] == POSTHOC
-                      and _better(m, table[EV][m]["window"]["mean"], table[POSTHOC][m]["window"]["mean"])),
+                      and _better(m, table[EV][m]["window"]["mean"], table[POSTHOC][m]["window"]["mean"]),
+                      rivals=[POSTHOC]),
         _metric_claim("softmax converges more slowly than ev-softmax and to a worse distance", table, [EV, "softmax"],
                       lambda m: all(_better(m, table[EV][m][w]["mean"], table["softmax"][m][w]["mean"])
-                                    for w in ("window", "final"))),
+                                    for w in ("window", "final")), rivals=["softmax"]),
     ]
     # Sec. 4.1: sparsemax "collapsed both the prior and posterior distributions to a single mode";
     # entmax-1.5 "reduces the posterior latent space to fewer than ten classes"; both "do not allow

@@ -7,7 +7,7 @@ from typing import Any, Dict, List
 import numpy as np
 
 from .._shared import common
-from .claims import fmt, sweep_matrix
+from .claims import EV, MIN_PAIRS_FOR_TEST, POSTHOC, fmt, fmt_paired, paired_comparison, sweep_matrix
 from .model import LATENT_CLASSES, QUERIES
 from .training import METRICS
 
@@ -160,6 +160,22 @@ def _setting_tables(summary: Dict[str, Any], setting: str) -> List[str]:
             "", common.markdown_table(header, rows), "", common.markdown_table(header2, rows2), ""]
 
 
+def _seed_by_seed(summary: Dict[str, Any], setting: str) -> List[str]:
+    """ev-softmax against softmax and post-hoc evidential, seed by seed."""
+    table = summary["results"][setting]
+    rivals = [r for r in ("softmax", POSTHOC) if r in table]
+    if EV not in table or not rivals:
+        return []
+    header = ["score"] + [f"ev-softmax better than {r}: {when}" for r in rivals for when in ("first ~5k steps", "end")]
+    rows = [[Y_LABELS[m]] + [fmt_paired(paired_comparison(table, EV, r, m, w)) for r in rivals for w in ("window", "final")]
+            for m in METRICS]
+    return [f"**Seed by seed** ({summary['titles'][setting]}): every normalizer trains on the same seeds, so ev-softmax "
+            "is compared with each rival per seed: the number of seeds in which it scores better, and in brackets the "
+            "two-sided Wilcoxon signed-rank p of the paired differences (from "
+            f"{MIN_PAIRS_FOR_TEST} seeds on). The verdicts below compare means; a p well above 0.05 says the "
+            "difference is within the spread over seeds.", "", common.markdown_table(header, rows), ""]
+
+
 def body(summary: Dict[str, Any], settings, context: Dict[str, Any], figs: Dict[str, Path]) -> str:
     clf, data = context["classifier_info"], context["data_info"]
     lead = summary["lead"]
@@ -207,6 +223,8 @@ def body(summary: Dict[str, Any], settings, context: Dict[str, Any], figs: Dict[
                   "those of the prior at initialisation (ev-softmax of random scores keeps the classes at or above "
                   "their mean, about half of them, so five modes alone do not show that anything was learned); the "
                   f"prior moved {fmt(s['prior_change_since_init'])} in total variation.", ""]
+    if lead in summary["results"]:
+        lines += _seed_by_seed(summary, lead)
     if len(summary["results"]) > 1:
         header, rows = sweep_matrix(summary)
         lines += ["## In which setting each claim holds", "",
