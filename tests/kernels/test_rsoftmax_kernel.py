@@ -95,3 +95,19 @@ def test_gradcheck_through_kernel():
     r = torch.tensor([[0.3], [0.55], [0.8], [0.1]], dtype=torch.float64, requires_grad=True)
     assert cpu.RSOFTMAX.kernel_for(x.detach()) is not None
     assert torch.autograd.gradcheck(lambda a, b: r_softmax(a, b), (x, r))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("k", [2, 20])  # inside and past one SIMD width
+def test_subnormal_weights(dtype, k):
+    # x = (0, ..., 0, tiny) with tau between 0 and tiny: the one weight x - tau, hence the sum, is
+    # subnormal and 1 / sum overflows; normalising by that reciprocal gave NaN and inf.
+    tiny = torch.finfo(dtype).tiny
+    x = torch.zeros(1, k, dtype=dtype)
+    x[0, -1] = tiny
+    r = 1 - 0.2 / (k - 1)  # tau = 0.8 tiny
+    pure, fused = both(x, r)
+    expected = torch.zeros(1, k, dtype=dtype)
+    expected[0, -1] = 1
+    torch.testing.assert_close(pure, expected, rtol=0, atol=0)
+    torch.testing.assert_close(fused, expected, rtol=0, atol=0)

@@ -15,6 +15,8 @@
 #include <torch/extension.h>
 
 #include <ATen/Parallel.h>
+#include <ATen/cpu/vec/functional.h>
+#include <ATen/cpu/vec/vec.h>
 
 #include <algorithm>
 #include <cmath>
@@ -112,15 +114,32 @@ void forward_row(const scalar_t* x, scalar_t r, int64_t k, scalar_t* p, scalar_t
     std::fill(p, p + k, std::numeric_limits<scalar_t>::quiet_NaN());
     return;
   }
-  scalar_t sum = 0;
-  for (int64_t i = 0; i < k; ++i) {
+  // p_i = relu(x_i - tau) exp(x_i - mx), SIMD (the exp pass cost as much as the selection when scalar).
+  // x_i <= mx, so exp <= 1; a -inf entry gives relu(-inf) = 0 times exp(-inf) = 0.
+  using Vec = at::vec::Vectorized<scalar_t>;
+  constexpr int64_t W = Vec::size();
+  const Vec vtau(tau), vmx(mx), vzero(scalar_t(0));
+  Vec vsum(scalar_t(0));
+  int64_t i = 0;
+  for (; i + W <= k; i += W) {
+    const Vec v = Vec::loadu(x + i);
+    const Vec e = at::vec::maximum(v - vtau, vzero) * (v - vmx).exp();
+    e.store(p + i);
+    vsum = vsum + e;
+  }
+  scalar_t sum = at::vec::vec_reduce_all<scalar_t>([](const Vec& a, const Vec& b) { return a + b; }, vsum);
+  for (; i < k; ++i) {
     const scalar_t w = x[i] - tau;
     const scalar_t e = w > 0 ? w * std::exp(x[i] - mx) : scalar_t(0);
     p[i] = e;
     sum += e;
   }
-  const scalar_t inv = scalar_t(1) / sum;
-  for (int64_t i = 0; i < k; ++i) p[i] *= inv;
+  // Divide, not multiply by 1 / sum: the weights can be subnormal (x = (0, tiny), r = 0.75 gives
+  // sum = tiny / 4), whose reciprocal overflows to inf (and 0 * inf = NaN); the quotient is exact.
+  const Vec vsum_all(sum);
+  i = 0;
+  for (; i + W <= k; i += W) (Vec::loadu(p + i) / vsum_all).store(p + i);
+  for (; i < k; ++i) p[i] /= sum;
 }
 
 std::vector<at::Tensor> forward(const at::Tensor& x, const at::Tensor& r) {
