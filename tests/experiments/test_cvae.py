@@ -211,10 +211,10 @@ def _stats(v, sd=0.0):
 
 def _row(w, speed, modes=5, used=3.0, unchanged=0, trained="x"):
     metric = lambda final, window: {"window": _stats(window), "final": _stats(final)}  # noqa: E731
-    values = {"w_digits": (speed, w), "w_authors": (speed / 10, w / 10), "parity_mass": (1 - speed, 1 - w)}
+    values = {"w_digits": (w, speed), "w_authors": (w / 10, speed / 10), "parity_mass": (1 - w, 1 - speed)}
     return {"seeds": [0, 1, 2], "steps": 100, "trained_with": trained,
-            "per_seed": {m: {"window": [v[0]] * 3, "final": [v[1]] * 3} for m, v in values.items()},
-            "w_digits": metric(w, speed), "w_authors": metric(w / 10, speed / 10), "parity_mass": metric(1 - w, 1 - speed),
+            "per_seed": {m: {"window": [window] * 3, "final": [final] * 3} for m, (final, window) in values.items()},
+            **{m: metric(final, window) for m, (final, window) in values.items()},
             "nonzero_prior_modes": {"even": _stats(modes), "odd": _stats(modes)},
             "five_modes_seeds": 3 if modes == 5 else 0, "support_unchanged_seeds": unchanged,
             "prior_change_since_init": _stats(0.2), "posterior_mean_support": _stats(1.0),

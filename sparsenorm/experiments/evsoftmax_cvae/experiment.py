@@ -71,10 +71,10 @@ class CVAEExperiment:
     default_normalizers = list(DEFAULT_NORMALIZERS)
     full_runtime = ("Its defaults: 20 epochs (15.6k SGD steps) per run; the lead setting with 10 seeds and three more "
                     "settings of the KL-weight / optimizer sweep with 3 seeds each, 4 trainings per seed (softmax and "
-                    "post-hoc evidential share one), 76 trainings of about 150 s of one core each (measured: the last 4 "
-                    "took 601 CPU-s, 5 min 14 s on 2 idle cores): about 3.2 h of CPU, 1 h 40 min on 2 cores with the "
-                    "default 2 workers; each "
-                    "(setting, normalizer, seed) is cached in `runs/`, so it can be run in parts.")
+                    "post-hoc evidential share one), 76 trainings of about 150 s of one core each (measured: the "
+                    "last 4 took 601 CPU-s, 5 min 14 s on 2 idle cores): about 3.2 h of CPU, 1 h 40 min on 2 cores "
+                    "with the default 2 workers; each (setting, normalizer, seed) is cached in `runs/`, so it can be "
+                    "run in parts.")
     quick_note = ("Quick mode trains 3 epochs (2.3k steps, inside the paper's ~5.1k-step figure window) with 3 seeds "
                   "in the authors' setting only: no KL-weight / optimizer sweep, and the prior has barely moved from "
                   "its initialisation.")

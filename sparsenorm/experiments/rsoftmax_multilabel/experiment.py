@@ -85,8 +85,8 @@ class MultilabelExperiment:
     full_runtime = ("150 epochs x 3 seeds x 8 trainings (both r-softmax count heads) on 27 synthetic settings and "
                     "yeast. A class count's 9 synthetic settings train side by side in one job per seed (stacked "
                     "networks, same results as one at a time); each job is cached in `runs/`, and `--data real` / "
-                    "`--data synthetic --class-counts ...` run it in parts. Measured: the synthetic jobs 7,415 CPU-s (69 min on 2 "
-                    "cores with 2 workers), yeast 331 CPU-s.")
+                    "`--data synthetic --class-counts ...` run it in parts. Measured: the synthetic jobs 7,415 "
+                    "CPU-s (69 min on 2 cores with 2 workers), yeast 331 CPU-s.")
     quick_note = ("Quick mode trains 5 epochs instead of 150, with 2 seeds and 3 points per sweep: the models are not "
                   "converged, so its verdicts are indicative only.")
     # Job.params carries the data set; these only choose which jobs exist or how they are run.
