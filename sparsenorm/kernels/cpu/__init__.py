@@ -11,6 +11,13 @@ compiling. An ordinary function call never compiles anything unless asked to:
 
 A failed build prints one line (a ``RuntimeWarning``) and leaves the reference path. The library
 file's name carries a hash of its source and of the SIMD flags, so a stale build is never loaded.
+
+Concurrent builds (two processes, e.g. pytest-xdist workers or two users of one cache) are safe:
+a build holds a file lock (``<name>.lock`` next to the build folder; ``filelock``, which torch
+itself depends on) and compiles into a fresh temporary folder, writes ``BUILD_COMPLETE`` there
+after the library loaded, and renames that folder into place (atomic on one file system). So the
+folder ``<name>`` either does not exist or holds a finished build, and a process that is killed
+mid-build leaves only its temporary folder, which the next build removes.
 """
 from __future__ import annotations
 
@@ -18,7 +25,9 @@ import hashlib
 import importlib.machinery
 import importlib.util
 import os
+import shutil
 import sysconfig
+import tempfile
 import threading
 import warnings
 from pathlib import Path
@@ -85,8 +94,8 @@ def _capability_flags():
 class Extension:
     """One C++ source here, built into the cache once; :meth:`get` loads it without compiling."""
 
-    def __init__(self, stem: str, what: str):
-        self.source = _HERE / f"{stem}.cpp"
+    def __init__(self, stem: str, what: str, source_dir: Path = _HERE):
+        self.source = Path(source_dir) / f"{stem}.cpp"
         self.stem = stem
         self.what = what  # for the warning: which functions fall back
         self.module: Optional[ModuleType] = None
@@ -107,7 +116,7 @@ class Extension:
         except OSError:
             return None
         path = self._library_path(name)
-        if not (path.parent / _COMPLETE).exists():  # a build still running (or failed) elsewhere
+        if not (path.parent / _COMPLETE).exists():  # not built (folders appear only when complete)
             return None
         if not path.exists():
             path = path.with_name(f"{name}.so")
@@ -125,20 +134,14 @@ class Extension:
             if self.module is not None:
                 return self.module
             try:
-                from torch.utils import cpp_extension
-
                 name, simd_flags = self._name_and_flags()
-                build_dir = _build_directory() / name
-                build_dir.mkdir(parents=True, exist_ok=True)
-                self.module = cpp_extension.load(
-                    name=name,
-                    sources=[str(self.source)],
-                    extra_cflags=["-O3", "-fopenmp", *simd_flags],
-                    extra_ldflags=["-fopenmp"],
-                    build_directory=str(build_dir),
-                    verbose=verbose,
-                )
-                (build_dir / _COMPLETE).touch()  # other processes load the library only after this
+                root = _build_directory()
+                root.mkdir(parents=True, exist_ok=True)
+                from filelock import FileLock
+
+                with FileLock(str(root / f"{name}.lock")):
+                    # another process may have finished it while this one waited for the lock
+                    self.module = self._import_built() or self._compile(name, simd_flags, root, verbose)
                 self.error = None
             except Exception as exc:  # compiler/ninja missing, compile error, ...: fall back, say why
                 self.error = f"{type(exc).__name__}: {exc}".strip()[:2000]
@@ -150,6 +153,29 @@ class Extension:
                     stacklevel=3,
                 )
         return self.module
+
+    def _compile(self, name: str, simd_flags, root: Path, verbose: bool) -> ModuleType:
+        """Build in a temporary folder and rename it to ``root/name`` once complete (lock held)."""
+        from torch.utils import cpp_extension
+
+        final = root / name
+        for leftover in [*root.glob(f".{name}.*"), final]:  # killed builds (the lock is ours)
+            shutil.rmtree(leftover, ignore_errors=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=root))
+        try:
+            module = cpp_extension.load(
+                name=name,
+                sources=[str(self.source)],
+                extra_cflags=["-O3", "-fopenmp", *simd_flags],
+                extra_ldflags=["-fopenmp"],
+                build_directory=str(staging),
+                verbose=verbose,
+            )
+            (staging / _COMPLETE).touch()  # written only once the library has loaded
+            os.replace(staging, final)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)  # gone after the rename; else a failed build
+        return module
 
     def load(self) -> Optional[ModuleType]:
         """The built extension, compiling it if needed (the old opt-in entry point)."""
