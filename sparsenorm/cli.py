@@ -65,7 +65,31 @@ def _common_options() -> argparse.ArgumentParser:
     return common
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _experiments_named(argv: Optional[List[str]]) -> List[str]:
+    """The experiments whose modules (and options) this command line needs: the one after
+    ``reproduce`` (every one for ``all``); none for other commands, so that ``sparsenorm --help``,
+    ``demo`` and ``build-kernels`` import no experiment (their extras may not be installed)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "reproduce" not in argv:
+        return []
+    for token in argv[argv.index("reproduce") + 1:]:
+        if token == "all":
+            return list(EXPERIMENTS)
+        if token in EXPERIMENTS:
+            return [token]
+    return []
+
+
+def _describe(name: str) -> str:
+    """An experiment's one-line description, or what to install to run it."""
+    try:
+        return load(name).EXPERIMENT.description
+    except UserFacingError as exc:
+        return f"(not installed: {exc})"
+
+
+def build_parser(argv: Optional[List[str]] = None) -> argparse.ArgumentParser:
+    """The parser for ``argv``; only the experiment it names is imported (see :func:`_experiments_named`)."""
     parser = _OneLineErrorParser(prog="sparsenorm", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -74,11 +98,16 @@ def build_parser() -> argparse.ArgumentParser:
     which = rep.add_subparsers(dest="experiment", metavar="EXPERIMENT",
                                help=f"one of: {', '.join(EXPERIMENTS)}, all")
     common = _common_options()
+    named = _experiments_named(argv)
+    listing = not named and any(flag in (argv or sys.argv[1:]) for flag in ("-h", "--help"))
     for name in EXPERIMENTS:
-        experiment = load(name).EXPERIMENT
-        exp_parser = which.add_parser(name, parents=[common], help=experiment.description,
-                                      description=experiment.description)
-        experiment.add_arguments(exp_parser)
+        if name in named:
+            experiment = load(name).EXPERIMENT
+            exp_parser = which.add_parser(name, parents=[common], help=experiment.description,
+                                          description=experiment.description)
+            experiment.add_arguments(exp_parser)
+        else:  # not run by this command line: its module (and its extras) stay unimported
+            which.add_parser(name, parents=[common], help=_describe(name) if listing else None)
     which.add_parser("all", parents=[common], help="every experiment, then the index OUT/README.md")
 
     sub.add_parser("demo", help="print the worked examples for every normalizer and check the properties table")
@@ -93,7 +122,7 @@ def _reproduce(args: argparse.Namespace) -> int:
 
     if args.list:
         for name in EXPERIMENTS:
-            print(f"{name:12s} {load(name).EXPERIMENT.description}")
+            print(f"{name:12s} {_describe(name)}")
         return 0
     if not args.experiment:
         raise CLIError(f"name an experiment: {', '.join(EXPERIMENTS)}, all (or --list)")
@@ -129,9 +158,8 @@ def _build_kernels() -> int:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
     try:
+        args = build_parser(argv).parse_args(argv)
         if args.command == "reproduce":
             return _reproduce(args)
         if args.command == "build-kernels":
