@@ -147,11 +147,16 @@ def _reproduce(args: argparse.Namespace) -> int:
 
 
 def _build_kernels() -> int:
+    import warnings
+
     from . import kernels
 
-    failed = {name: reason for name, reason in kernels.build().items() if reason is not None}
+    with warnings.catch_warnings():  # each failure is said once, below
+        warnings.simplefilter("ignore", RuntimeWarning)
+        failed = {name: reason for name, reason in kernels.build().items() if reason is not None}
     for name, reason in failed.items():
-        print(f"sparsenorm: kernel {name} not built ({reason}); the pure-PyTorch path is used", file=sys.stderr)
+        why = reason.splitlines()[0] if reason.strip() else "unknown error"
+        print(f"sparsenorm: kernel {name} not built ({why}); the pure-PyTorch path is used", file=sys.stderr)
     built = sorted(set(kernels.available()) - set(failed))
     print(f"CPU kernels built: {', '.join(built) or 'none'}")
     return 1 if failed else 0
