@@ -1,5 +1,5 @@
 # The two commands a newcomer needs: `make reproduce` (the main job) and `make test`.
-.PHONY: reproduce reproduce-full test test-slow bench venv
+.PHONY: reproduce reproduce-full test test-slow test-simd test-wheel bench venv
 
 venv:
 	bash scripts/bootstrap.sh
@@ -20,6 +20,15 @@ test: venv
 
 test-slow: venv
 	.venv/bin/python -m pytest -q -m slow
+
+# The kernel and accuracy tests at every SIMD level this CPU runs (DEFAULT, AVX2, AVX512), each
+# level's kernels built for it; a level whose kernels do not build fails.
+test-simd: venv
+	bash scripts/simd_matrix.sh
+
+# A pip user's path: sdist + wheel, twine check, the bare wheel in a fresh venv (torch==2.13.0).
+test-wheel: venv
+	bash scripts/wheel_check.sh
 
 # Normalizers (ratios to softmax and to the entmax package), then attention (ratios to SDPA, peak memory).
 bench: venv

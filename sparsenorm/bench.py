@@ -234,6 +234,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     candidates, refs = build_candidates(names, compile_rows=not args.no_compile)
     print(f"kernels in use: {kernels.available()}")
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, device {args.device}, "
+          f"SIMD level {torch.backends.cpu.get_cpu_capability()} (ATEN_CPU_CAPABILITY), "
           f"median of {args.rounds} interleaved rounds, {args.clock} clock")
     report = {}
     for shape in args.shapes:

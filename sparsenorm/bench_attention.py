@@ -161,7 +161,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     results: dict = {"batch_heads": bh, "dim": dim, "clock": args.clock, "rounds": args.rounds,
                      "time_s": {}, "peak_bytes": {}, "scaling_bytes": {}}
     print(f"# sparse_attention vs SDPA: forward+backward, float32, B*H={bh}, D={dim}, "
-          f"clock={args.clock}, median of {args.rounds} interleaved rounds; memory = peak RSS increase")
+          f"clock={args.clock}, SIMD level {torch.backends.cpu.get_cpu_capability()}, "
+          f"median of {args.rounds} interleaved rounds; memory = peak RSS increase")
     for length in lengths:
         fit = [label for label in labels if dense_fits(label, bh, length, args.dense_limit_gb)]
         times = {} if args.no_time else time_length(fit, bh, length, dim, args.rounds, clock)

@@ -49,6 +49,8 @@ def test_commands_that_need_no_extra_work_without_them(argv):
 
 @pytest.mark.parametrize("experiment,blocked,extra", [
     ("cvae", EXPERIMENT_EXTRAS, "experiments"),
+    ("mt", EXPERIMENT_EXTRAS, "experiments,mt"),
+    ("finetune", EXPERIMENT_EXTRAS, "experiments,hf"),
     ("multilabel", "scikit-learn", "experiments"),
     ("finetune", "transformers", "hf"),
     ("mt", "sacrebleu", "mt"),

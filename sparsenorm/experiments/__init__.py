@@ -65,14 +65,18 @@ def _extra_requirements():
 
 
 def missing_extra(name: str) -> Optional[str]:
-    """The one line saying which extra to install for experiment ``name``, or None if all are installed."""
+    """The one line saying which extras to install for experiment ``name``, or None if all are."""
+    missing: dict = {}  # extra -> its first distribution not installed
     for distribution, extra in _extra_requirements():
-        if extra in EXTRAS[name]:
+        if extra in EXTRAS[name] and extra not in missing:
             try:
                 metadata.version(distribution)
             except metadata.PackageNotFoundError:
-                return f"the {name} experiment needs {distribution}: pip install 'sparsenorm[{extra}]'"
-    return None
+                missing[extra] = distribution
+    if not missing:
+        return None
+    return (f"the {name} experiment needs {', '.join(missing.values())}: "
+            f"pip install 'sparsenorm[{','.join(missing)}]'")
 
 
 def load(name: str) -> ModuleType:
