@@ -80,7 +80,8 @@ class Claim:
     key: str = ""
     """The claim's id in :mod:`.paper_claims` (empty for a new comparison the papers do not make)."""
     seeds: Optional[int] = None
-    """The number of paired seeds (or paired units) the verdict rests on; None for a non-seed claim."""
+    """The largest number of paired seeds (or paired units) a part of the verdict rests on (each part's own
+    count is in the evidence); None for a claim not judged from seeds."""
 
 
 @dataclass
@@ -238,7 +239,7 @@ def claim(text: str, parts: Sequence[Test], source: str = "", key: str = "", not
           digits: int = 3) -> Claim:
     """A :class:`Claim` judged from its parts, with each part's test as the evidence."""
     evidence = "; ".join(t.describe(digits) for t in parts) + (f". {note}" if note else "")
-    seeds = min((t.n for t in parts), default=None)
+    seeds = max((t.n for t in parts), default=None)  # the largest paired sample a part rests on
     return Claim(text, combine(parts), evidence, source, key, seeds)
 
 
