@@ -122,3 +122,11 @@ def test_quick_verdicts_are_indicative_and_the_rule_is_stated():
 def test_non_finite_differences_are_refused():
     with pytest.raises(ValueError, match="finite"):
         v.direction([1.0, float("nan")], "A beats B")
+
+
+def test_larger_spread():
+    rng = np.random.default_rng(0)
+    wide, narrow = rng.normal(0, 1.0, 10), rng.normal(0, 0.05, 10)
+    assert v.larger_spread(wide, narrow, "A varies more").verdict == v.REPRODUCED
+    assert v.larger_spread(narrow, wide, "A varies more").verdict == v.NOT_REPRODUCED
+    assert v.larger_spread(wide[:3], narrow[:3], "A varies more").verdict == v.INCONCLUSIVE

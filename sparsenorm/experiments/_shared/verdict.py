@@ -214,6 +214,25 @@ def equivalence(differences: Iterable[float], margin: float, label: str, level: 
                 detail)
 
 
+def larger_spread(subject: Sequence[float], rival: Sequence[float], label: str, level: float = LEVEL) -> Test:
+    """Does ``subject`` vary more over seeds than ``rival``? (A claim about variance, which no paired
+    difference measures.) The Brown-Forsythe test (scipy's ``levene``, median-centred: robust, like the
+    signed-rank test, to skewed seeds) at ``level``; the direction is that of the standard deviations.
+    Below :func:`min_pairs` seeds per side it is inconclusive, as every other part of the rule."""
+    a, b = _clean(subject, label), _clean(rival, label)
+    ratio = float(a.std(ddof=1) / b.std(ddof=1)) if a.size > 1 and b.size > 1 and b.std() > 0 else float("nan")
+    need = min_pairs(level)
+    detail = f"std over seeds {a.std(ddof=1) if a.size > 1 else 0:.3g} vs {b.std(ddof=1) if b.size > 1 else 0:.3g}"
+    if min(a.size, b.size) < need:
+        return Test(label, INCONCLUSIVE, min(a.size, b.size), ratio, None, f"{detail}; fewer than {need} seeds")
+    if a.std() == 0 and b.std() == 0:
+        return Test(label, INCONCLUSIVE, min(a.size, b.size), ratio, 1.0, detail)
+    p = float(scipy_stats.levene(a, b, center="median").pvalue)
+    larger = a.std() > b.std()
+    verdict = INCONCLUSIVE if p >= level else (REPRODUCED if larger else NOT_REPRODUCED)
+    return Test(label, verdict, min(a.size, b.size), ratio, p, f"{detail}; Brown-Forsythe; 'mean' is the std ratio")
+
+
 def single_run(difference: float, p: Optional[float], label: str, test: str, level: float = LEVEL) -> Test:
     """One number per system (e.g. BLEU on one test set): ``p`` from the experiment's own paired test
     over test items (named by ``test``); ``difference`` oriented as in :func:`direction`."""
@@ -276,5 +295,5 @@ def counts(verdicts: Iterable[str]) -> Dict[str, int]:
 __all__ = [
     "LEVEL", "REPRODUCED", "PARTLY", "NOT_REPRODUCED", "INCONCLUSIVE", "NOT_TESTABLE", "NEW", "NOT_RUN", "INDICATIVE",
     "Claim", "Test", "smallest_p", "min_pairs", "paired_differences", "direction", "non_inferiority", "equivalence",
-    "single_run", "combine", "claim", "label_mode", "rule_paragraph", "counts",
+    "larger_spread", "single_run", "combine", "claim", "label_mode", "rule_paragraph", "counts",
 ]

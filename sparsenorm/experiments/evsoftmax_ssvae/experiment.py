@@ -11,14 +11,14 @@ import numpy as np
 import torch
 
 from .._shared.common import RunConfig, UserFacingError
-from .._shared.runner import NEW, NOT_REPRODUCED, PARTLY, REPRODUCED, Claim, Job, Report, RunOptions
+from .._shared.runner import Claim, Job, Report, RunOptions
+from .claims import judge_claims
 from .data import DataRef
 from .report import write_report
 from .train import Settings, normalizer, run_group, training_groups
 
 PAPER = "ev-softmax (Chen et al. 2021), Sec. 4.2, Table 2, App. E.2"
 DEFAULT_NORMALIZERS = ["softmax", "sparsemax", "entmax15", "posthoc_evidential", "ev_softmax", "r_softmax"]
-SOFTMAX_CALLS = 10
 
 # Table 2 (marginalisation rows): accuracy in %, decoder calls per example.
 PAPER_TABLE2 = {
@@ -126,6 +126,9 @@ def aggregate(records: List[Dict[str, Any]], settings: Settings) -> Dict[str, An
         curves = np.array([e["curve"]["test_accuracy"] for _, e in runs], dtype=float) * 100
         per[name] = {
             "seeds": len(runs),
+            "per_seed": {"accuracy": {r["seed"]: 100 * e["test_accuracy"] for r, e in runs},
+                         "decoder_calls": {r["seed"]: e["decoder_calls_mean"] for r, e in runs},
+                         "epoch_cpu_seconds": {r["seed"]: r["epoch_cpu_seconds"] for r, e in runs}},
             "accuracy": acc["mean"], "accuracy_se": acc["se"], "accuracy_std": acc["std"],
             "decoder_calls": calls["mean"], "decoder_calls_se": calls["se"], "decoder_calls_seed_std": calls["std"],
             "decoder_calls_example_std": float(np.mean([e["decoder_calls_std"] for _, e in runs])),
@@ -145,115 +148,6 @@ def aggregate(records: List[Dict[str, Any]], settings: Settings) -> Dict[str, An
             "curve_epochs": runs[0][0]["curve"]["epoch"] if runs else [],
         }
     return {"per_normalizer": per, "paper_table2": PAPER_TABLE2, "r": settings.r}
-
-
-# ---------------------------------------------------------------------------------------------- claims
-def _fmt_acc(s: Dict[str, Any]) -> str:
-    return f"{s['accuracy']:.2f} ± {s['accuracy_se']:.2f} %"
-
-
-def _fmt_calls(s: Dict[str, Any]) -> str:
-    return f"{s['decoder_calls']:.2f} ± {s['decoder_calls_se']:.2f}"
-
-
-def _trains_sparse(name: str, settings: Settings) -> bool:
-    """Whether the model is trained with exact zeros in the marginal (post-hoc is sparsified only at evaluation)."""
-    norm = normalizer(name, settings)
-    return norm.sparse and not norm.posthoc
-
-
-def judge_claims(per: Dict[str, Dict[str, Any]], settings: Settings) -> List[Claim]:
-    have = lambda *names: all(n in per and per[n]["seeds"] for n in names)  # noqa: E731
-    claims: List[Claim] = []
-
-    # 1. ev-softmax is the most accurate of the marginalisation methods.
-    rivals = [n for n in ("softmax", "sparsemax", "entmax15", "posthoc_evidential") if have(n)]
-    text = "ev-softmax gives the highest test accuracy of the marginalisation methods (softmax, sparsemax, entmax-1.5, post-hoc evidential)"
-    if have("ev_softmax") and rivals:
-        ev = per["ev_softmax"]
-        best = max(rivals, key=lambda n: per[n]["accuracy"])
-        margin = ev["accuracy"] - per[best]["accuracy"]
-        se = float(np.hypot(ev["accuracy_se"], per[best]["accuracy_se"]))
-        evidence = (", ".join(f"{n} {_fmt_acc(per[n])}" for n in ["ev_softmax", *rivals])
-                    + f" (mean ± SE over seeds); ev-softmax minus the best other ({best}): {margin:+.2f} points, "
-                    f"{'more' if abs(margin) > se else 'less'} than the SE of the difference ({se:.2f}); paper: 97.30 vs 97.20 (entmax-1.5)")
-        claims.append(Claim.judge(text, margin > 0, evidence, "Sec. 4.2, Table 2"))
-    else:
-        claims.append(Claim.judge(text, None, "needs ev_softmax and at least one of the others", "Sec. 4.2, Table 2"))
-
-    # 2. Sparse normalizers cut decoder calls by ~84-90 %.
-    sparse = [n for n in ("sparsemax", "entmax15", "ev_softmax") if have(n)]
-    text = ("sparse normalizers cut decoder calls per example by about 84-90 % (sparsemax 1.01, entmax-1.5 1.01, "
-            "ev-softmax 1.64 of 10); judged: at least 80 % fewer calls than softmax's 10 for each")
-    if sparse:
-        cuts = {n: 100 * (1 - per[n]["decoder_calls"] / SOFTMAX_CALLS) for n in sparse}
-        ok = [n for n in sparse if cuts[n] >= 80]
-        verdict = REPRODUCED if len(ok) == len(sparse) else (PARTLY if ok else NOT_REPRODUCED)
-        evidence = ", ".join(f"{n} {_fmt_calls(per[n])} calls ({cuts[n]:.0f} % fewer)" for n in sparse) + \
-            " on the test set, mean ± SE over seeds"
-        claims.append(Claim(text, verdict, evidence, "Sec. 4.2, Table 2"))
-    else:
-        claims.append(Claim.judge(text, None, "needs sparsemax, entmax15 or ev_softmax", "Sec. 4.2, Table 2"))
-
-    # 3. ev-softmax keeps more than one mode where sparsemax / entmax keep about one.
-    text = ("ev-softmax keeps more latent classes than sparsemax and entmax-1.5, which keep about one; judged: "
-            "ev-softmax's calls exceed both by at least 0.25 and exceed 1.25")
-    others = [n for n in ("sparsemax", "entmax15") if have(n)]
-    if have("ev_softmax") and others:
-        ev_calls = per["ev_softmax"]["decoder_calls"]
-        holds = ev_calls > 1.25 and all(ev_calls - per[n]["decoder_calls"] >= 0.25 for n in others)
-        evidence = f"ev-softmax {_fmt_calls(per['ev_softmax'])}, " + ", ".join(
-            f"{n} {_fmt_calls(per[n])}" for n in others) + " (paper: 1.64 vs 1.01, 1.01)"
-        claims.append(Claim.judge(text, holds, evidence, "Sec. 4.2, Table 2"))
-    else:
-        claims.append(Claim.judge(text, None, "needs ev_softmax and sparsemax or entmax15", "Sec. 4.2, Table 2"))
-
-    # 4. Post-hoc evidential: more classes than ev-softmax, more variance, lower accuracy.
-    text = ("post-hoc evidential sparsification keeps more latent classes than ev-softmax, with a higher variance "
-            "(over seeds), and is less accurate")
-    if have("posthoc_evidential", "ev_softmax"):
-        ph, ev = per["posthoc_evidential"], per["ev_softmax"]
-        parts = {"more classes": ph["decoder_calls"] > ev["decoder_calls"],
-                 "higher variance": ph["decoder_calls_seed_std"] > ev["decoder_calls_seed_std"],
-                 "lower accuracy": ph["accuracy"] < ev["accuracy"]}
-        held = sum(parts.values())
-        verdict = REPRODUCED if held == 3 else (PARTLY if held else NOT_REPRODUCED)
-        evidence = (f"post-hoc {_fmt_calls(ph)} calls (seed std {ph['decoder_calls_seed_std']:.2f}), {_fmt_acc(ph)}; "
-                    f"ev-softmax {_fmt_calls(ev)} (seed std {ev['decoder_calls_seed_std']:.2f}), {_fmt_acc(ev)}; "
-                    + ", ".join(f"{k}: {'yes' if v else 'no'}" for k, v in parts.items())
-                    + " (paper: 1.72 ± 0.05 vs 1.64 ± 0.01 calls, 96.90 vs 97.30 %)")
-        claims.append(Claim(text, verdict, evidence, "Sec. 4.2, Table 2"))
-    else:
-        claims.append(Claim.judge(text, None, "needs posthoc_evidential and ev_softmax", "Sec. 4.2, Table 2"))
-
-    # 5. The compute saving shows in training time.
-    text = ("sparse marginalisation reduces the cost of training: CPU time per semi-supervised epoch below "
-            "softmax's for every sparse trained normalizer")
-    trained_sparse = [n for n in settings.normalizers if have(n) and _trains_sparse(n, settings)]
-    if have("softmax") and trained_sparse:
-        base = per["softmax"]["epoch_cpu_seconds"]
-        faster = {n: per[n]["epoch_cpu_seconds"] < base for n in trained_sparse}
-        evidence = f"softmax {base:.1f} CPU s/epoch; " + ", ".join(
-            f"{n} {per[n]['epoch_cpu_seconds']:.1f} s ({per[n]['epoch_cpu_seconds'] / base:.2f}x)"
-            for n in trained_sparse) + f" ({settings.steps_per_epoch or 'all'} steps/epoch, one thread per job)"
-        claims.append(Claim.judge(text, all(faster.values()), evidence, "Sec. 1, Sec. 6"))
-    else:
-        claims.append(Claim.judge(text, None, "needs softmax and a sparse normalizer", "Sec. 1, Sec. 6"))
-
-    # 6. New: per-example packing vs the authors' batch-level skipping.
-    packed = [n for n in settings.normalizers if have(n) and not normalizer(n, settings).posthoc]
-    if packed:
-        evidence = ", ".join(f"{n}: {per[n]['decoder_rows_evaluated']:.2f} vs {per[n]['batch_level_rows']:.2f}"
-                             for n in packed)
-        claims.append(Claim("decoder rows evaluated per unlabelled training example: sparsenorm.marginalize "
-                            "(per-example support) vs the authors' code (a class is skipped only when no example "
-                            "of the batch of 64 uses it)", NEW, evidence + " rows per example", "authors' marg.py"))
-    if have("r_softmax"):
-        rs = per["r_softmax"]
-        claims.append(Claim(f"r-softmax (r = {settings.r}, fixed) as the latent distribution (not in the paper)", NEW,
-                            f"{_fmt_acc(rs)}, {_fmt_calls(rs)} decoder calls, {rs['decoder_rows_evaluated']:.2f} rows "
-                            f"per training example"))
-    return claims
 
 
 EXPERIMENT = SemiSupervisedVAE()

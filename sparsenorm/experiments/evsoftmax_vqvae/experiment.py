@@ -252,7 +252,7 @@ class VQVAEExperiment:
         return aggregate(records, settings)
 
     def claims(self, summary, records, settings):
-        from .report import claims
+        from .claims import claims
 
         return claims(summary, settings)
 
