@@ -266,7 +266,7 @@ class TranslationExperiment:
         return aggregate(records, settings)
 
     def claims(self, summary: Dict[str, Any], records: List[Dict[str, Any]], settings: Settings) -> List[Claim]:
-        from .report import claims
+        from .claims import claims
 
         return claims(summary, settings)
 
