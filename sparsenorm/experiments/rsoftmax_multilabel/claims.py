@@ -26,6 +26,10 @@ lies in [0, 1], so its standard deviation is at most 0.5 and the SE on yeast's ~
 0.017); a gap smaller than that could not be told apart on one test set even with many seeds."""
 SPARSE_RIVALS = ("sparsemax+huber", "sparsemax+hinge", "sparsehourglass")
 SOURCE = "r-softmax paper Sec. 4.1, Fig. 2, Table 1"
+MANY_CLASSES = 20
+"""Fig. 2a: r-softmax is best "especially when the data set has a large number of possible output classes" (20, 30)."""
+SUBSET_NAMES = {"many_classes_label_sweep": f"label-count sweep, {MANY_CLASSES}+ classes",
+                "length_sweep": "document-length sweep"}
 
 
 def setting_key(record: Dict[str, Any]) -> str:
@@ -68,6 +72,10 @@ def _paired(records: List[Dict[str, Any]], variants: Sequence[str], unit) -> Dic
 def aggregate(records: List[Dict[str, Any]], real_name: str) -> Dict[str, Any]:
     real = [r for r in records if r["dataset"] == "real"]
     synthetic = [r for r in records if r["dataset"] == "synthetic"]
+
+    def unit(r: Dict[str, Any]) -> str:
+        return f"{setting_key(r)}, seed {r['seed']}"
+
     variants = variants_in(records)
     by_setting: Dict[str, List[Dict[str, Any]]] = {}
     for r in synthetic:
@@ -78,7 +86,12 @@ def aggregate(records: List[Dict[str, Any]], real_name: str) -> Dict[str, Any]:
         "real_name": real_name,
         "variants": variants,
         "paired": {"real": _paired(real, variants, lambda r: str(r["seed"])),
-                   "synthetic": _paired(synthetic, variants, lambda r: f"{setting_key(r)}, seed {r['seed']}")},
+                   "synthetic": _paired(synthetic, variants, unit)},
+        # Fig. 2a with many classes (20 and 30) and Fig. 2b: the sweeps' own subsets of the synthetic pairs.
+        "paired_subsets": {
+            "many_classes_label_sweep": _paired([r for r in synthetic if r.get("sweep") in ("labels", "both")
+                                                 and r["data"]["n_classes"] >= MANY_CLASSES], variants, unit),
+            "length_sweep": _paired([r for r in synthetic if r.get("sweep") in ("length", "both")], variants, unit)},
         "real": _summarise(real, variants),
         "synthetic": {k: _summarise(rs, variants) for k, rs in by_setting.items()},
         "chosen": {name: {c: picks.count(c) for c in sorted(set(picks))} for name, picks in chosen.items()},
@@ -92,15 +105,18 @@ def _mean(table: Dict[str, Any], variant: str, metric: str) -> float:
 
 
 def _comparison(summary: Dict[str, Any], text: str, source: str, subject: str, rivals: Sequence[str], key: str,
-                margin: Optional[float] = None) -> Claim:
-    """``subject`` against each rival under each F1, on real and pooled synthetic pairs: a direction test
-    ("beats"), or with ``margin`` a non-inferiority test ("on par or better")."""
+                margin: Optional[float] = None, subset: Optional[str] = None) -> Claim:
+    """``subject`` against each rival under each F1, on real and pooled synthetic pairs (or on one subset
+    of the synthetic pairs): a direction test ("beats"), or with ``margin`` a non-inferiority test ("on
+    par or better")."""
     present = [v for v in rivals if v in summary["variants"]]
     if subject not in summary["variants"] or not present:
         return Claim(text, NOT_TESTABLE, f"needs {subject} and one of {', '.join(rivals)}", source, key)
     tests = []
-    for where, paired in summary["paired"].items():
-        name = summary["real_name"] if where == "real" else "synthetic sweeps"
+    tables = ({k: summary["paired"][k] for k in ("real", "synthetic")} if subset is None
+              else {subset: summary.get("paired_subsets", {}).get(subset, {})})
+    for where, paired in tables.items():
+        name = {"real": summary["real_name"], "synthetic": "synthetic sweeps"}.get(where, SUBSET_NAMES.get(where, where))
         for v in present:
             for f1 in F1S:
                 if not paired.get(subject, {}).get(f1) or not paired.get(v, {}).get(f1):
@@ -109,6 +125,8 @@ def _comparison(summary: Dict[str, Any], text: str, source: str, subject: str, r
                 label = f"vs {v}, {F1_NAMES[f1]}, {name}"
                 tests.append(verdict.direction(d, label) if margin is None else
                              verdict.non_inferiority(d, margin, label))
+    if not tests:
+        return Claim(text, NOT_TESTABLE, "no paired scores for this comparison in this run", source, key)
     return verdict.claim(text, tests, source, key)
 
 
@@ -124,6 +142,15 @@ def claims(summary: Dict[str, Any]) -> List[Claim]:
                     f"per-label logistic outputs (at most {APPROX_TOLERANCE:.2f} F1 below, or better)",
                     "sparsemax paper (Martins & Astudillo 2016), multi-label experiments", "sparsemax+huber",
                     [BEST_SOFTMAX, "sigmoid"], "sm.multilabel.competitive", margin=APPROX_TOLERANCE),
+    ]
+    rivals = [BEST_SOFTMAX, *SPARSE_RIVALS]
+    out += [
+        _comparison(summary, f"r-softmax is the best method as the average number of labels grows with {MANY_CLASSES}+ "
+                    "classes (beats the best softmax and the sparse rivals)", "r-softmax paper Sec. 4.1, Fig. 2a", rs,
+                    rivals, "r.multilabel.best_many_labels", subset="many_classes_label_sweep"),
+        _comparison(summary, f"r-softmax is superior or comparable across document lengths (at most "
+                    f"{APPROX_TOLERANCE:.2f} F1 below any rival, or better)", "r-softmax paper Sec. 4.1, Fig. 2b", rs,
+                    rivals, "r.multilabel.document_length", margin=APPROX_TOLERANCE, subset="length_sweep"),
     ]
     out += [_count_claim(summary), _ev_claim(summary)]
     return [c for c in out if c is not None]
