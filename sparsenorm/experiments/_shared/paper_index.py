@@ -25,6 +25,7 @@ from .verdict import NEW, NOT_RUN, NOT_TESTABLE, counts, label_mode, rule_paragr
 
 MODE_RANK = {"full": 0, "decisive": 1, "quick": 2}
 CHECKED = "checked by tests"
+NO_COMMITTED_RUN = "no committed run"
 
 
 def _read(path: Path) -> Optional[Dict[str, Any]]:
@@ -96,9 +97,12 @@ def index_rows(root: Path) -> Tuple[List[List[str]], Dict[str, int], List[Dict[s
             mode = run["mode"]
         elif entry.tests:
             verdict, seeds, mode, ours, link = CHECKED, "–", "tests", entry.tests, "tests/"
+        elif entry.experiment:
+            verdict, seeds, mode, link = NO_COMMITTED_RUN, "–", "–", "–"
+            ours = (f"judged by `sparsenorm reproduce {entry.experiment} --decisive` (or full mode); no run of it is "
+                    "committed under this folder yet")
         else:
-            reason = entry.not_run or f"the `{entry.experiment}` experiment has no committed run here"
-            verdict, seeds, mode, ours, link = NOT_RUN, "–", "–", reason, "–"
+            verdict, seeds, mode, ours, link = NOT_RUN, "–", "–", entry.not_run, "–"
         verdicts.append(verdict)
         rows.append([entry.key, _cell(entry.paper.split(" (")[0]), _cell(entry.where), _cell(entry.claim),
                      _cell(entry.paper_value), _cell(ours), str(seeds), mode, f"**{verdict}**", link])
@@ -126,12 +130,15 @@ def write_paper_index(root: Path) -> Path:
         "",
         rule_paragraph(),
         "",
-        "Each claim shows the most decisive run that judged it (full, then decisive, then quick mode). *checked by "
-        "tests*: a property of a function, checked by the named tests rather than by an experiment. *not run*: no "
-        "experiment judges it; the row says why and what running it would take.",
+        "Each claim shows the most decisive run that judged it (full, then decisive, then quick mode); *paired "
+        "units* is the largest paired sample a part of its verdict rests on (seeds, or (setting, seed) pairs pooled "
+        "over a sweep). *checked by "
+        "tests*: a property of a function, checked by the named tests rather than by an experiment. *no committed "
+        "run*: an experiment judges it, but none of its runs is committed here. *not run*: no experiment judges it; "
+        "the row says why and what running it would take.",
         "",
-        markdown_table(["id", "paper", "where", "claim", "paper's value", "ours (evidence)", "seeds", "mode", "verdict",
-                        "report"], rows),
+        markdown_table(["id", "paper", "where", "claim", "paper's value", "ours (evidence)", "paired units", "mode",
+                        "verdict", "report"], rows),
         "",
     ]
     new = [[f"[{run['folder']}]({run['folder']}/report.md)", _cell(c["claim"]), _cell(_short(c["evidence"]))]

@@ -50,8 +50,8 @@ def judge_claims(summary: Dict[str, Any]) -> List[Claim]:
                   f"{acc['softmax']:.2f}; margin = 2 standard errors of the test accuracy ({100 * margin:.1f} points on "
                   f"{soft.get('test_examples') or 872} sentences); paper SST-2: {PAPER_TABLE2['r_softmax']['SST-2']} vs "
                   f"{paper_soft}")))
-    for name in ("sparsemax", "sparsehourglass"):
-        text, key = f"{name} attention breaks the pretrained model", f"r.finetune.{name}_breaks"
+    for name, key in (("sparsemax", "r.finetune.sparsemax_breaks"), ("sparsehourglass", "r.finetune.sparsehourglass_breaks")):
+        text = f"{name} attention breaks the pretrained model"
         if soft is None or name not in rows:
             claims.append(Claim(text, NOT_TESTABLE, f"needs both softmax and {name} runs", SOURCE, key))
             continue
