@@ -29,7 +29,7 @@ SOURCE = "r-softmax paper Sec. 4.1, Fig. 2, Table 1"
 MANY_CLASSES = 20
 """Fig. 2a: r-softmax is best "especially when the data set has a large number of possible output classes" (20, 30)."""
 SUBSET_NAMES = {"many_classes_label_sweep": f"label-count sweep, {MANY_CLASSES}+ classes",
-                "length_sweep": "document-length sweep"}
+                "length_sweep": "document-length sweep", "real_curve_area": "yeast, mean of the test learning curve"}
 
 
 def setting_key(record: Dict[str, Any]) -> str:
@@ -91,7 +91,11 @@ def aggregate(records: List[Dict[str, Any]], real_name: str) -> Dict[str, Any]:
         "paired_subsets": {
             "many_classes_label_sweep": _paired([r for r in synthetic if r.get("sweep") in ("labels", "both")
                                                  and r["data"]["n_classes"] >= MANY_CLASSES], variants, unit),
-            "length_sweep": _paired([r for r in synthetic if r.get("sweep") in ("length", "both")], variants, unit)},
+            "length_sweep": _paired([r for r in synthetic if r.get("sweep") in ("length", "both")], variants, unit),
+            # Fig. 3: the learning curve's mean over epochs (its area) per seed, on the real data's test F1
+            "real_curve_area": {v: {"example_f1": {str(r["seed"]): float(np.mean(r["methods"][v]["curve"]))
+                                                   for r in real if "curve" in r["methods"].get(v, {})}}
+                                for v in variants}},
         "real": _summarise(real, variants),
         "synthetic": {k: _summarise(rs, variants) for k, rs in by_setting.items()},
         "chosen": {name: {c: picks.count(c) for c in sorted(set(picks))} for name, picks in chosen.items()},
@@ -152,6 +156,9 @@ def claims(summary: Dict[str, Any]) -> List[Claim]:
                     f"{APPROX_TOLERANCE:.2f} F1 below any rival, or better)", "r-softmax paper Sec. 4.1, Fig. 2b", rs,
                     rivals, "r.multilabel.document_length", margin=APPROX_TOLERANCE, subset="length_sweep"),
     ]
+    out.append(_comparison(summary, "r-softmax learns better than the other sparse alternatives over training (its "
+                           "learning curve lies above theirs)", "r-softmax paper Sec. 4.1, Fig. 3", rs, SPARSE_RIVALS,
+                           "r.multilabel.learning_curves", subset="real_curve_area"))
     out += [_count_claim(summary), _ev_claim(summary)]
     return [c for c in out if c is not None]
 
