@@ -352,7 +352,8 @@ def test_smoke_run_writes_results_report_figures_and_resumes(tmp_path, monkeypat
             assert 0.0 <= entry["example_f1"] <= 1.0 and entry["best_epoch"] in (1, 2)  # max_steps=3 stops early
     assert records[-1]["data"]["name"] == "mine"
     assert "count_accuracy" in results["summary"]["real"]["r_softmax"]
-    assert [c["claim"][:9] for c in results["claims"]] == ["r-softmax", "r-softmax", "sparsemax", "r-softmax", "where ev-"]
+    assert [c["claim"][:9] for c in results["claims"]] == ["r-softmax", "r-softmax", "sparsemax", "r-softmax", "r-softmax",
+                                                          "r-softmax", "r-softmax", "where ev-"]
     for c in results["claims"][:3]:
         assert all(name in c["evidence"] for name in ("example F1", "micro F1", "macro F1"))
     assert set(results["figures"]) == {"labels", "length", "curves"}
