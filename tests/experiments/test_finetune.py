@@ -196,8 +196,8 @@ def test_tiny_run_writes_results_report_and_figures(tmp_path, tiny_model, tiny_t
     assert by_key["r_softmax-lr0.0001-r0.5-seed0"]["train"]["r_at_end"] == 0.5
     assert by_key["softmax-lr0.0001-seed0"]["train"]["steps"] == 3  # max_steps caps the run
     claims = {c["claim"]: c["verdict"] for c in results["claims"]}
-    assert claims["r-softmax attention matches or beats softmax after fine-tuning"] in (runner.REPRODUCED,
-                                                                                       runner.NOT_REPRODUCED)
+    # one seed: the rule cannot reach its level, whatever the accuracies
+    assert claims["r-softmax attention matches or beats softmax after fine-tuning"] == runner.INCONCLUSIVE
     assert claims["sparsehourglass attention breaks the pretrained model"] == runner.NOT_TESTABLE  # not fine-tuned
     for figure in ("accuracy_vs_r.png", "attention_maps.png", "sparsity_per_layer.png"):
         assert (out / figure).read_bytes()[:8] == PNG_MAGIC
