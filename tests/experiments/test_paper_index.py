@@ -50,8 +50,10 @@ def test_index_prefers_the_most_decisive_run_and_lists_unrun_claims(tmp_path):
     row = next(line for line in text.splitlines() if line.startswith("| ev.cvae.five_modes "))
     assert "**not reproduced**" in row and "| full |" in row and "full/cvae/report.md" in row
     assert f"**{len(paper_claims.CLAIMS)} claims**" in text and "How claims are judged" in text
-    unrun = next(line for line in text.splitlines() if line.startswith("| ev.ssvae.beats_monte_carlo "))
-    assert "**not run**" in unrun and "NVIL" in unrun
+    unrun = next(line for line in text.splitlines() if line.startswith("| ev.ssvae.sum_and_sample "))
+    assert "**not run**" in unrun and "SFE+" in unrun
+    waiting = next(line for line in text.splitlines() if line.startswith("| ev.ssvae.beats_monte_carlo "))
+    assert "**no committed run**" in waiting and "reproduce ssvae --decisive" in waiting
     assert "| extra |" in text  # a new comparison, in its own table
     quick_only = tmp_path / "q"
     _results(quick_only / "quick" / "cvae", "quick", [claim(verdict.REPRODUCED, 3)])

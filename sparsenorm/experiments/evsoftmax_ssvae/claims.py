@@ -7,6 +7,7 @@ from typing import Any, Dict, List
 
 from .._shared import verdict
 from .._shared.verdict import NEW, NOT_TESTABLE, Claim
+from .estimators import PAPER_ACCURACY
 from .train import Settings, normalizer
 
 CALL_BOUND = 2.0
@@ -53,6 +54,20 @@ def judge_claims(per: Dict[str, Dict[str, Any]], settings: Settings) -> List[Cla
             "97.20 (entmax-1.5)"))
     else:
         claims.append(Claim(text, NOT_TESTABLE, "needs ev_softmax and at least one of the others", SOURCE, key))
+
+    # 1b. ... and more accurate than the Monte-Carlo estimators (Table 2's upper rows, Correia et al.'s numbers).
+    estimators = [e for e in settings.estimators if have(e)]
+    text = ("ev-softmax is more accurate than the Monte-Carlo gradient estimators (score function, NVIL, "
+            "Gumbel-softmax)")
+    key = "ev.ssvae.beats_monte_carlo"
+    if have("ev_softmax") and estimators:
+        tests = [_paired(per, "ev_softmax", e, "accuracy", True, f"accuracy, ev_softmax vs {e}") for e in estimators]
+        claims.append(verdict.claim(text, tests, SOURCE, key, digits=2, note=", ".join(
+            f"{n} {_fmt_acc(per[n])}" for n in ["ev_softmax", *estimators]) + " (paper: 97.30 vs " + ", ".join(
+            f"{e} {PAPER_ACCURACY[e][0]:.2f}" for e in estimators) + "; one decoder call per example each)"))
+    else:
+        claims.append(Claim(text, NOT_TESTABLE, "needs ev_softmax and a Monte-Carlo estimator (--estimators)", SOURCE,
+                            key))
 
     # 2. Sparse normalizers cut decoder calls by ~84-90 %.
     sparse = [n for n in ("sparsemax", "entmax15", "ev_softmax") if have(n)]
