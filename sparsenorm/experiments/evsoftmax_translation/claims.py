@@ -69,6 +69,25 @@ def claims(summary: Dict[str, Any], settings) -> List[Claim]:
         out.append(verdict.claim(text, tests, SOURCE, key, digits=2, note=(
             f"mean attended keys per query: {values} (paper: 2.3, 4.1, 3.8, 8.2, 39.5, whose own post-hoc < entmax "
             "breaks its order)")))
+    text = ("Fig. 4: on short sentences sparsemax and entmax-1.5 attend to a few source words at the first target "
+            "step, ev-softmax (like softmax) to more of the source")
+    key = "ev.mt.fig4_maps"
+    rivals = [n for n in ("sparsemax", "entmax15") if n in rows]
+    if "ev_softmax" not in rows or not rivals or "first_step_support" not in rows["ev_softmax"]:
+        out.append(Claim(text, NOT_TESTABLE, "needs ev_softmax and sparsemax or entmax15", "Sec. 4.4, Fig. 4", key))
+    else:
+        def support(n: str) -> Dict[int, float]:
+            return _by_seed(rows[n], rows[n]["first_step_support"]["values"])
+
+        tests = [verdict.direction(verdict.paired_differences(support("ev_softmax"), support(n)),
+                                   f"source words attended at the first step, ev-softmax vs {_label(n)}") for n in rivals]
+        shown = [n for n in ("softmax", "sparsemax", "entmax15", "ev_softmax") if n in rows]
+        out.append(verdict.claim(text, tests, "Sec. 4.4, Fig. 4", key, digits=2, note=(
+            "attended source words (share of the source) at the first target step, last decoder layer, mean over "
+            "heads, on the report's short map sentences: " + ", ".join(
+                f"{_label(n)} {rows[n]['first_step_support']['mean']:.1f} ({100 * rows[n]['first_step_coverage']['mean']:.0f} %)"
+                for n in shown) + " (paper's example: sparsemax and entmax-1.5 two words, ev-softmax and softmax the "
+            "whole source)")))
     if "r_softmax" in rows:
         r = rows["r_softmax"]
         params = registry.get("r_softmax").params

@@ -50,6 +50,12 @@ def aggregate(records: List[Dict[str, Any]], settings) -> Dict[str, Any]:
             "output_normalizer": evs[0]["output_normalizer"], "attention": evs[0]["attention"],
             "padding_max_abs_diff": max(e["padding_max_abs_diff"] for e in evs),
             "train_s": _stats([e["train_s"] for e in evs]),
+            # Fig. 4: source tokens with nonzero weight at the first target step of the short map sentences
+            # (last decoder layer, mean over heads: the union of the heads' supports), and as a share of the source
+            "first_step_support": _stats([float(np.mean([sum(w > 0 for w in m[0]) for m in e["cross_maps"]]))
+                                          for e in evs]),
+            "first_step_coverage": _stats([float(np.mean([sum(w > 0 for w in m[0]) / len(m[0]) for m in e["cross_maps"]]))
+                                           for e in evs]),
             "bleu_signature": evs[0]["beam"]["bleu_signature"], "chrf_signature": evs[0]["beam"]["chrf_signature"],
         }
         for site in SITES:
