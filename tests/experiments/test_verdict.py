@@ -130,3 +130,12 @@ def test_larger_spread():
     assert v.larger_spread(wide, narrow, "A varies more").verdict == v.REPRODUCED
     assert v.larger_spread(narrow, wide, "A varies more").verdict == v.NOT_REPRODUCED
     assert v.larger_spread(wide[:3], narrow[:3], "A varies more").verdict == v.INCONCLUSIVE
+
+
+def test_bootstrap_p_over_items():
+    rng = np.random.default_rng(0)
+    assert v.bootstrap_p(rng.normal(0.5, 1.0, 400)) < 0.01  # a clear mean shift over 400 items
+    noise = [v.bootstrap_p(rng.normal(0.0, 1.0, 200), samples=500, seed=s) for s in range(40)]
+    assert np.mean(np.array(noise) < 0.05) < 0.2  # about 5 % false positives at the 0.05 level, not many more
+    with pytest.raises(ValueError, match="no items"):
+        v.bootstrap_p([])

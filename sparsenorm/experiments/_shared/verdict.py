@@ -242,6 +242,18 @@ def single_run(difference: float, p: Optional[float], label: str, test: str, lev
     return Test(label, verdict, 1, float(difference), float(p), test)
 
 
+def bootstrap_p(item_differences: Iterable[float], samples: int = 2000, seed: int = 0) -> float:
+    """Two-sided p of a paired bootstrap over test items (sentences, images) for "the mean difference is 0":
+    ``2 min(P*(mean <= 0), P*(mean >= 0))`` over ``samples`` resamples of the items (percentile bootstrap).
+    For :func:`single_run`, where an experiment has no paired test of its own."""
+    d = _clean(item_differences, "bootstrap")
+    if d.size == 0:
+        raise ValueError("bootstrap: no items")
+    rng = np.random.default_rng(seed)
+    means = d[rng.integers(0, d.size, size=(samples, d.size))].mean(1)
+    return float(min(1.0, 2 * min((means <= 0).mean(), (means >= 0).mean())))
+
+
 def combine(parts: Sequence[Test]) -> str:
     """The verdict of a compound claim from its parts' (see the module docstring)."""
     verdicts = [t.verdict for t in parts]
@@ -295,5 +307,5 @@ def counts(verdicts: Iterable[str]) -> Dict[str, int]:
 __all__ = [
     "LEVEL", "REPRODUCED", "PARTLY", "NOT_REPRODUCED", "INCONCLUSIVE", "NOT_TESTABLE", "NEW", "NOT_RUN", "INDICATIVE",
     "Claim", "Test", "smallest_p", "min_pairs", "paired_differences", "direction", "non_inferiority", "equivalence",
-    "larger_spread", "single_run", "combine", "claim", "label_mode", "rule_paragraph", "counts",
+    "larger_spread", "single_run", "bootstrap_p", "combine", "claim", "label_mode", "rule_paragraph", "counts",
 ]

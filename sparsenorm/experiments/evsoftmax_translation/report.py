@@ -45,6 +45,9 @@ def aggregate(records: List[Dict[str, Any]], settings) -> Dict[str, Any]:
             "bleu_greedy": _stats([e["greedy"]["bleu"] for e in evs]),
             "chrf": _stats([e["beam"]["chrf"] for e in evs]),
             "rouge_l": _stats([e["beam"]["rouge_l"] for e in evs]),
+            **{k: _stats([e["beam"][k] for e in evs]) for k in ("rouge_1", "rouge_2") if k in evs[0]["beam"]},
+            # per-sentence ROUGE of the lowest seed: the single-run test when there are too few seeds
+            "rouge_per_sentence": min(evs, key=lambda e: e["seed"])["beam"].get("rouge_per_sentence"),
             "attended": {},
             "world_size": evs[0]["world_size"], "seeds": [e["seed"] for e in evs],
             "output_normalizer": evs[0]["output_normalizer"], "attention": evs[0]["attention"],
@@ -98,6 +101,9 @@ def _table4(summary, names: List[str]) -> str:
         ["BLEU, paper"] + paper("bleu"),
         ["BLEU (greedy)"] + [_fmt(rows[n]["bleu_greedy"]) for n in names],
         ["chrF (beam)"] + [_fmt(rows[n]["chrf"]) for n in names],
+        *(row for k in ("rouge_1", "rouge_2") if all(k in rows[n] for n in names)
+          for row in ([f"ROUGE-{k[-1]} (beam)"] + [_fmt(rows[n][k]) for n in names],
+                      [f"ROUGE-{k[-1]}, paper"] + paper(k))),
         ["ROUGE-L (beam)"] + [_fmt(rows[n]["rouge_l"]) for n in names],
         ["ROUGE-L, paper"] + paper("rouge_l"),
         ["METEOR"] + ["not computed"] * len(names),
