@@ -21,3 +21,11 @@ def test_decisive_mode_has_enough_seeds_and_states_what_it_leaves_out(name, tmp_
 def test_quick_and_decisive_exclude_each_other(tmp_path):
     with pytest.raises(UserFacingError, match="--quick and --decisive"):
         RunConfig(out=tmp_path, quick=True, decisive=True).mode
+
+
+def test_cli_takes_decisive_and_rejects_it_with_quick(tmp_path):
+    from sparsenorm import cli
+
+    args = cli.build_parser().parse_args(["reproduce", "cvae", "--decisive", "--seeds", "8"])
+    assert args.decisive and args.seeds == 8 and not args.quick
+    assert cli.main(["reproduce", "cvae", "--quick", "--decisive", "--out", str(tmp_path)]) == 2
