@@ -45,12 +45,15 @@ class _OneLineErrorParser(argparse.ArgumentParser):
         self.exit(2, f"sparsenorm: error: {message} (see `{self.prog} --help`)\n")
 
 
-_COMMON_OPTIONS = ("quick", "seeds", "epochs", "normalizers", "out", "device", "data_dir", "max_steps", "report_only")
+_COMMON_OPTIONS = ("quick", "decisive", "seeds", "epochs", "normalizers", "out", "device", "data_dir", "max_steps", "report_only")
 
 
 def _common_options() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--quick", action="store_true", help="reduced settings (minutes on 2 CPU cores)")
+    common.add_argument("--decisive", action="store_true",
+                        help="the smallest settings where every claim can reach a verdict (>= 6 paired seeds; about "
+                             "1 h on 2 CPU cores per experiment; the report states what it leaves out)")
     common.add_argument("--seeds", type=_positive_int("--seeds"), help="number of seeds (default: the experiment's)")
     common.add_argument("--epochs", type=_positive_int("--epochs"), help="training epochs (default: the experiment's)")
     common.add_argument("--normalizers", type=_normalizer_list, help="comma-separated registry names")
@@ -95,6 +98,9 @@ def build_parser(argv: Optional[List[str]] = None) -> argparse.ArgumentParser:
 
     rep = sub.add_parser("reproduce", help="run an experiment (or all) and write results.json, report.md, figures")
     rep.add_argument("--list", action="store_true", help="list the experiments and exit")
+    rep.add_argument("--index", type=Path, metavar="RESULTS",
+                     help="write RESULTS/README.md, the index of every claim of the three papers, from the "
+                          "results.json(.gz) files under RESULTS/<mode>/<experiment>/, and exit")
     which = rep.add_subparsers(dest="experiment", metavar="EXPERIMENT",
                                help=f"one of: {', '.join(EXPERIMENTS)}, all")
     common = _common_options()
@@ -124,6 +130,11 @@ def _reproduce(args: argparse.Namespace) -> int:
         for name in EXPERIMENTS:
             print(f"{name:12s} {_describe(name)}")
         return 0
+    if args.index is not None:
+        from .experiments._shared.paper_index import write_paper_index
+
+        print(f"index of every claim of the papers: {write_paper_index(args.index)}")
+        return 0
     if not args.experiment:
         raise CLIError(f"name an experiment: {', '.join(EXPERIMENTS)}, all (or --list)")
     try:
@@ -135,7 +146,7 @@ def _reproduce(args: argparse.Namespace) -> int:
     extra = {k: v for k, v in vars(args).items() if k not in skip}
     for name in names:
         config = RunConfig(
-            out=args.out / name, quick=args.quick, seeds=args.seeds, epochs=args.epochs,
+            out=args.out / name, quick=args.quick, decisive=args.decisive, seeds=args.seeds, epochs=args.epochs,
             normalizers=args.normalizers, device=args.device, data_dir=args.data_dir,
             max_steps=args.max_steps, report_only=args.report_only, extra=extra,
         )

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from sparsenorm import cli
-from sparsenorm.experiments._shared import runner
+from sparsenorm.experiments._shared import runner, verdict
 from sparsenorm.experiments._shared.common import RunConfig, UserFacingError
 from sparsenorm.experiments._shared.index import write_index
 
@@ -59,8 +59,9 @@ class ToyExperiment:
         return {"mean": sum(r["value"] for r in records) / len(records)}
 
     def claims(self, summary, records, settings):
-        return [runner.Claim.judge("the mean exceeds 10", summary["mean"] > 10, f"mean {summary['mean']:.3f}", "Eq. 1"),
-                runner.Claim.judge("something we cannot test", None, "not run")]
+        test = verdict.direction([r["value"] - 10 for r in records], "value minus 10, per seed")
+        return [verdict.claim("the mean exceeds 10", [test], "Eq. 1"),
+                runner.Claim("something we cannot test", runner.NOT_TESTABLE, "not run")]
 
     def report(self, out, summary, records, settings, context):
         import matplotlib
@@ -100,11 +101,13 @@ def test_run_writes_results_report_and_seeded_records(tmp_path):
     torch.manual_seed(0)
     assert results["records"][0]["value"] == pytest.approx(10.0 + torch.rand(()).item())  # seeded by the runner
     assert results["records"][0]["threads"] == 1
-    assert [c["verdict"] for c in results["claims"]] == [runner.REPRODUCED, runner.NOT_TESTABLE]
+    # Every seed's value exceeds 10, but two seeds cannot reach the rule's level: inconclusive, labelled indicative.
+    assert [c["verdict"] for c in results["claims"]] == [runner.INCONCLUSIVE, runner.NOT_TESTABLE]
     assert results["headline_figure"] == "values.png"
     assert (out / "values.png").read_bytes()[:8] == PNG_MAGIC
     report = (out / "report.md").read_text()
     assert "indicative only" in report and "Mean value" in report and "the mean exceeds 10 (Eq. 1)" in report
+    assert "**inconclusive (indicative)**" in report and "How claims are judged" in report
     assert "2 run now, 0 reused" in report
 
 

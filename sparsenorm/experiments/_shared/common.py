@@ -27,6 +27,7 @@ class RunConfig:
 
     out: Path
     quick: bool = False
+    decisive: bool = False  # the smallest setting where every claim can reach a verdict (see each experiment)
     seeds: Optional[int] = None
     epochs: Optional[int] = None
     normalizers: Optional[List[str]] = None
@@ -35,6 +36,13 @@ class RunConfig:
     max_steps: Optional[int] = None  # caps optimisation steps per run (smoke tests)
     report_only: bool = False  # no training: report the jobs already cached (a long run still going, or stopped)
     extra: Dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def mode(self) -> str:
+        """``quick``, ``decisive`` or ``full``."""
+        if self.quick and self.decisive:
+            raise UserFacingError("--quick and --decisive exclude each other")
+        return "quick" if self.quick else "decisive" if self.decisive else "full"
 
     def to_json(self) -> Dict[str, Any]:
         d = asdict(self)

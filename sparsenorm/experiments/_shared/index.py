@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Dict, List
 
 from .common import markdown_table
+from .verdict import label_mode, rule_paragraph
 
 
 def _load_results(root: Path) -> List[Dict[str, Any]]:
@@ -39,8 +40,9 @@ def write_index(root: Path) -> Path:
         link = f"[{exp['folder']}]({exp['folder']}/report.md)"
         for c in exp["claims"]:
             claim = c["claim"] + (f" ({c['source']})" if c.get("source") else "")
-            rows.append([link, _cell(exp.get("paper", "")), _cell(claim), f"**{c['verdict']}**", _cell(c["evidence"])])
-    lines = ["# sparsenorm reproductions: every claim", ""]
+            verdict = label_mode(c["verdict"], exp.get("mode", "").startswith("quick"))
+            rows.append([link, _cell(exp.get("paper", "")), _cell(claim), f"**{verdict}**", _cell(c["evidence"])])
+    lines = ["# sparsenorm reproductions: every claim", "", rule_paragraph(), ""]
     quick = [e["folder"] for e in experiments if e.get("mode", "").startswith("quick")]
     partial = [e["folder"] for e in experiments if "partial" in e.get("mode", "")]
     if partial:

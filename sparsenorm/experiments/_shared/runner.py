@@ -32,31 +32,10 @@ from .common import (
     resolve_device, seed_everything, write_results,
 )
 
-REPRODUCED = "reproduced"
-PARTLY = "partly reproduced"
-NOT_REPRODUCED = "not reproduced"
-NOT_TESTABLE = "not testable in this run"
-NEW = "new comparison"
-"""A result the paper does not state (e.g. a normalizer the paper did not try); the evidence says what was found."""
-
-
-@dataclass
-class Claim:
-    """One claim of a paper and what this run says about it."""
-
-    claim: str
-    verdict: str
-    """One of :data:`REPRODUCED`, :data:`PARTLY`, :data:`NOT_REPRODUCED`, :data:`NOT_TESTABLE`, :data:`NEW`."""
-    evidence: str
-    """The numbers behind the verdict (means over seeds, with spread)."""
-    source: str = ""
-    """Where the paper makes the claim (e.g. "Sec. 4.1, Fig. 3"); empty if the experiment's paper reference says it."""
-
-    @classmethod
-    def judge(cls, claim: str, holds: Optional[bool], evidence: str, source: str = "") -> "Claim":
-        """``holds`` True/False -> reproduced / not reproduced; None -> not testable in this run."""
-        verdict = NOT_TESTABLE if holds is None else (REPRODUCED if holds else NOT_REPRODUCED)
-        return cls(claim, verdict, evidence, source)
+# The verdict words and the Claim record live with the judging rule; re-exported here for the experiments.
+from .verdict import (  # noqa: E402,F401
+    INCONCLUSIVE, NEW, NOT_REPRODUCED, NOT_TESTABLE, PARTLY, REPRODUCED, Claim, label_mode, rule_paragraph,
+)
 
 
 @dataclass
@@ -258,7 +237,7 @@ def run_experiment(experiment: Experiment, config: RunConfig) -> Path:
     _write_report(out, experiment, config, settings, report, claims, ran, timing, device)
     results = {
         "paper": experiment.paper,
-        "mode": ("quick" if config.quick else "full") + (" (partial)" if missing else ""),
+        "mode": config.mode + (" (partial)" if missing else ""),
         "settings": _settings_dict(settings),
         "device": str(device),
         "jobs": ran,
@@ -273,17 +252,21 @@ def run_experiment(experiment: Experiment, config: RunConfig) -> Path:
     return out
 
 
-def claims_table(claims: Sequence[Claim]) -> str:
+def claims_table(claims: Sequence[Claim], quick: bool = False) -> str:
     return markdown_table(["claim", "verdict", "evidence"],
-                          [[c.claim + (f" ({c.source})" if c.source else ""), f"**{c.verdict}**", c.evidence]
-                           for c in claims])
+                          [[c.claim + (f" ({c.source})" if c.source else ""), f"**{label_mode(c.verdict, quick)}**",
+                            c.evidence] for c in claims])
 
 
 def _write_report(out: Path, experiment: Experiment, config: RunConfig, settings: Any, report: Report,
                   claims: Sequence[Claim], ran: Dict[str, List[str]], timing: Dict[str, float],
                   device: torch.device) -> Path:
-    mode = (f"**Quick mode — indicative only, not a verdict on the paper.** {experiment.quick_note}"
-            if config.quick else f"Full mode. {experiment.full_runtime}")
+    if config.quick:
+        mode = f"**Quick mode — indicative only, not a verdict on the paper.** {experiment.quick_note}"
+    elif config.decisive:
+        mode = f"Decisive mode. {getattr(experiment, 'decisive_note', '')}".strip()
+    else:
+        mode = f"Full mode. {experiment.full_runtime}"
     if ran["missing"]:
         mode += (f"\n\n**Partial report: {len(ran['jobs'])} of {len(ran['jobs']) + len(ran['missing'])} jobs of "
                  "this configuration had finished; every number below covers only those** (the missing ones are "
@@ -300,7 +283,9 @@ def _write_report(out: Path, experiment: Experiment, config: RunConfig, settings
         "",
         "## Claims",
         "",
-        claims_table(claims) if claims else "(this run judged no claim)",
+        rule_paragraph(),
+        "",
+        claims_table(claims, config.quick) if claims else "(this run judged no claim)",
         "",
         "## What ran",
         "",

@@ -172,8 +172,8 @@ def _seed_by_seed(summary: Dict[str, Any], setting: str) -> List[str]:
     return [f"**Seed by seed** ({summary['titles'][setting]}): every normalizer trains on the same seeds, so ev-softmax "
             "is compared with each rival per seed: the number of seeds in which it scores better, and in brackets the "
             "two-sided Wilcoxon signed-rank p of the paired differences (from "
-            f"{MIN_PAIRS_FOR_TEST} seeds on). The verdicts below compare means; a p well above 0.05 says the "
-            "difference is within the spread over seeds.", "", common.markdown_table(header, rows), ""]
+            f"{MIN_PAIRS_FOR_TEST} seeds on, the fewest with which it can reach 0.05). The verdicts below rest on these "
+            "paired tests, not on the means.", "", common.markdown_table(header, rows), ""]
 
 
 def body(summary: Dict[str, Any], settings, context: Dict[str, Any], figs: Dict[str, Path]) -> str:

@@ -58,7 +58,10 @@ class M2(nn.Module):
 
     def neg_elbo(self, x: Tensor, z: Tensor, generator: Optional[torch.Generator] = None) -> Tensor:
         """``-ELBO(x, z)`` per row (without log p(z)): x (R, 784) binary, z (R,) class indices."""
-        onehot = F.one_hot(z, self.classes).to(x.dtype)
+        return self.neg_elbo_onehot(x, F.one_hot(z, self.classes).to(x.dtype), generator)
+
+    def neg_elbo_onehot(self, x: Tensor, onehot: Tensor, generator: Optional[torch.Generator] = None) -> Tensor:
+        """:meth:`neg_elbo` for a (possibly relaxed, Gumbel-softmax) one-hot ``z`` of shape (R, classes)."""
         mean, log_std = self.encoder(torch.cat([x, onehot], -1)).chunk(2, -1)
         noise = torch.randn(mean.shape, generator=generator, device=mean.device, dtype=mean.dtype)
         h = mean + noise * log_std.exp()

@@ -6,6 +6,7 @@ from typing import Any, Dict, List
 
 from .._shared.common import headless_pyplot, markdown_table, save_figure
 from .._shared.runner import Report
+from .estimators import ESTIMATORS
 from .train import Settings, normalizer
 
 FULL_PRETRAIN_EPOCHS, FULL_EPOCHS, FULL_SEEDS = 100, 200, 10
@@ -13,6 +14,9 @@ FULL_STEPS, FULL_PRETRAIN_STEPS = 704, 79  # ceil(45,000 / 64), ceil(5,000 / 64)
 
 
 def _forms(name: str, settings: Settings) -> List[str]:
+    if name in ESTIMATORS:
+        return [name, f"one sample per example: {ESTIMATORS[name]}", "`F.cross_entropy` (a softmax model)",
+                "softmax (argmax for accuracy)"]
     norm = normalizer(name, settings)
     loss = getattr(norm.single_label_loss, "func", norm.single_label_loss)
     loss_name = f"`{getattr(loss, '__module__', '')}.{getattr(loss, '__name__', str(loss))}`".replace("torch.nn.functional", "F")
@@ -41,7 +45,7 @@ def full_mode_estimate(per: Dict[str, Dict[str, Any]], records: List[Dict[str, A
 def write_report(out: Path, summary: Dict[str, Any], records: List[Dict[str, Any]], settings: Settings,
                  paper: Dict[str, Dict[str, float]]) -> Report:
     per = summary["per_normalizer"]
-    names = [n for n in settings.normalizers if per[n]["seeds"]]
+    names = [n for n in [*settings.normalizers, *settings.estimators] if per[n]["seeds"]]
     rows = []
     for n in names:
         s, p = per[n], paper.get(n)

@@ -26,6 +26,7 @@ from torch import Tensor
 
 from ... import registry
 from .._shared import common
+from . import estimators as mc
 from .data import binarise, shuffled_batches, split
 from .model import M2, entropy, expected_neg_elbo, marginal_neg_elbo
 
@@ -56,6 +57,7 @@ class Settings:
     split_seed: int = 0  # one labelled/unlabelled split for every run
     entropy_weight: float = 1.0
     r: float = 0.8  # r-softmax's sparsity rate: 8 of 10 classes zero, 2 decoder calls per example
+    estimators: Sequence[str] = ()  # Monte-Carlo estimators of the unlabelled term (see .estimators), one job each
     steps_per_epoch: Optional[int] = None  # None: one pass over the unlabelled images (704 steps)
     select_on: str = "elbo"  # model selection on validation: lowest marginal -ELBO ("elbo") or "accuracy"
     selection_examples: Optional[int] = None  # validation images scored for selection (None: all)
@@ -125,13 +127,20 @@ def evaluate(model: M2, probs_fn: ProbsFn, images: Tensor, labels: Tensor, batch
 
 
 def run_group(names: List[str], seed: int, mnist, settings: Settings, device: torch.device) -> Dict[str, Any]:
-    """Train one model for the normalizers ``names`` (one training group) and evaluate it with each."""
-    norms = {name: normalizer(name, settings) for name in names}
+    """Train one model for the normalizers ``names`` (one training group) and evaluate it with each; or, when
+    ``names`` is one Monte-Carlo estimator of :mod:`.estimators`, a softmax model whose unlabelled term that
+    estimator samples (one decoder call per example) instead of marginalising."""
+    estimator = mc.make(names[0]) if names[0] in mc.ESTIMATORS else None
+    if estimator is not None and len(names) != 1:
+        raise ValueError(f"a Monte-Carlo estimator trains alone, got the group {names}")
+    norms = {name: registry.get("softmax") if estimator is not None else normalizer(name, settings) for name in names}
     train_norm = norms[names[0]]  # the group shares forward and loss
     data = split(mnist, settings.labelled_fraction, settings.split_seed, device)
     gen = torch.Generator(device=device).manual_seed(seed)  # binarisation and the h samples
     batch_gen = torch.Generator().manual_seed(seed)  # batch order
     model = M2().to(device)
+    if estimator is not None:
+        estimator = estimator.to(device)
     label = "+".join(names)
 
     def cap(steps: int) -> int:
@@ -158,7 +167,8 @@ def run_group(names: List[str], seed: int, mnist, settings: Settings, device: to
     ratio = n_unlabelled / len(data.labelled_labels)
     steps = cap(settings.steps_per_epoch or -(-n_unlabelled // settings.batch_size))
     unlabelled = shuffled_batches(n_unlabelled, settings.batch_size, batch_gen, device)
-    optimizer = torch.optim.Adam(model.parameters(), lr=settings.learning_rate, weight_decay=settings.weight_decay)
+    params = list(model.parameters()) + (list(estimator.parameters()) if estimator is not None else [])
+    optimizer = torch.optim.Adam(params, lr=settings.learning_rate, weight_decay=settings.weight_decay)
     selection_probs: ProbsFn = lambda f, head: train_norm.forward(head(f), dim=-1)  # noqa: E731
     member_probs = {name: norm.probs_from_linear for name, norm in norms.items()}
 
@@ -199,7 +209,12 @@ def run_group(names: List[str], seed: int, mnist, settings: Settings, device: to
             x_u = binarise(data.unlabelled_images[unl], gen)
             sup = supervised_loss(model, train_norm, binarise(data.labelled_images[lab], gen),
                                   data.labelled_labels[lab], gen)
-            unsup, step_rows, step_batch_rows = unsupervised_loss(model, train_norm, x_u, gen, settings.entropy_weight)
+            if estimator is None:
+                unsup, step_rows, step_batch_rows = unsupervised_loss(model, train_norm, x_u, gen,
+                                                                      settings.entropy_weight)
+            else:  # one sampled class per example: one decoder row each
+                unsup = estimator(model, model.scores(x_u), x_u, gen, settings.entropy_weight)
+                step_rows = step_batch_rows = len(unl)
             loss = sup + ratio * unsup
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -221,8 +236,9 @@ def run_group(names: List[str], seed: int, mnist, settings: Settings, device: to
                         with_elbo=True)
         evaluations[name] = {
             "test_accuracy": test["accuracy"],
-            "decoder_calls_mean": test["support_mean"],
-            "decoder_calls_std": test["support_std"],
+            # a Monte-Carlo estimator calls the decoder once per sample, whatever q's support
+            "decoder_calls_mean": mc.CALLS_PER_EXAMPLE if estimator is not None else test["support_mean"],
+            "decoder_calls_std": 0.0 if estimator is not None else test["support_std"],
             "test_neg_elbo": test["neg_elbo"],
             "val_accuracy": member_curves[name]["val_accuracy"][best_epoch],
             "curve": member_curves[name],

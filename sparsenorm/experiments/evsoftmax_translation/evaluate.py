@@ -2,7 +2,7 @@
 
 * BLEU and chrF: sacrebleu on detokenised (SentencePiece-decoded) output against the raw
   references, with sacrebleu's signature; paired bootstrap resampling (sacrebleu's ``PairedTest``).
-* ROUGE-L: Google's ``rouge-score`` (pure Python, offline) on sacrebleu's 13a tokens; its own
+* ROUGE-1, ROUGE-2, ROUGE-L: Google's ``rouge-score`` (pure Python, offline) on sacrebleu's 13a tokens; its own
   tokenizer keeps only ``[a-z0-9]`` and would split German words at umlauts.
 * METEOR: not computed. Its maintained implementation (NLTK's ``meteor_score``) needs the WordNet
   corpus, which NLTK downloads at run time from outside the package registries; and WordNet is
@@ -41,14 +41,17 @@ def corpus_scores(hypotheses: List[str], references: List[str]) -> Dict[str, Any
     from sacrebleu.metrics import BLEU, CHRF
 
     bleu, chrf = BLEU(), CHRF()
+    per_sentence = rouge(hypotheses, references)
     return {"bleu": bleu.corpus_score(hypotheses, [references]).score,
             "chrf": chrf.corpus_score(hypotheses, [references]).score,
             "bleu_signature": str(bleu.get_signature()), "chrf_signature": str(chrf.get_signature()),
-            "rouge_l": rouge_l(hypotheses, references)}
+            **{name: sum(v) / max(len(v), 1) for name, v in per_sentence.items()},
+            "rouge_per_sentence": per_sentence}
 
 
-def rouge_l(hypotheses: List[str], references: List[str]) -> float:
-    """Mean ROUGE-L F1 (x100) with whitespace tokens of sacrebleu's 13a tokenizer, lowercased."""
+def rouge(hypotheses: List[str], references: List[str]) -> Dict[str, List[float]]:
+    """ROUGE-1, ROUGE-2 and ROUGE-L F1 (x100) per sentence (Table 4's ROUGE rows), with whitespace tokens of
+    sacrebleu's 13a tokenizer, lowercased."""
     from rouge_score import rouge_scorer
     from sacrebleu.tokenizers.tokenizer_13a import Tokenizer13a
 
@@ -58,9 +61,16 @@ def rouge_l(hypotheses: List[str], references: List[str]) -> float:
         def tokenize(self, text: str) -> List[str]:
             return tok13a(text.lower()).split()
 
-    scorer = rouge_scorer.RougeScorer(["rougeL"], tokenizer=Tokens())
-    scores = [scorer.score(ref, hyp)["rougeL"].fmeasure for hyp, ref in zip(hypotheses, references)]
-    return 100.0 * sum(scores) / max(len(scores), 1)
+    names = {"rouge1": "rouge_1", "rouge2": "rouge_2", "rougeL": "rouge_l"}
+    scorer = rouge_scorer.RougeScorer(list(names), tokenizer=Tokens())
+    scores = [scorer.score(ref, hyp) for hyp, ref in zip(hypotheses, references)]
+    return {ours: [100.0 * s[theirs].fmeasure for s in scores] for theirs, ours in names.items()}
+
+
+def rouge_l(hypotheses: List[str], references: List[str]) -> float:
+    """Mean ROUGE-L F1 (x100) over sentences."""
+    scores = rouge(hypotheses, references)["rouge_l"]
+    return sum(scores) / max(len(scores), 1)
 
 
 def paired_bootstrap(baseline: Tuple[str, List[str]], systems: List[Tuple[str, List[str]]],
@@ -165,4 +175,4 @@ def evaluate(model: Seq2Seq, test: Sequence[Example], references: List[str], dec
     return result
 
 
-__all__ = ["evaluate", "paired_bootstrap", "corpus_scores", "rouge_l", "attended", "SITES"]
+__all__ = ["evaluate", "paired_bootstrap", "corpus_scores", "rouge", "rouge_l", "attended", "SITES"]

@@ -8,7 +8,7 @@ import numpy as np
 
 from ... import registry
 from .._shared.common import headless_pyplot, markdown_table, save_figure
-from .._shared.runner import NEW, NOT_REPRODUCED, NOT_TESTABLE, PARTLY, REPRODUCED, Claim, Report
+from .._shared.runner import Report
 from .evaluate import paired_bootstrap
 from .model import SITES
 
@@ -45,11 +45,20 @@ def aggregate(records: List[Dict[str, Any]], settings) -> Dict[str, Any]:
             "bleu_greedy": _stats([e["greedy"]["bleu"] for e in evs]),
             "chrf": _stats([e["beam"]["chrf"] for e in evs]),
             "rouge_l": _stats([e["beam"]["rouge_l"] for e in evs]),
+            **{k: _stats([e["beam"][k] for e in evs]) for k in ("rouge_1", "rouge_2") if k in evs[0]["beam"]},
+            # per-sentence ROUGE of the lowest seed: the single-run test when there are too few seeds
+            "rouge_per_sentence": min(evs, key=lambda e: e["seed"])["beam"].get("rouge_per_sentence"),
             "attended": {},
             "world_size": evs[0]["world_size"], "seeds": [e["seed"] for e in evs],
             "output_normalizer": evs[0]["output_normalizer"], "attention": evs[0]["attention"],
             "padding_max_abs_diff": max(e["padding_max_abs_diff"] for e in evs),
             "train_s": _stats([e["train_s"] for e in evs]),
+            # Fig. 4: source tokens with nonzero weight at the first target step of the short map sentences
+            # (last decoder layer, mean over heads: the union of the heads' supports), and as a share of the source
+            "first_step_support": _stats([float(np.mean([sum(w > 0 for w in m[0]) for m in e["cross_maps"]]))
+                                          for e in evs]),
+            "first_step_coverage": _stats([float(np.mean([sum(w > 0 for w in m[0]) / len(m[0]) for m in e["cross_maps"]]))
+                                           for e in evs]),
             "bleu_signature": evs[0]["beam"]["bleu_signature"], "chrf_signature": evs[0]["beam"]["chrf_signature"],
         }
         for site in SITES:
@@ -72,60 +81,6 @@ def aggregate(records: List[Dict[str, Any]], settings) -> Dict[str, Any]:
     return summary
 
 
-def _attended(summary, name: str) -> Optional[float]:
-    row = summary["normalizers"].get(name)
-    return None if row is None else row["attended"]["cross"]["mean"]["mean"]
-
-
-def claims(summary: Dict[str, Any], settings) -> List[Claim]:
-    out: List[Claim] = []
-    rows = summary["normalizers"]
-    sig = (summary.get("significance") or {}).get("systems", {})
-    ev = rows["ev_softmax"]["bleu"]["mean"] if "ev_softmax" in rows else None
-    present = [b for b in BASELINES if b in rows]
-    claim = "ev-softmax attention gives the highest BLEU of softmax, sparsemax, entmax-1.5 and post-hoc evidential"
-    best = max((row["bleu"]["mean"] for row in rows.values()), default=0.0)
-    if ev is None or not present:
-        out.append(Claim(claim, NOT_TESTABLE, "ev-softmax or every baseline was left out of this run", "Table 4"))
-    elif best < MIN_BLEU:
-        out.append(Claim(claim, NOT_TESTABLE, f"no model reached BLEU {MIN_BLEU} (best {best:.2f}; ev-softmax {ev:.2f}): "
-                         "the models have not learned to translate yet, so their BLEU ranking is noise", "Table 4"))
-    else:
-        beaten = [b for b in present if ev >= rows[b]["bleu"]["mean"]]
-        verdict = REPRODUCED if len(beaten) == len(present) else PARTLY if beaten else NOT_REPRODUCED
-        parts = [f"ev-softmax {ev:.2f}"] + [
-            f"{_label(b)} {rows[b]['bleu']['mean']:.2f}"
-            + (f" (p = {sig[b]['BLEU']['p_value']:.3f})" if b in sig and sig[b]["BLEU"]["p_value"] is not None else "")
-            for b in present]
-        out.append(Claim(claim, verdict, "BLEU (beam), mean over seeds: " + ", ".join(parts)
-                         + "; p: paired bootstrap vs ev-softmax, first seed", "Table 4"))
-    pairs = [(a, b) for a, b in zip(ATTENDED_ORDER, ATTENDED_ORDER[1:]) if a in rows and b in rows]
-    claim = "# attended (cross-attention): sparsemax < entmax-1.5 < post-hoc evidential < ev-softmax < softmax"
-    if not pairs:
-        out.append(Claim(claim, NOT_TESTABLE, "fewer than two of these normalizers ran", "Table 4"))
-    else:
-        held = [(a, b) for a, b in pairs if _attended(summary, a) < _attended(summary, b)]
-        verdict = REPRODUCED if len(held) == len(pairs) else PARTLY if held else NOT_REPRODUCED
-        values = ", ".join(f"{_label(n)} {_attended(summary, n):.2f}" for n in ATTENDED_ORDER if n in rows)
-        broken = [f"{_label(a)} < {_label(b)}" for a, b in pairs if (a, b) not in held]
-        out.append(Claim(claim, verdict, f"mean attended keys per query: {values}"
-                         + (f"; fails: {', '.join(broken)}" if broken else "")
-                         + " (paper: 2.3, 4.1, 3.8, 8.2, 39.5, whose own post-hoc < entmax breaks its order)",
-                         "Table 4"))
-    if "r_softmax" in rows:
-        r = rows["r_softmax"]
-        params = registry.get("r_softmax").params
-        out.append(Claim(f"r-softmax attention (r = {params.get('r')} fixed), not in the paper", NEW,
-                         f"BLEU {r['bleu']['mean']:.2f}, attended (cross) {r['attended']['cross']['mean']['mean']:.2f} "
-                         f"of {r['attended']['cross']['valid']:.1f} valid keys"))
-    worst = max((row["padding_max_abs_diff"] for row in rows.values()), default=None)
-    if worst is not None:
-        out.append(Claim("padding leaves a sentence's decoder features unchanged for every normalizer (masked keys are "
-                         "not there; the authors' -1e18 fill before ev-softmax's mean made padded rows softmax)", NEW,
-                         f"largest |difference| alone vs padded in a batch: {worst:.1e}"))
-    return out
-
-
 # ------------------------------------------------------------------------------------ report
 
 
@@ -146,6 +101,9 @@ def _table4(summary, names: List[str]) -> str:
         ["BLEU, paper"] + paper("bleu"),
         ["BLEU (greedy)"] + [_fmt(rows[n]["bleu_greedy"]) for n in names],
         ["chrF (beam)"] + [_fmt(rows[n]["chrf"]) for n in names],
+        *(row for k in ("rouge_1", "rouge_2") if all(k in rows[n] for n in names)
+          for row in ([f"ROUGE-{k[-1]} (beam)"] + [_fmt(rows[n][k]) for n in names],
+                      [f"ROUGE-{k[-1]}, paper"] + paper(k))),
         ["ROUGE-L (beam)"] + [_fmt(rows[n]["rouge_l"]) for n in names],
         ["ROUGE-L, paper"] + paper("rouge_l"),
         ["METEOR"] + ["not computed"] * len(names),

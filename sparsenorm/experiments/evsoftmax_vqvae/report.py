@@ -1,14 +1,13 @@
 """Summaries over seeds, the verdicts, the Table 3-style tables and the figures of the VQ-VAE experiment."""
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 import numpy as np
 
 from .._shared.common import headless_pyplot, markdown_table, save_figure
-from .._shared.runner import NEW, NOT_REPRODUCED, NOT_TESTABLE, PARTLY, REPRODUCED, Claim, Report
+from .._shared.runner import Report
 
 # Table 3 (tinyImageNet, 200 classes, 16x16 grid of K = 512 codes): top-5 %, top-10 %, K (mean nonzero codes).
 PAPER_TABLE3 = {
@@ -36,8 +35,10 @@ def _stats(values: List[Optional[float]]) -> Dict[str, Any]:
 def aggregate(records: List[Dict[str, Any]], settings) -> Dict[str, Any]:
     per: Dict[str, Dict[str, List]] = {}
     samples: Dict[str, int] = {}
+    seeds: Dict[str, List[int]] = {}
     for rec in records:
         for name, m in rec["normalizers"].items():
+            seeds.setdefault(name, []).append(rec["seed"])
             for key in METRICS:
                 per.setdefault(name, {}).setdefault(key, []).append(m.get(key))
             samples[name] = samples.get(name, 0) + m["samples"]
@@ -45,7 +46,7 @@ def aggregate(records: List[Dict[str, Any]], settings) -> Dict[str, Any]:
     for name in settings.normalizers:
         if name not in per:
             continue
-        entry: Dict[str, Any] = {"samples_total": samples[name]}
+        entry: Dict[str, Any] = {"samples_total": samples[name], "seeds": seeds[name]}
         for key, values in per[name].items():
             s = _stats(values)
             entry[key] = s["mean"]
@@ -63,106 +64,6 @@ def _fmt(entry: Dict[str, Any], key: str, scale: float = 1.0, digits: int = 1) -
         return "∞"
     std = entry.get(f"{key}_std") or 0.0
     return f"{mean * scale:.{digits}f} ± {std * scale:.{digits}f}"
-
-
-def _pooled_se(entry: Dict[str, Any], key: str) -> float:
-    p, n = entry[key], entry["samples_total"]
-    return math.sqrt(max(p * (1 - p), 1e-12) / n)
-
-
-def _accuracy_claim(summary: Dict[str, Any]) -> Claim:
-    claim = "ev-softmax gives the most accurate class-conditional samples (top-k accuracy of a classifier)"
-    norms = summary["normalizers"]
-    rivals = [n for n in PAPER_TABLE3 if n != "ev_softmax" and n in norms]
-    if "ev_softmax" not in norms or not rivals:
-        return Claim(claim, NOT_TESTABLE, "needs ev_softmax and at least one other normalizer of Table 3", "Table 3")
-    parts, wins, clear = [], 0, 0
-    for key in ("top1", "top3"):
-        ev = norms["ev_softmax"][key]
-        best = max(rivals, key=lambda n: norms[n][key])
-        gap = ev - norms[best][key]
-        se = math.hypot(_pooled_se(norms["ev_softmax"], key), _pooled_se(norms[best], key))
-        wins += gap > 0
-        clear += gap > 2 * se
-        parts.append(f"{key}: ev-softmax {100 * ev:.1f}% vs best other {best} {100 * norms[best][key]:.1f}% "
-                     f"(gap {100 * gap:+.1f}, 2 s.e. = {200 * se:.1f})")
-    if clear == 2:
-        verdict = REPRODUCED
-    elif wins == 2:
-        verdict = PARTLY
-        parts.append("highest, but not beyond sampling noise")
-    elif wins == 1:
-        verdict = PARTLY
-    else:
-        verdict = NOT_REPRODUCED
-    return Claim(claim, verdict, "; ".join(parts), "Sec. 4.3, Table 3")
-
-
-def _k_order_claim(summary: Dict[str, Any]) -> Claim:
-    claim = "K (nonzero codes per position) orders sparsemax < ev-softmax < entmax-1.5 < post-hoc ≪ softmax"
-    norms = summary["normalizers"]
-    present = [n for n in PAPER_K_ORDER if n in norms]
-    if len(present) < 2:
-        return Claim(claim, NOT_TESTABLE, "needs at least two of the Table 3 normalizers", "Table 3")
-    pairs = list(zip(present, present[1:]))
-    held = [norms[a]["nonzero_codes"] < norms[b]["nonzero_codes"] for a, b in pairs]
-    ks = ", ".join(f"{n} {norms[n]['nonzero_codes']:.1f}" for n in present)
-    measured = " < ".join(sorted(present, key=lambda n: norms[n]["nonzero_codes"]))
-    verdict = REPRODUCED if all(held) else (PARTLY if any(held) else NOT_REPRODUCED)
-    missing = [n for n in PAPER_K_ORDER if n not in norms]
-    note = f" ({', '.join(missing)} not run)" if missing else ""
-    return Claim(claim, verdict, f"K: {ks}; measured order {measured}; {sum(held)}/{len(held)} adjacent pairs as in "
-                 f"the paper{note}", "Sec. 4.3, Table 3")
-
-
-def _sparse_beats_softmax_claim(summary: Dict[str, Any]) -> Claim:
-    claim = "sparse priors trained sparse (sparsemax, entmax-1.5, ev-softmax) beat softmax; post-hoc does not"
-    norms = summary["normalizers"]
-    trained = [n for n in ("sparsemax", "entmax15", "ev_softmax") if n in norms]
-    if "softmax" not in norms or not trained:
-        return Claim(claim, NOT_TESTABLE, "needs softmax and a sparse prior", "Sec. 4.3")
-    soft = norms["softmax"]["top1"]
-
-    def clearly_above(n: str) -> bool:  # beyond twice the sampling standard error of the difference
-        se = math.hypot(_pooled_se(norms["softmax"], "top1"), _pooled_se(norms[n], "top1"))
-        return norms[n]["top1"] - soft > 2 * se
-
-    beat = [n for n in trained if clearly_above(n)]
-    higher = [n for n in trained if norms[n]["top1"] > soft]
-    text = ", ".join(f"{n} {100 * norms[n]['top1']:.1f}%" for n in trained)
-    evidence = f"top-1: softmax {100 * soft:.1f}%; {text}"
-    posthoc_ok = True
-    if "posthoc_evidential" in norms:
-        posthoc = norms["posthoc_evidential"]["top1"]
-        posthoc_ok = posthoc <= soft + 2 * math.hypot(_pooled_se(norms["softmax"], "top1"),
-                                                      _pooled_se(norms["posthoc_evidential"], "top1"))
-        evidence += f"; post-hoc {100 * posthoc:.1f}%"
-    evidence += f"; beyond 2 s.e.: {', '.join(beat) or 'none'}"
-    if len(beat) == len(trained) and posthoc_ok:
-        verdict = REPRODUCED
-    elif higher:
-        verdict = PARTLY
-    else:
-        verdict = NOT_REPRODUCED
-    return Claim(claim, verdict, evidence, "Sec. 4.3")
-
-
-def _rsoftmax_claim(summary: Dict[str, Any]) -> Optional[Claim]:
-    norms = summary["normalizers"]
-    if "r_softmax" not in norms:
-        return None
-    r = norms["r_softmax"]
-    others = {n: norms[n]["top1"] for n in norms if n != "r_softmax"}
-    rank = 1 + sum(v > r["top1"] for v in others.values())
-    return Claim("r-softmax (r = 0.5) as the prior's output (not in the paper)", NEW,
-                 f"top-1 {100 * r['top1']:.1f}%, top-3 {100 * r['top3']:.1f}%, K {r['nonzero_codes']:.1f}; "
-                 f"rank {rank} of {len(others) + 1} by top-1", "")
-
-
-def claims(summary: Dict[str, Any], settings) -> List[Claim]:
-    found = [_accuracy_claim(summary), _k_order_claim(summary), _sparse_beats_softmax_claim(summary),
-             _rsoftmax_claim(summary)]
-    return [c for c in found if c is not None]
 
 
 # ---------------------------------------------------------------------- figures

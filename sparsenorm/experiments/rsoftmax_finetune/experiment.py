@@ -22,19 +22,11 @@ import numpy as np
 import torch
 
 from .._shared.common import RunConfig, UserFacingError
-from .._shared.runner import NEW, Claim, Job, Report, RunOptions
+from .._shared.runner import Claim, Job, Report, RunOptions
+from .claims import judge_claims
+from .paper import PAPER_BEST_R_SST2, PAPER_LEARNING_RATES, PAPER_R_FINALS, PAPER_TABLE2  # noqa: F401
 
 PAPER = "r-softmax (Bałazy et al. 2023), Sec. 4.2, Table 2"
-PAPER_LEARNING_RATES = (1e-5, 2e-5, 5e-5, 1e-4, 5e-4)
-PAPER_R_FINALS = (0.05, 0.1, 0.15, 0.2, 0.5)
-# Table 2, SST-2 column (accuracy %, BERT, GLUE dev set, best run of the grid); the full row per task.
-PAPER_TABLE2 = {
-    "softmax": {"MRPC": 84.56, "RTE": 68.95, "SST-2": 92.32, "QNLI": 91.76, "QQP": 91.12},
-    "sparsemax": {"MRPC": 68.38, "RTE": 52.71, "SST-2": 79.82, "QNLI": 55.57, "QQP": 77.18},
-    "sparsehourglass": {"MRPC": 68.38, "RTE": 52.71, "SST-2": 79.24, "QNLI": 70.99, "QQP": 76.04},
-    "r_softmax": {"MRPC": 85.54, "RTE": 71.84, "SST-2": 92.89, "QNLI": 91.73, "QQP": 91.13},
-}
-PAPER_BEST_R_SST2 = 0.2
 
 DEFAULT_NORMALIZERS = ["softmax", "sparsemax", "sparsehourglass", "r_softmax", "entmax15", "ev_softmax",
                        "posthoc_evidential"]
@@ -42,8 +34,6 @@ QUICK_NORMALIZERS = ["softmax", "r_softmax", "ev_softmax", "sparsemax", "posthoc
 SWAP_NORMALIZERS = ["sparsemax", "sparsehourglass", "entmax15", "r_softmax", "posthoc_evidential"]
 """Swapped into the softmax-fine-tuned model (``posthoc_evidential`` in eval mode is ev-softmax)."""
 MAP_NORMALIZERS = ("softmax", "r_softmax", "ev_softmax")
-MATCH_TOLERANCE = 1.0  # accuracy points: "matches softmax" = at most this far below
-BREAK_MARGIN = 5.0  # accuracy points: "breaks the model" = at least this far below softmax (paper: 12.5 and 13.1 on SST-2)
 MAP_LENGTHS = (10, 16)  # token lengths of the two sentences whose attention maps are drawn
 
 
@@ -68,7 +58,9 @@ class Settings:
 
 QUICK = dict(epochs=1, learning_rates=[1e-4], r_finals=[0.2], max_length=48, batch_size=16,
              train_size=800, validation_size=300, test_size=600)
-FULL = dict(epochs=3, learning_rates=list(PAPER_LEARNING_RATES), r_finals=list(PAPER_R_FINALS), max_length=128,
+DECISIVE = dict(QUICK, r_finals=[0.2, 0.5], seeds=6)
+DECISIVE_NORMALIZERS = ["softmax", "sparsemax", "sparsehourglass", "r_softmax", "ev_softmax", "posthoc_evidential"]
+FULL = dict(seeds=6, epochs=3, learning_rates=list(PAPER_LEARNING_RATES), r_finals=list(PAPER_R_FINALS), max_length=128,
             batch_size=32, train_size=None, validation_size=None, test_size=None)
 
 
@@ -90,9 +82,15 @@ class FinetuneExperiment:
     paper = PAPER
     default_normalizers = DEFAULT_NORMALIZERS
     full_runtime = ("Full mode (7 normalizers, the paper's 5 learning rates, 5 final r for r-softmax: 50 runs of 3 "
-                    "epochs x 265 steps over 8.4k sentences, 1 seed) is estimated at about 28 h on 2 idle CPU cores "
-                    "(~40k steps x ~5 CPU-s, scaled from the measured 2.0 CPU-s of a quick step by tokens per batch); "
-                    "an hour or two on a GPU.")
+                    "epochs x 265 steps over 8.4k sentences, per seed; 6 seeds, so that the claims can reach a verdict) "
+                    "is estimated at about 28 h per seed on 2 idle CPU cores (~40k steps x ~5 CPU-s, scaled from the "
+                    "measured 2.0 CPU-s of a quick step by tokens per batch), about a week for 6 seeds; an hour or two "
+                    "per seed on a GPU. `--seeds 1` gives the paper's single best-of-grid run.")
+    decisive_note = ("Decisive mode: quick mode's data and model sizes (1 epoch on 800 sentences, lr 1e-4) with 6 seeds, "
+                     "fine-tuning softmax, sparsemax, sparsehourglass, ev-softmax and r-softmax at final r 0.2 and 0.5 "
+                     "(post-hoc and the swaps from the softmax model): 36 fine-tunings of ~150 CPU-s, about 45 min on 2 "
+                     "cores (estimated from quick mode's measured 590 CPU-s for 4 fine-tunings). Leaves out: the "
+                     "learning-rate grid, final r 0.05-0.15, 1.5-entmax, full data and epochs.")
     quick_note = ("Quick mode fine-tunes softmax, r-softmax (final r 0.2 only), ev-softmax and sparsemax (post-hoc "
                   "evidential and the swaps come from the softmax run) for 1 epoch on 800 training sentences of at "
                   "most 48 tokens at one learning rate (1e-4), and scores 300 validation / 600 test sentences; it "
@@ -108,9 +106,10 @@ class FinetuneExperiment:
         parser.add_argument("--max-length", type=int, help="tokens per sentence (truncation)")
 
     def settings(self, config: RunConfig) -> Settings:
-        base = QUICK if config.quick else FULL
+        base = {"quick": QUICK, "decisive": DECISIVE, "full": FULL}[config.mode]
         extra = config.extra
-        normalizers = list(config.normalizers or (QUICK_NORMALIZERS if config.quick else DEFAULT_NORMALIZERS))
+        normalizers = list(config.normalizers or {"quick": QUICK_NORMALIZERS, "decisive": DECISIVE_NORMALIZERS,
+                                                  "full": DEFAULT_NORMALIZERS}[config.mode])
         r_finals = extra.get("r_finals") or base["r_finals"]
         if any(not 0 <= r < 1 for r in r_finals):
             raise UserFacingError(f"--r-finals must lie in [0, 1), got {r_finals}")
@@ -119,7 +118,7 @@ class FinetuneExperiment:
             raise UserFacingError(f"--learning-rates must be positive, got {lrs}")
         model_dir = extra.get("model_dir")
         return Settings(
-            normalizers=normalizers, seeds=config.seeds or 1, epochs=config.epochs or base["epochs"],
+            normalizers=normalizers, seeds=config.seeds or base.get("seeds", 1), epochs=config.epochs or base["epochs"],
             learning_rates=list(lrs), r_finals=list(r_finals),
             max_length=extra.get("max_length") or base["max_length"], batch_size=base["batch_size"],
             train_size=extra.get("train_size") or base["train_size"], validation_size=base["validation_size"],
@@ -230,77 +229,6 @@ def map_sentences(tokenizer, split, max_length: int) -> List[tuple]:
             idx = np.flatnonzero(split.labels == label)
         picked.append(split.texts[int(idx[0])])
     return picked
-
-
-def judge_claims(summary: Dict[str, Any]) -> List[Claim]:
-    rows = summary["normalizers"]
-    acc = {n: row["accuracy"] * 100 for n, row in rows.items()}
-    soft = acc.get("softmax")
-    claims = []
-    paper_soft = PAPER_TABLE2["softmax"]["SST-2"]
-
-    r = rows.get("r_softmax")
-    if soft is None or r is None:
-        claims.append(Claim.judge("r-softmax attention matches or beats softmax after fine-tuning", None,
-                                  "needs both softmax and r_softmax runs", "Sec. 4.2, Table 2"))
-    else:
-        claims.append(Claim.judge(
-            "r-softmax attention matches or beats softmax after fine-tuning",
-            acc["r_softmax"] >= soft - MATCH_TOLERANCE,
-            f"test accuracy r-softmax {acc['r_softmax']:.2f} (final r {r['r_final']:g}, lr {r['lr']:g}) vs softmax "
-            f"{soft:.2f}; 'matches' = at most {MATCH_TOLERANCE:g} point below (paper SST-2: "
-            f"{PAPER_TABLE2['r_softmax']['SST-2']} vs {paper_soft})", "Sec. 4.2, Table 2"))
-    for name in ("sparsemax", "sparsehourglass"):
-        if soft is None or name not in acc:
-            claims.append(Claim.judge(f"{name} attention breaks the pretrained model", None,
-                                      f"needs both softmax and {name} runs", "Sec. 4.2, Table 2"))
-            continue
-        claims.append(Claim.judge(
-            f"{name} attention breaks the pretrained model",
-            acc[name] <= soft - BREAK_MARGIN,
-            f"test accuracy {name} {acc[name]:.2f} vs softmax {soft:.2f} (gap {soft - acc[name]:.2f}); 'breaks' = at "
-            f"least {BREAK_MARGIN:g} points below (paper SST-2: {PAPER_TABLE2[name]['SST-2']} vs {paper_soft})",
-            "Sec. 4.2, Table 2"))
-
-    curve = summary.get("r_curve", [])
-    small = [c for c in curve if c["r_final"] <= PAPER_BEST_R_SST2]
-    large = [c for c in curve if c["r_final"] >= 0.5]
-    if small and large:
-        best_small = max(small, key=lambda c: c["validation_accuracy"])
-        claims.append(Claim.judge(
-            "a small final r (<= 0.2) works better than a large one (0.5)",
-            best_small["accuracy"] > max(c["accuracy"] for c in large),
-            "test accuracy by final r: " + ", ".join(f"{c['r_final']:g}: {c['accuracy'] * 100:.2f}" for c in curve),
-            "Sec. 4.2, Results"))
-    else:
-        claims.append(Claim.judge("a small final r (<= 0.2) works better than a large one (0.5)", None,
-                                  "needs final r values on both sides (full mode runs 0.05-0.5)", "Sec. 4.2, Results"))
-
-    if r is not None:
-        claims.append(Claim(
-            "r is the fraction of zero attention weights (the paper states the intended r, not a measured one)", NEW,
-            f"measured on test sentences: {r['zero_fraction']:.3f} of the weights are zero at final r "
-            f"{r['r_final']:g}; {r['attended']:.2f} of {r['keys']:.2f} keys attended per query", "Sec. 4.2"))
-    for name, what in (("ev_softmax", "ev-softmax attention, fine-tuned"),
-                       ("entmax15", "1.5-entmax attention, fine-tuned")):
-        if name in acc and soft is not None:
-            row = rows[name]
-            claims.append(Claim(f"{what}, vs softmax (not in the paper)", NEW,
-                                f"test accuracy {acc[name]:.2f} vs softmax {soft:.2f}; zero weights "
-                                f"{row['zero_fraction']:.3f}, {row['attended']:.2f} of {row['keys']:.2f} keys per query"))
-    if "posthoc_evidential" in acc and soft is not None:
-        row = rows["posthoc_evidential"]
-        claims.append(Claim("post-hoc evidential attention (softmax-fine-tuned, ev-softmax at test, no retraining) "
-                            "keeps softmax's accuracy (not in the paper)", NEW,
-                            f"test accuracy {acc['posthoc_evidential']:.2f} vs softmax {soft:.2f}; zero weights "
-                            f"{row['zero_fraction']:.3f}, {row['attended']:.2f} of {row['keys']:.2f} keys per query"))
-    swapped = summary.get("swapped", {})
-    if swapped and soft is not None:
-        claims.append(Claim("each sparse normalizer swapped into the softmax-fine-tuned model without fine-tuning "
-                            "(not in the paper)", NEW,
-                            "; ".join(f"{n} {s['accuracy'] * 100:.2f}" for n, s in swapped.items())
-                            + f" (softmax {soft:.2f})"))
-    return claims
 
 
 EXPERIMENT = FinetuneExperiment()

@@ -9,9 +9,12 @@ import numpy as np
 MEASURES = ("accuracy", "zero_fraction", "attended", "keys")
 
 
-def _mean_eval(evals: List[Dict[str, Any]]) -> Dict[str, Any]:
-    """Means over seeds of one evaluation (accuracy, sparsity, per-layer sparsity)."""
+def _mean_eval(evals: List[Dict[str, Any]], seeds: List[int]) -> Dict[str, Any]:
+    """Means over seeds of one evaluation (accuracy, sparsity, per-layer sparsity), and the accuracy per seed
+    (the claims compare normalizers seed by seed)."""
     out: Dict[str, Any] = {m: float(np.mean([e[m] for e in evals])) for m in MEASURES}
+    out["accuracy_by_seed"] = {int(s): float(e["accuracy"]) for s, e in zip(seeds, evals)}
+    out["test_examples"] = int(evals[0]["n"]) if evals and "n" in evals[0] else None
     out["accuracy_std"] = float(np.std([e["accuracy"] for e in evals]))
     if all("layers" in e for e in evals):
         out["layers"] = [
@@ -30,7 +33,7 @@ def summarize(records: List[Dict[str, Any]]) -> Dict[str, Any]:
         groups.setdefault((rec["normalizer"], rec["lr"], rec["r_final"]), []).append(rec)
     configs = []
     for (name, lr, r_final), recs in groups.items():
-        test = _mean_eval([r["test"] for r in recs])
+        test = _mean_eval([r["test"] for r in recs], [r["seed"] for r in recs])
         configs.append({
             "normalizer": name, "lr": lr, "r_final": r_final, "seeds": len(recs),
             "validation_accuracy": float(np.mean([r["validation"]["accuracy"] for r in recs])), **test,
@@ -50,13 +53,13 @@ def summarize(records: List[Dict[str, Any]]) -> Dict[str, Any]:
     for r_final in sorted({c["r_final"] for c in configs if c["normalizer"] == "r_softmax"}):
         best = _best([c for c in configs if c["normalizer"] == "r_softmax" and c["r_final"] == r_final])
         r_curve.append({k: best[k] for k in ("r_final", "lr", "accuracy", "accuracy_std", "validation_accuracy",
-                                             "zero_fraction", "attended", "keys")})
+                                             "zero_fraction", "attended", "keys", "accuracy_by_seed")})
     swapped: Dict[str, Any] = OrderedDict()
     soft = normalizers.get("softmax")
     if soft is not None:
         recs = groups[("softmax", soft["lr"], None)]
         for label in recs[0].get("swapped", {}):
-            swapped[label] = _mean_eval([r["swapped"][label] for r in recs])
+            swapped[label] = _mean_eval([r["swapped"][label] for r in recs], [r["seed"] for r in recs])
         if "posthoc_evidential" in swapped:
             normalizers["posthoc_evidential"] = {
                 "normalizer": "posthoc_evidential", "lr": soft["lr"], "r_final": None, "seeds": soft["seeds"],

@@ -1,25 +1,35 @@
 """Summaries over seeds and the verdicts, with example-based, micro and macro F1 side by side.
 
-A comparison holds on the real data when it holds for the mean over seeds of the test scores, and
-on synthetic data when it holds in at least two thirds of the settings (means over seeds per
-setting). Each claim is judged under each F1; the verdict is *reproduced* when it is reproduced
-(real and synthetic) under all three, *not reproduced* when it holds nowhere, else *partly*.
+Every method of a (data set, seed) trains on the same split, so methods are compared by paired
+differences, under the one rule of :mod:`sparsenorm.experiments._shared.verdict`: on the real data
+set the pairs are its seeds; on synthetic data they are the (setting, seed) pairs of every setting
+of the two sweeps pooled (the claim is about the sweep as a whole; each setting alone has too few
+seeds). A claim is judged part by part: each rival, under each F1, on real and on synthetic data.
+"On par" claims are non-inferiority tests with the margin :data:`APPROX_TOLERANCE`.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .._shared.runner import NEW, NOT_REPRODUCED, NOT_TESTABLE, PARTLY, REPRODUCED, Claim
+from .._shared import verdict
+from .._shared.verdict import NEW, NOT_TESTABLE, Claim
 from .methods import BEST_SOFTMAX
 
 F1S = ("example_f1", "micro_f1", "macro_f1")
 F1_NAMES = {"example_f1": "example F1", "micro_f1": "micro F1", "macro_f1": "macro F1"}
 SUMMARY_METRICS = F1S + ("mean_set_size", "true_mean_set_size", "known_count_topk_f1", "count_accuracy", "select_f1")
-APPROX_TOLERANCE = 0.02  # "r-softmax ~ best softmax": within 2 F1 points
+APPROX_TOLERANCE = 0.02
+"""Margin of the "on par" claims, in F1: at least the standard error of a test-set F1 here (per-example F1
+lies in [0, 1], so its standard deviation is at most 0.5 and the SE on yeast's ~900 test examples at most
+0.017); a gap smaller than that could not be told apart on one test set even with many seeds."""
 SPARSE_RIVALS = ("sparsemax+huber", "sparsemax+hinge", "sparsehourglass")
 SOURCE = "r-softmax paper Sec. 4.1, Fig. 2, Table 1"
+MANY_CLASSES = 20
+"""Fig. 2a: r-softmax is best "especially when the data set has a large number of possible output classes" (20, 30)."""
+SUBSET_NAMES = {"many_classes_label_sweep": f"label-count sweep, {MANY_CLASSES}+ classes",
+                "length_sweep": "document-length sweep", "real_curve_area": "yeast, mean of the test learning curve"}
 
 
 def setting_key(record: Dict[str, Any]) -> str:
@@ -53,9 +63,19 @@ def variants_in(records: List[Dict[str, Any]]) -> List[str]:
     return thresholds + ([BEST_SOFTMAX] if BEST_SOFTMAX in seen else []) + rest
 
 
+def _paired(records: List[Dict[str, Any]], variants: Sequence[str], unit) -> Dict[str, Dict[str, Dict[str, float]]]:
+    """``{variant: {f1: {unit: score}}}``: the scores of every paired unit (a seed, or a setting and seed)."""
+    return {v: {f1: {unit(r): r["methods"][v][f1] for r in records if v in r["methods"]} for f1 in F1S}
+            for v in variants}
+
+
 def aggregate(records: List[Dict[str, Any]], real_name: str) -> Dict[str, Any]:
     real = [r for r in records if r["dataset"] == "real"]
     synthetic = [r for r in records if r["dataset"] == "synthetic"]
+
+    def unit(r: Dict[str, Any]) -> str:
+        return f"{setting_key(r)}, seed {r['seed']}"
+
     variants = variants_in(records)
     by_setting: Dict[str, List[Dict[str, Any]]] = {}
     for r in synthetic:
@@ -65,6 +85,17 @@ def aggregate(records: List[Dict[str, Any]], real_name: str) -> Dict[str, Any]:
     return {
         "real_name": real_name,
         "variants": variants,
+        "paired": {"real": _paired(real, variants, lambda r: str(r["seed"])),
+                   "synthetic": _paired(synthetic, variants, unit)},
+        # Fig. 2a with many classes (20 and 30) and Fig. 2b: the sweeps' own subsets of the synthetic pairs.
+        "paired_subsets": {
+            "many_classes_label_sweep": _paired([r for r in synthetic if r.get("sweep") in ("labels", "both")
+                                                 and r["data"]["n_classes"] >= MANY_CLASSES], variants, unit),
+            "length_sweep": _paired([r for r in synthetic if r.get("sweep") in ("length", "both")], variants, unit),
+            # Fig. 3: the learning curve's mean over epochs (its area) per seed, on the real data's test F1
+            "real_curve_area": {v: {"example_f1": {str(r["seed"]): float(np.mean(r["methods"][v]["curve"]))
+                                                   for r in real if "curve" in r["methods"].get(v, {})}}
+                                for v in variants}},
         "real": _summarise(real, variants),
         "synthetic": {k: _summarise(rs, variants) for k, rs in by_setting.items()},
         "chosen": {name: {c: picks.count(c) for c in sorted(set(picks))} for name, picks in chosen.items()},
@@ -77,55 +108,57 @@ def _mean(table: Dict[str, Any], variant: str, metric: str) -> float:
     return table[variant][metric]["mean"] if variant in table and metric in table[variant] else float("nan")
 
 
-def _word(real_ok: bool, synth_ok: bool, have_real: bool, have_synth: bool) -> str:
-    checks = [ok for ok, have in ((real_ok, have_real), (synth_ok, have_synth)) if have]
-    if not checks:
-        return NOT_TESTABLE
-    return REPRODUCED if all(checks) else (PARTLY if any(checks) else NOT_REPRODUCED)
-
-
-def _combine(words: Sequence[str]) -> str:
-    if all(w == REPRODUCED for w in words):
-        return REPRODUCED
-    if all(w in (NOT_REPRODUCED, NOT_TESTABLE) for w in words):
-        return NOT_TESTABLE if all(w == NOT_TESTABLE for w in words) else NOT_REPRODUCED
-    return PARTLY
-
-
-def _comparison(summary: Dict[str, Any], text: str, source: str, subject: str, rivals: Sequence[str],
-                test: Callable[[float, float], bool], describe: Callable[[float, float], str]) -> Claim:
-    """``subject`` against each rival under each F1; ``test(subject_value, rival_value)``."""
-    real, synth = summary["real"], summary["synthetic"]
+def _comparison(summary: Dict[str, Any], text: str, source: str, subject: str, rivals: Sequence[str], key: str,
+                margin: Optional[float] = None, subset: Optional[str] = None) -> Claim:
+    """``subject`` against each rival under each F1, on real and pooled synthetic pairs (or on one subset
+    of the synthetic pairs): a direction test ("beats"), or with ``margin`` a non-inferiority test ("on
+    par or better")."""
     present = [v for v in rivals if v in summary["variants"]]
     if subject not in summary["variants"] or not present:
-        return Claim(text, NOT_TESTABLE, f"needs {subject} and one of {', '.join(rivals)}", source)
-    words, parts = [], []
-    for f1 in F1S:
-        real_ok = bool(real) and all(test(_mean(real, subject, f1), _mean(real, v, f1)) for v in present)
-        wins = {v: sum(test(_mean(t, subject, f1), _mean(t, v, f1)) for t in synth.values()) for v in present}
-        synth_ok = bool(synth) and all(w >= 2 / 3 * len(synth) for w in wins.values())
-        word = _word(real_ok, synth_ok, bool(real), bool(synth))
-        words.append(word)
-        detail = ", ".join(
-            (f"vs {v}: {summary['real_name']} {describe(_mean(real, subject, f1), _mean(real, v, f1))}" if real else f"vs {v}:")
-            + (f", synthetic {wins[v]}/{len(synth)} settings" if synth else "") for v in present)
-        parts.append(f"{F1_NAMES[f1]} — {word}: {detail}")
-    return Claim(text, _combine(words), "; ".join(parts), source)
+        return Claim(text, NOT_TESTABLE, f"needs {subject} and one of {', '.join(rivals)}", source, key)
+    tests = []
+    tables = ({k: summary["paired"][k] for k in ("real", "synthetic")} if subset is None
+              else {subset: summary.get("paired_subsets", {}).get(subset, {})})
+    for where, paired in tables.items():
+        name = {"real": summary["real_name"], "synthetic": "synthetic sweeps"}.get(where, SUBSET_NAMES.get(where, where))
+        for v in present:
+            for f1 in F1S:
+                if not paired.get(subject, {}).get(f1) or not paired.get(v, {}).get(f1):
+                    continue
+                d = verdict.paired_differences(paired[subject][f1], paired[v][f1])
+                label = f"vs {v}, {F1_NAMES[f1]}, {name}"
+                tests.append(verdict.direction(d, label) if margin is None else
+                             verdict.non_inferiority(d, margin, label))
+    if not tests:
+        return Claim(text, NOT_TESTABLE, "no paired scores for this comparison in this run", source, key)
+    return verdict.claim(text, tests, source, key)
 
 
 def claims(summary: Dict[str, Any]) -> List[Claim]:
     rs = "r_softmax"
     out = [
         _comparison(summary, "r-softmax beats sparsemax (huber and hinge losses) and sparsehourglass", SOURCE, rs,
-                    SPARSE_RIVALS, lambda a, b: a > b, lambda a, b: f"{a:.3f} vs {b:.3f}"),
-        _comparison(summary, f"r-softmax is on par with softmax at its best threshold (within {APPROX_TOLERANCE:.2f} "
-                    "F1 or better)", SOURCE, rs, [BEST_SOFTMAX], lambda a, b: a >= b - APPROX_TOLERANCE,
-                    lambda a, b: f"{a - b:+.3f}"),
+                    SPARSE_RIVALS, "r.multilabel.beats_sparse"),
+        _comparison(summary, f"r-softmax is on par with softmax at its best threshold (at most {APPROX_TOLERANCE:.2f} "
+                    "F1 below, or better)", SOURCE, rs, [BEST_SOFTMAX], "r.multilabel.on_par_softmax",
+                    margin=APPROX_TOLERANCE),
         _comparison(summary, "sparsemax with its own loss is competitive with softmax + threshold and with "
-                    f"per-label logistic outputs (within {APPROX_TOLERANCE:.2f} F1 or better)",
+                    f"per-label logistic outputs (at most {APPROX_TOLERANCE:.2f} F1 below, or better)",
                     "sparsemax paper (Martins & Astudillo 2016), multi-label experiments", "sparsemax+huber",
-                    [BEST_SOFTMAX, "sigmoid"], lambda a, b: a >= b - APPROX_TOLERANCE, lambda a, b: f"{a - b:+.3f}"),
+                    [BEST_SOFTMAX, "sigmoid"], "sm.multilabel.competitive", margin=APPROX_TOLERANCE),
     ]
+    rivals = [BEST_SOFTMAX, *SPARSE_RIVALS]
+    out += [
+        _comparison(summary, f"r-softmax is the best method as the average number of labels grows with {MANY_CLASSES}+ "
+                    "classes (beats the best softmax and the sparse rivals)", "r-softmax paper Sec. 4.1, Fig. 2a", rs,
+                    rivals, "r.multilabel.best_many_labels", subset="many_classes_label_sweep"),
+        _comparison(summary, f"r-softmax is superior or comparable across document lengths (at most "
+                    f"{APPROX_TOLERANCE:.2f} F1 below any rival, or better)", "r-softmax paper Sec. 4.1, Fig. 2b", rs,
+                    rivals, "r.multilabel.document_length", margin=APPROX_TOLERANCE, subset="length_sweep"),
+    ]
+    out.append(_comparison(summary, "r-softmax learns better than the other sparse alternatives over training (its "
+                           "learning curve lies above theirs)", "r-softmax paper Sec. 4.1, Fig. 3", rs, SPARSE_RIVALS,
+                           "r.multilabel.learning_curves", subset="real_curve_area"))
     out += [_count_claim(summary), _ev_claim(summary)]
     return [c for c in out if c is not None]
 

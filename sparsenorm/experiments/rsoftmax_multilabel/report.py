@@ -169,7 +169,7 @@ def body(summary: Dict[str, Any], settings, context: Dict[str, Any], figs: Dict[
         "real-data numbers are not comparable in value.",
         "- The paper does not state the sweep values, hidden width, batch size, feature scaling or seeds; ours are "
         "listed above.",
-        f"- Sparsemax+hinge is Laha et al.'s pairwise hinge at alpha = 1. Verdict tolerance for \"on par\": "
+        f"- Sparsemax+hinge is Laha et al.'s pairwise hinge at alpha = 1. Margin of the \"on par\" claims (non-inferiority): "
         f"{APPROX_TOLERANCE:.2f} F1.",
         "- r-softmax: the sparsity rate comes from a label-count head on the hidden features trained with the count "
         "cross-entropy next to Eq. 4 (our reading of the paper's one-sentence \"additional layer\").",

@@ -1,0 +1,209 @@
+"""``sparsenorm reproduce --index RESULTS``: ``RESULTS/README.md``, every claim of the three papers.
+
+Built from the committed ``results.json`` (or ``results.json.gz``) files under
+``RESULTS/<mode>/<experiment>/`` alone and from the catalogue :mod:`.paper_claims`: each catalogued
+claim gets the verdict of the most decisive run that judged it (full, then decisive, then quick),
+its seeds, mode and a link to the report; a claim no run judged says why and what running it would
+take; claims the runs made that the papers do not (new comparisons) follow in their own table.
+
+``python -m sparsenorm.experiments._shared.paper_index rejudge RESULTS/full/cvae`` re-judges a
+committed run under the current rule from the per-seed records in its ``results.json(.gz)``, without
+training, and rewrites its claims section (see :func:`rejudge`).
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import sys
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+from .common import markdown_table
+from .paper_claims import CLAIMS, PaperClaim
+from .verdict import NEW, NOT_RUN, NOT_TESTABLE, counts, label_mode, rule_paragraph
+
+MODE_RANK = {"full": 0, "decisive": 1, "quick": 2}
+CHECKED = "checked by tests"
+NO_COMMITTED_RUN = "no committed run"
+
+
+def _read(path: Path) -> Optional[Dict[str, Any]]:
+    try:
+        raw = gzip.open(path, "rt").read() if path.suffix == ".gz" else path.read_text()
+        return json.loads(raw)
+    except (OSError, ValueError):
+        return None
+
+
+def _write(path: Path, payload: Dict[str, Any]) -> None:
+    text = json.dumps(payload, indent=2)
+    if path.suffix == ".gz":
+        with gzip.GzipFile(path, "wb", mtime=0) as f:  # mtime 0: the same content gives the same bytes
+            f.write(text.encode())
+    else:
+        path.write_text(text)
+
+
+def load_runs(root: Path) -> List[Dict[str, Any]]:
+    """Every run under ``root`` (``<mode>/<experiment>/results.json[.gz]``, or ``<experiment>/...``)."""
+    runs = []
+    for path in sorted([*root.glob("*/results.json*"), *root.glob("*/*/results.json*")]):
+        payload = _read(path)
+        if not payload or "claims" not in payload.get("results", {}):
+            continue
+        results = payload["results"]
+        mode = results.get("mode", "?")
+        runs.append({"folder": path.parent.relative_to(root).as_posix(), "experiment": payload.get("experiment"),
+                     "mode": mode, "base_mode": mode.split()[0], "seeds": results.get("settings", {}).get("seeds"),
+                     "claims": results["claims"], "paper": results.get("paper", ""),
+                     "command": _command(payload)})
+    return runs
+
+
+def _command(payload: Dict[str, Any]) -> str:
+    config = payload.get("config", {})
+    mode = " --quick" if config.get("quick") else " --decisive" if config.get("decisive") else ""
+    seeds = f" --seeds {config['seeds']}" if config.get("seeds") else ""
+    return f"sparsenorm reproduce {payload.get('experiment')}{mode}{seeds}"
+
+
+def _cell(text: Any) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def _short(text: str, limit: int = 300) -> str:
+    return text if len(text) <= limit else text[:limit].rsplit(" ", 1)[0] + " …"
+
+
+def _best_judgement(entry: PaperClaim, runs: List[Dict[str, Any]]) -> Optional[Tuple[Dict[str, Any], Dict[str, Any]]]:
+    found = [(run, c) for run in runs for c in run["claims"] if c.get("key") == entry.key]
+    found.sort(key=lambda rc: (MODE_RANK.get(rc[0]["base_mode"], 9), rc[1]["verdict"] == NOT_TESTABLE))
+    return found[0] if found else None
+
+
+def index_rows(root: Path) -> Tuple[List[List[str]], Dict[str, int], List[Dict[str, Any]]]:
+    """One row per catalogued claim; the verdict counts; the runs read."""
+    runs = load_runs(root)
+    rows, verdicts = [], []
+    for entry in CLAIMS:
+        judged = _best_judgement(entry, runs)
+        if judged is not None:
+            run, c = judged
+            verdict = label_mode(c["verdict"], run["base_mode"] == "quick")
+            seeds = c.get("seeds") if c.get("seeds") is not None else run["seeds"]
+            ours = _short(c["evidence"])
+            link = f"[{run['folder']}]({run['folder']}/report.md)"
+            mode = run["mode"]
+        elif entry.tests:
+            verdict, seeds, mode, ours, link = CHECKED, "–", "tests", entry.tests, "tests/"
+        elif entry.experiment:
+            verdict, seeds, mode, link = NO_COMMITTED_RUN, "–", "–", "–"
+            ours = (f"judged by `sparsenorm reproduce {entry.experiment} --decisive` (or full mode); no run of it is "
+                    "committed under this folder yet")
+        else:
+            verdict, seeds, mode, ours, link = NOT_RUN, "–", "–", entry.not_run, "–"
+        verdicts.append(verdict)
+        rows.append([entry.key, _cell(entry.paper.split(" (")[0]), _cell(entry.where), _cell(entry.claim),
+                     _cell(entry.paper_value), _cell(ours), str(seeds), mode, f"**{verdict}**", link])
+    return rows, counts(verdicts), runs
+
+
+def write_paper_index(root: Path) -> Path:
+    """Write ``root/README.md`` (see the module docstring); return its path."""
+    root = Path(root)
+    if not root.is_dir():
+        raise FileNotFoundError(f"--index {root}: not a folder")
+    rows, tally, runs = index_rows(root)
+    per_paper: Dict[str, int] = {}
+    for entry in CLAIMS:
+        per_paper[entry.paper] = per_paper.get(entry.paper, 0) + 1
+    lines = [
+        "# Every claim of the three papers, and what sparsenorm's runs say",
+        "",
+        "Generated by `sparsenorm reproduce --index results/` from the `results.json(.gz)` files under "
+        "`results/<mode>/<experiment>/` and the catalogue `sparsenorm/experiments/_shared/paper_claims.py`; do not "
+        "edit by hand.",
+        "",
+        f"**{len(CLAIMS)} claims**: " + ", ".join(f"{n} from {paper}" for paper, n in per_paper.items()) + ". "
+        "Verdicts: " + ", ".join(f"{n} {v}" for v, n in sorted(tally.items(), key=lambda kv: -kv[1])) + ".",
+        "",
+        rule_paragraph(),
+        "",
+        "Each claim shows the most decisive run that judged it (full, then decisive, then quick mode); *paired "
+        "units* is the largest paired sample a part of its verdict rests on (seeds, or (setting, seed) pairs pooled "
+        "over a sweep). *checked by "
+        "tests*: a property of a function, checked by the named tests rather than by an experiment. *no committed "
+        "run*: an experiment judges it, but none of its runs is committed here. *not run*: no experiment judges it; "
+        "the row says why and what running it would take.",
+        "",
+        markdown_table(["id", "paper", "where", "claim", "paper's value", "ours (evidence)", "paired units", "mode",
+                        "verdict", "report"], rows),
+        "",
+    ]
+    new = [[f"[{run['folder']}]({run['folder']}/report.md)", _cell(c["claim"]), _cell(_short(c["evidence"]))]
+           for run in runs for c in run["claims"] if not c.get("key") and c["verdict"] == NEW]
+    if new:
+        lines += ["## New comparisons (not claims of the papers)", "",
+                  markdown_table(["run", "comparison", "what was found"], new), ""]
+    if runs:
+        lines += ["## Result folders", "", markdown_table(
+            ["folder", "mode", "seeds", "command"],
+            [[f"[{r['folder']}]({r['folder']}/report.md)", r["mode"], str(r["seeds"]), f"`{r['command']}`"]
+             for r in runs]), ""]
+    path = root / "README.md"
+    path.write_text("\n".join(lines))
+    return path
+
+
+def rejudge(folder: Path) -> List[Tuple[str, str, str]]:
+    """Re-judge a committed run under the current rule from the per-seed records of its results file, without
+    training: recompute the summary and the claims, write them back, and replace the report's claims section
+    (the rest of the report is as the run wrote it). Returns (claim, old verdict, new verdict) per claim."""
+    from .. import load
+    from .common import RunConfig
+    from .runner import claims_table
+
+    folder = Path(folder)
+    path = next((p for p in (folder / "results.json.gz", folder / "results.json") if p.is_file()), None)
+    payload = _read(path) if path else None
+    if payload is None:
+        raise FileNotFoundError(f"no results.json(.gz) in {folder}")
+    experiment = load(payload["experiment"]).EXPERIMENT
+    config = dict(payload["config"])
+    config["out"] = Path(config["out"])
+    config["data_dir"] = Path(config["data_dir"]) if config.get("data_dir") else None
+    config = RunConfig(**{k: v for k, v in config.items() if k in RunConfig.__dataclass_fields__})
+    settings = experiment.settings(config)
+    results = payload["results"]
+    summary = experiment.aggregate(results["records"], settings)
+    claims = experiment.claims(summary, results["records"], settings)
+    before = {c["claim"][:40]: c["verdict"] for c in results["claims"]}  # the opening words name a claim
+    changes = [(c.claim, before.get(c.claim[:40], "(new claim)"), c.verdict) for c in claims]
+    results["summary"], results["claims"] = summary, [asdict(c) for c in claims]
+    _write(path, payload)
+    report = folder / "report.md"
+    if report.is_file():
+        text = report.read_text()
+        start, end = text.find("## Claims"), text.find("## What ran")
+        if start >= 0 and end > start:
+            section = ["## Claims", "", "*Re-judged under the current rule from this run's per-seed records, without "
+                       "retraining; the sections above are as the run wrote them (where they speak of verdicts on "
+                       "means, this section supersedes them).*", "", rule_paragraph(), "",
+                       claims_table(claims, config.quick), "", ""]
+            report.write_text(text[:start] + "\n".join(section) + text[end:])
+    return changes
+
+
+def _main(argv: List[str]) -> int:
+    if len(argv) >= 2 and argv[0] == "rejudge":
+        for folder in argv[1:]:
+            for claim, before, after in rejudge(Path(folder)):
+                print(f"{folder}: {before} -> {after}: {claim}")
+        return 0
+    print("usage: python -m sparsenorm.experiments._shared.paper_index rejudge FOLDER...", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))

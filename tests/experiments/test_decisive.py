@@ -1,0 +1,31 @@
+"""Decisive mode: every experiment's smallest setting in which each seed-comparing claim can reach a verdict."""
+import pytest
+
+from sparsenorm.experiments import EXPERIMENTS, load
+from sparsenorm.experiments._shared import verdict
+from sparsenorm.experiments._shared.common import RunConfig, UserFacingError
+
+
+@pytest.mark.parametrize("name", sorted(EXPERIMENTS))
+def test_decisive_mode_has_enough_seeds_and_states_what_it_leaves_out(name, tmp_path):
+    experiment = load(name).EXPERIMENT
+    decisive = experiment.settings(RunConfig(out=tmp_path, decisive=True))
+    quick = experiment.settings(RunConfig(out=tmp_path, quick=True))
+    assert decisive.seeds >= verdict.min_pairs() > quick.seeds  # quick cannot decide; decisive can
+    assert "Leaves out" in experiment.decisive_note and "min on 2 cores" in experiment.decisive_note
+    # Seeds are a setting of every mode.
+    assert experiment.settings(RunConfig(out=tmp_path, decisive=True, seeds=7)).seeds == 7
+    assert experiment.settings(RunConfig(out=tmp_path, seeds=7)).seeds == 7
+
+
+def test_quick_and_decisive_exclude_each_other(tmp_path):
+    with pytest.raises(UserFacingError, match="--quick and --decisive"):
+        RunConfig(out=tmp_path, quick=True, decisive=True).mode
+
+
+def test_cli_takes_decisive_and_rejects_it_with_quick(tmp_path):
+    from sparsenorm import cli
+
+    args = cli.build_parser().parse_args(["reproduce", "cvae", "--decisive", "--seeds", "8"])
+    assert args.decisive and args.seeds == 8 and not args.quick
+    assert cli.main(["reproduce", "cvae", "--quick", "--decisive", "--out", str(tmp_path)]) == 2

@@ -1,0 +1,69 @@
+"""The catalogue of every claim of the papers and the index built from committed results alone."""
+import gzip
+import json
+import re
+import shutil
+from pathlib import Path
+
+from sparsenorm import cli
+from sparsenorm.experiments import EXPERIMENTS
+from sparsenorm.experiments._shared import paper_claims, paper_index, verdict
+
+ROOT = Path(__file__).resolve().parents[2]
+KEY = re.compile(r'"((?:ev|r|sm)\.[a-z0-9_]+\.[a-z0-9_]+)"')
+
+
+def _keys_emitted(package: str) -> set:
+    folder = ROOT / package.replace(".", "/")
+    return {k for path in folder.glob("*.py") for k in KEY.findall(path.read_text())}
+
+
+def test_every_experiment_claim_is_catalogued_and_every_catalogued_run_claim_is_emitted():
+    emitted = set().union(*(_keys_emitted(p) for p in EXPERIMENTS.values()))
+    run_claims = {c.key for c in paper_claims.CLAIMS if c.experiment}
+    assert emitted == run_claims
+    for c in paper_claims.CLAIMS:  # each claim is run by an experiment, checked by tests, or says why not
+        assert sum(map(bool, (c.experiment, c.tests, c.not_run))) == 1, c.key
+        assert c.experiment is None or c.experiment in EXPERIMENTS
+
+
+def _results(folder: Path, mode: str, claims, gz: bool = False):
+    folder.mkdir(parents=True)
+    payload = {"experiment": "cvae", "config": {"quick": mode == "quick", "seeds": None},
+               "results": {"mode": mode, "paper": "p", "settings": {"seeds": 10}, "claims": claims}}
+    text = json.dumps(payload)
+    if gz:
+        (folder / "results.json.gz").write_bytes(gzip.compress(text.encode()))
+    else:
+        (folder / "results.json").write_text(text)
+
+
+def test_index_prefers_the_most_decisive_run_and_lists_unrun_claims(tmp_path):
+    claim = lambda v, seeds: {"claim": "c", "verdict": v, "evidence": "e", "source": "", "key": "ev.cvae.five_modes",  # noqa: E731
+                              "seeds": seeds}
+    _results(tmp_path / "quick" / "cvae", "quick", [claim(verdict.REPRODUCED, 3)])
+    _results(tmp_path / "full" / "cvae", "full", [claim(verdict.NOT_REPRODUCED, 10),
+                                                  {"claim": "extra", "verdict": verdict.NEW, "evidence": "x",
+                                                   "source": "", "key": "", "seeds": None}], gz=True)
+    assert cli.main(["reproduce", "--index", str(tmp_path)]) == 0
+    text = (tmp_path / "README.md").read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| ev.cvae.five_modes "))
+    assert "**not reproduced**" in row and "| full |" in row and "full/cvae/report.md" in row
+    assert f"**{len(paper_claims.CLAIMS)} claims**" in text and "How claims are judged" in text
+    unrun = next(line for line in text.splitlines() if line.startswith("| ev.ssvae.sum_and_sample "))
+    assert "**not run**" in unrun and "SFE+" in unrun
+    waiting = next(line for line in text.splitlines() if line.startswith("| ev.ssvae.beats_monte_carlo "))
+    assert "**no committed run**" in waiting and "reproduce ssvae --decisive" in waiting
+    assert "| extra |" in text  # a new comparison, in its own table
+    quick_only = tmp_path / "q"
+    _results(quick_only / "quick" / "cvae", "quick", [claim(verdict.REPRODUCED, 3)])
+    paper_index.write_paper_index(quick_only)
+    assert "**reproduced (indicative)**" in (quick_only / "README.md").read_text()
+
+
+def test_rejudge_a_committed_run_from_its_records(tmp_path):
+    shutil.copytree(ROOT / "results" / "full" / "multilabel", tmp_path / "multilabel")
+    changes = paper_index.rejudge(tmp_path / "multilabel")
+    assert len(changes) >= 5 and all(after for _, _, after in changes)
+    report = (tmp_path / "multilabel" / "report.md").read_text()
+    assert "Re-judged under the current rule" in report and "How claims are judged" in report
