@@ -196,3 +196,33 @@ def test_public_functions_dispatch_equals_reference_path(device, dtype, n_cols, 
         gmag = dx_ref[rows].double().abs()
         gbound = 2 * rounding(dtype, gmag.cpu()) + fp32 * 8 * (1 + g[rows].double().abs().sum(-1, keepdim=True).cpu())
         assert_within(dx[rows], dx_ref[rows], gbound, f"{name} gradient {dtype} N={n_cols} mask={form}")
+
+
+@pytest.mark.parametrize("n_cols", [7, 1000, 16384])
+@pytest.mark.parametrize("kind", ["sparsemax", "entmax15"])
+def test_against_the_entmax_package(device, kind, n_cols):
+    """An independent implementation (the entmax package, sort-based) in float64 on the same device
+    as the oracle of ours in float32: values and gradients (bounds as the projection kernels')."""
+    entmax = pytest.importorskip("entmax")
+    skip_long_on_cpu(device, n_cols)
+    x = grid_rows(16, n_cols, seed=n_cols).to(device)
+    g = grid_rows(16, n_cols, seed=n_cols + 1).to(device)
+    ours_x, peer_x = x.float().requires_grad_(), x.clone().requires_grad_()
+    ours, peer = getattr(sparsenorm, kind)(ours_x), getattr(entmax, kind)(peer_x, dim=-1)
+    assert_within(ours, peer, project_bound(peer.detach().cpu(), torch.float32, n_cols, kind), f"{kind} N={n_cols}")
+    (d_ours,), (d_peer,) = torch.autograd.grad(ours, ours_x, g.float()), torch.autograd.grad(peer, peer_x, g)
+    # The gradient depends on the support; an entry within our output's error of the support's edge
+    # may be on it for one and off it for the other, which changes its whole row: such rows are
+    # left out. Elsewhere our backward reads our float32 output, off by p_err: w = 1{p > 0} does not
+    # move, w = sqrt(p) moves by p_err / (2 sqrt(p)); times |g| <= 4, in w g and in sum(w g).
+    p_err = project_bound(peer.detach().cpu(), torch.float32, n_cols, kind).to(device)
+    edge = ((peer.detach() <= p_err) & ((peer > 0) | (ours > 0))).any(-1)
+    assert edge.double().mean() <= 0.25, "too many rows at the support's edge to compare"
+    w = (peer.detach() > 0).double() if kind == "sparsemax" else peer.detach().clamp_min(0).sqrt()
+    total = w.sum(-1, keepdim=True)
+    scale = w * (g.abs() + (w * g).abs().sum(-1, keepdim=True) / total)
+    w_err = torch.zeros_like(w) if kind == "sparsemax" else torch.where(w > 0, p_err / (2 * w), 0.0)
+    moved = 8 * (w_err + w * w_err.sum(-1, keepdim=True) / total)
+    bound = rounding(torch.float32, d_peer.abs()) + (4 + reduction_ops(n_cols)) * ULP32 * scale + moved
+    keep = ~edge
+    assert_within(d_ours[keep], d_peer[keep], bound[keep], f"{kind} gradient N={n_cols}")
