@@ -5,7 +5,8 @@ pytest; no install step, no network), in stages, each under its own time limit s
 ends within ``--budget`` seconds (default 9 minutes):
 
 1. ``environment``: ``nvidia-smi`` and the versions of Python, torch, CUDA, triton, transformers;
-2. ``wheels``: packages the machine lacks (``entmax``, for the peer comparisons) installed with
+2. ``wheels``: packages the machine lacks (``entmax`` for the peer comparisons, ``rouge_score``
+   for the translation experiment) installed with
    ``pip --no-deps --no-index`` from ``scripts/gpu_wheels/`` into a temporary folder put on
    ``PYTHONPATH``, only where they are missing;
 3. ``cuda-suite``: ``pytest -m cuda tests/cuda`` (every kernel and CUDA dispatch against the
@@ -43,8 +44,9 @@ SUMMARY_LINES = 40  # what the printed summary may take: one screen
 # budget left when it starts).
 LIMITS = {"environment": 20, "wheels": 20, "cuda-suite": 270, "triton-tests": 70,
           "bench-rowwise": 50, "bench-attention": 100}
-# Modules the machine must have, and wheels that may stand in for the missing ones (optional peers).
-OPTIONAL_WHEELS = ("entmax",)
+# Modules the lent machine's image lacks, and the carried wheels that provide each (with the
+# dependencies it also lacks): the entmax package (peer comparisons) and ROUGE-L (translation).
+OPTIONAL_WHEELS = {"entmax": ("entmax",), "rouge_score": ("rouge_score", "nltk", "defusedxml")}
 
 
 @dataclass
@@ -166,7 +168,7 @@ def install_missing_wheels(env: Dict[str, str], limit: float) -> Stage:
     start = time.monotonic()
     missing = [m for m in OPTIONAL_WHEELS if subprocess.run([sys.executable, "-c", f"import {m}"], env=env,
                                                             capture_output=True).returncode != 0]
-    wheels = [w for m in missing for w in sorted(WHEELS.glob(f"{m}-*.whl"))]
+    wheels = [w for m in missing for name in OPTIONAL_WHEELS[m] for w in sorted(WHEELS.glob(f"{name}-*.whl"))]
     if not missing:
         return Stage("wheels", "passed", 0.0, "nothing missing")
     if not wheels:
