@@ -231,10 +231,26 @@ def test_full_autotuning_on_one_shape(device, launchers):
 # ------------------------------------------------------------------ sparse_attention's CUDA route
 def test_sparse_attention_route_equals_reference_path(device, launchers):
     """``sparse_attention(..., "ev_softmax")`` (the flash kernel on CUDA) against the same call in
-    ``kernels.disabled()`` (dense reference), values and gradients, padding masks of each broadcast
-    form, causal or not, GQA. The two compute the threshold differently (the kernel from the key
-    mean, the reference from the score mean), which can differ only where a score ties the mean
-    exactly: such rows (found exactly, on the grid) get no gradient and are not compared."""
+    ``kernels.disabled()`` (dense reference)."""
+    compare_with_reference_path(device)
+
+
+def test_flex_backend_equals_reference_path(device):
+    """``sparse_attention(..., backend="flex")`` (FlexAttention; its backward runs on CUDA only)
+    against the dense reference path, values and gradients."""
+    pytest.importorskip("sparsenorm.attention.flex", reason="the FlexAttention path is not there yet")
+    if device != "cuda":
+        pytest.skip("FlexAttention's backward runs on CUDA only (the CPU forward is tested in tests/attention)")
+    compare_with_reference_path(device, backend="flex")
+
+
+def compare_with_reference_path(device, **options):
+    """``sparse_attention(q, k, v, "ev_softmax", **options)`` against the same call without
+    ``options`` inside ``kernels.disabled()`` (the dense reference), values and gradients, padding
+    masks of each broadcast form, causal or not, GQA, float32 and bfloat16. The two may compute the
+    threshold differently (e.g. the flash kernel from the key mean, the reference from the score
+    mean), which can differ only where a score ties the mean exactly: such rows (found exactly, on
+    the grid) get no gradient and are not compared."""
     from sparsenorm.attention import sparse_attention
 
     gen = torch.Generator().manual_seed(11)
@@ -265,7 +281,7 @@ def test_sparse_attention_route_equals_reference_path(device, launchers):
                             out = sparse_attention(q, k, v, "ev_softmax", attn_mask=md, is_causal=causal)
                             grads = torch.autograd.grad(out, (q, k, v), do64.to(dtype).to(device))
                     else:
-                        out = sparse_attention(q, k, v, "ev_softmax", attn_mask=md, is_causal=causal)
+                        out = sparse_attention(q, k, v, "ev_softmax", attn_mask=md, is_causal=causal, **options)
                         grads = torch.autograd.grad(out, (q, k, v), do64.to(dtype).to(device))
                     results.append((out.detach(), grads))
                 (out, grads), (out_ref, grads_ref) = results
@@ -273,7 +289,7 @@ def test_sparse_attention_route_equals_reference_path(device, launchers):
                 # float32 sums over S keys / D features; magnitudes from the reference's operands.
                 u = (ULP32 if dtype == torch.float32 else ulp(dtype)) * 4 + (S + D + 16) * ULP32 * 2
                 keep_rows = ~tie.expand(B, Hq, L, 1).to(device)
-                what = f"{dtype} causal={causal} mask={None if mask is None else tuple(mask.shape)}"
+                what = f"{options} {dtype} causal={causal} mask={None if mask is None else tuple(mask.shape)}"
                 vmax = v64.abs().max().item()
                 assert_within(out * keep_rows, out_ref * keep_rows,
                               rounding(dtype, out_ref.abs().double()) + u * vmax, "output " + what)

@@ -55,14 +55,13 @@ def test_every_function_compiles_fullgraph(device, targets_on, name):
     compiled_equals_eager(fn, device, "aot_eager")
 
 
-@pytest.mark.parametrize("name", ["ev_softmax", "log_ev_softmax_train", "sparsemax", "entmax15", "r_softmax"])
+@pytest.mark.parametrize("name", ["ev_softmax", "log_ev_softmax_train", "sparsemax"])  # (inductor compiles slowly)
 def test_inductor_on_the_kernel_backed_functions(device, targets_on, name):
     needs_cuda(device)
     compiled_equals_eager(test_compile.NORMALIZERS[name], device, "inductor")
 
 
-@pytest.mark.parametrize("causal", [False, True])
-def test_sparse_attention_compiles_fullgraph(device, causal):
+def test_sparse_attention_compiles_fullgraph(device, causal=True):
     """ev-softmax attention on CUDA (the flash kernel) under ``torch.compile(fullgraph=True)``."""
     needs_cuda(device)
     from sparsenorm.attention import sparse_attention
