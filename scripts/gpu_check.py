@@ -27,6 +27,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -107,14 +108,21 @@ def run_stage(name: str, command: List[str], limit: float, env: Dict[str, str], 
     start = time.monotonic()
     header = f"\n===== {name}: {' '.join(command)}\n"
     try:
-        done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=limit)
-        output, status = done.stdout + done.stderr, "passed" if done.returncode == 0 else "failed"
-        detail = "" if done.returncode == 0 else f"exit status {done.returncode}"
-    except subprocess.TimeoutExpired as err:
-        output = (_text(err.stdout) + _text(err.stderr))
-        status, detail = "timeout", f"stopped after its limit of {limit:.0f} s"
+        # Its own process group, so that a stage stopped at its limit takes its children with it
+        # (pytest-xdist workers would otherwise hold the GPU through the next stage).
+        proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, start_new_session=True)
     except OSError as err:
         output, status, detail = str(err), "failed", f"could not start: {err}"
+    else:
+        try:
+            output, _ = proc.communicate(timeout=limit)
+            status = "passed" if proc.returncode == 0 else "failed"
+            detail = "" if proc.returncode == 0 else f"exit status {proc.returncode}"
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            output, _ = proc.communicate()
+            status, detail = "timeout", f"stopped after its limit of {limit:.0f} s"
     if log_path is not None:
         with open(log_path, "a") as f:
             f.write(header + output)
@@ -128,10 +136,12 @@ def run_stage(name: str, command: List[str], limit: float, env: Dict[str, str], 
     return stage
 
 
-def _text(b) -> str:
-    if b is None:
-        return ""
-    return b.decode(errors="replace") if isinstance(b, bytes) else b
+def _kill_group(proc: subprocess.Popen) -> None:
+    """Kill ``proc`` and every process of its group (it leads its own session)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        proc.kill()
 
 
 def environment(env: Dict[str, str], out: Path, limit: float) -> Dict[str, object]:

@@ -125,3 +125,16 @@ def test_main_orchestrates_the_stages_and_writes_the_results(monkeypatch, tmp_pa
     assert gpu_check.main(["--out", str(tmp_path / "late"), "--budget", "1"]) == 1
     saved = json.loads((tmp_path / "late" / "gpu_check.json").read_text())
     assert {s["status"] for s in saved["stages"][1:]} == {"timeout"}
+
+
+def test_a_stage_stopped_at_its_limit_takes_its_children_with_it(tmp_path):
+    """(pytest-xdist workers must not outlive a timed-out CUDA suite.)"""
+    marker = tmp_path / "child-alive"
+    child = f"import time, pathlib; time.sleep(3); pathlib.Path({str(marker)!r}).write_text('still here')"
+    parent = f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {child!r}]); time.sleep(30)"
+    stage = gpu_check.run_stage("parent", [sys.executable, "-c", parent], 1, {"PATH": "/usr/bin:/bin"})
+    assert stage.status == "timeout"
+    import time
+
+    time.sleep(4)
+    assert not marker.exists()
