@@ -43,8 +43,8 @@ SUMMARY_LINES = 40  # what the printed summary may take: one screen
 
 # Stage time limits in seconds (they add up to under the default budget; each is also cut to the
 # budget left when it starts).
-LIMITS = {"environment": 20, "wheels": 20, "cuda-suite": 270, "triton-tests": 70,
-          "bench-rowwise": 50, "bench-attention": 100}
+LIMITS = {"environment": 20, "wheels": 20, "cuda-suite": 270, "triton-tests": 60,
+          "bench-rowwise": 40, "bench-attention": 130}
 # Modules the lent machine's image lacks, and the carried wheels that provide each (with the
 # dependencies it also lacks): the entmax package (peer comparisons) and ROUGE-L (translation).
 OPTIONAL_WHEELS = {"entmax": ("entmax",), "rouge_score": ("rouge_score", "nltk", "defusedxml")}
