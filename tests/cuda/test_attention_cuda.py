@@ -11,6 +11,7 @@ the support is identical, and what is left to bound is smooth rounding (``cuda_h
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Optional
 
@@ -58,12 +59,12 @@ class Oracle:
         self.out = self.p @ self.v
         L, S, D = q.shape[2], k.shape[2], q.shape[3]
         # Matrix products are rounded to the dtype's precision once per operand (P, dS: two for the
-        # 16-bit dtypes; float32 runs IEEE float32 products); float32 sums over the blocks of keys
-        # (queries) add S/16 (L*group/16) roundings; exp2 of |arguments| < 16 adds 16.
+        # 16-bit dtypes; float32 runs IEEE float32 products); a float32 sum over the S keys (L*group
+        # queries) adds at most S (L*group) roundings in any order; exp2 of |arguments| < 16 adds 16.
         self.u_mm = ULP32 if dtype == torch.float32 else ulp(dtype)
-        self.e_weight = 2 * self.u_mm + (16 + S / 16) * ULP32
-        self.key_ops = (16 + S / 16) * ULP32
-        self.query_ops = (16 + L * group / 16) * ULP32
+        self.e_weight = 2 * self.u_mm + (16 + S) * ULP32
+        self.key_ops = (16 + S) * ULP32
+        self.query_ops = (16 + L * group) * ULP32
         self.dot_ops = (D + 4) * ULP32
         self.out_bound = rounding(dtype, self.out.abs()) + self.e_weight * (self.p @ self.v.abs())
 
@@ -127,7 +128,7 @@ def run_case(device, launchers, dtype, B=1, Hq=2, Hk=1, L=40, S=40, D=32, causal
     lse = torch.logsumexp((exact * sm_scale).masked_fill(~support, float("-inf")), -1)
     assert_within(torch.where(has_valid, lse2.double() * math.log(2), lse2.double()),
                   torch.where(has_valid, lse, torch.full_like(lse, float("inf"))),
-                  (16 + S / 16) * ULP32 * (1 + lse.abs().nan_to_num(posinf=0.0)), "log-sum-exp " + what)
+                  (16 + S) * ULP32 * (1 + lse.abs().nan_to_num(posinf=0.0)), "log-sum-exp " + what)
     want, bounds = oracle.grads(do64)
     for name, got in (("dq", dq), ("dk", dk), ("dv", dv)):
         assert got.dtype == dtype
@@ -244,56 +245,53 @@ def test_flex_backend_equals_reference_path(device):
     compare_with_reference_path(device, backend="flex")
 
 
-def compare_with_reference_path(device, **options):
-    """``sparse_attention(q, k, v, "ev_softmax", **options)`` against the same call without
-    ``options`` inside ``kernels.disabled()`` (the dense reference), values and gradients, padding
-    masks of each broadcast form, causal or not, GQA, float32 and bfloat16. The two may compute the
-    threshold differently (e.g. the flash kernel from the key mean, the reference from the score
-    mean), which can differ only where a score ties the mean exactly: such rows (found exactly, on
-    the grid) get no gradient and are not compared."""
+def compare_with_reference_path(device, attend=None, dtypes=(torch.float32, torch.bfloat16), causals=(False, True),
+                                masks=("none", "per_sequence", "shared"), **options):
+    """``sparse_attention(q, k, v, "ev_softmax", **options)`` and the same call without ``options``
+    inside ``kernels.disabled()`` (the dense reference), each against the float64 oracle: values and
+    gradients, padding masks of each broadcast form, causal or not, GQA, float32 and bfloat16. The
+    scores are exact (grid inputs), and so is the reference's threshold (their mean: an exact sum,
+    one division); another path may compute it otherwise (the flash kernel: q . mean(keys)), which
+    can matter only where a score ties the mean exactly. Such rows (found exactly) get no gradient
+    and their outputs are not compared. ``attend`` replaces ``sparse_attention`` on the tested
+    path (e.g. a compiled one); ``dtypes``, ``causals`` and ``masks`` choose the cases."""
     from sparsenorm.attention import sparse_attention
+
+    attend = attend or sparse_attention
 
     gen = torch.Generator().manual_seed(11)
     B, Hq, Hk, L, S, D = 2, 4, 2, 24, 40, 32
-    for dtype in (torch.float32, torch.bfloat16):
-        for causal in (False, True):
-            keep = torch.ones(B, 1, 1, S, dtype=torch.bool)
-            keep[1, ..., 29:] = False
-            for mask in (None, keep, keep[0, 0, 0]):
+    scale = D ** -0.5
+    keep = torch.ones(B, 1, 1, S, dtype=torch.bool)
+    keep[1, ..., 29:] = False
+    forms = {"none": None, "per_sequence": keep, "shared": keep[0, 0, 0]}
+    for dtype in dtypes:
+        for causal in causals:
+            for mask in (forms[m] for m in masks):
                 q64, k64 = grid_normal((B, Hq, L, D), gen), grid_normal((B, Hk, S, D), gen)
-                v64 = torch.randn(B, Hk, S, D, generator=gen, dtype=torch.float64)
+                v64 = torch.randn(B, Hk, S, D, generator=gen, dtype=torch.float64).to(dtype).double()
                 s = q64 @ k64.repeat_interleave(Hq // Hk, 1).transpose(-1, -2)
-                valid = torch.ones(B, 1, L, S, dtype=torch.bool)
-                if mask is not None:
-                    valid &= mask
-                if causal:
-                    valid &= torch.arange(S) <= torch.arange(L).view(L, 1)
+                valid = valid_keys(B, L, S, None, None if mask is None else mask.expand(B, 1, 1, S).reshape(B, S),
+                                   causal, "cpu")
                 n = valid.sum(-1, keepdim=True).clamp_min(1)
-                tie = ((s * n == (s * valid).sum(-1, keepdim=True)) & valid).any(-1, keepdim=True)
+                total = (s * valid).sum(-1, keepdim=True)
+                tie = ((s * n == total) & valid).any(-1, keepdim=True)
                 assert tie.double().mean() < 0.25, "too many exact ties to compare"
+                support = valid & (s * n >= total)  # s >= mean, exactly
                 do64 = torch.randn(B, Hq, L, D, generator=gen, dtype=torch.float64).masked_fill(tie, 0.0)
-                results = []
-                for reference in (False, True):
+                do64 = do64.to(dtype).double()
+                oracle = Oracle(*(t.to(device) for t in (q64, k64, v64, support)), scale, dtype)
+                want, bounds = oracle.grads(do64.to(device))
+                rows = ~tie.expand(B, Hq, L, 1).to(device)
+                for reference in (True, False):
                     q, k, v = (t.to(dtype).to(device).requires_grad_() for t in (q64, k64, v64))
                     md = None if mask is None else mask.to(device)
-                    if reference:
-                        with sparsenorm.kernels.disabled():
-                            out = sparse_attention(q, k, v, "ev_softmax", attn_mask=md, is_causal=causal)
-                            grads = torch.autograd.grad(out, (q, k, v), do64.to(dtype).to(device))
-                    else:
-                        out = sparse_attention(q, k, v, "ev_softmax", attn_mask=md, is_causal=causal, **options)
+                    with sparsenorm.kernels.disabled() if reference else contextlib.nullcontext():
+                        out = (sparse_attention if reference else attend)(
+                            q, k, v, "ev_softmax", attn_mask=md, is_causal=causal, **({} if reference else options))
                         grads = torch.autograd.grad(out, (q, k, v), do64.to(dtype).to(device))
-                    results.append((out.detach(), grads))
-                (out, grads), (out_ref, grads_ref) = results
-                # Both paths' error: two dtype roundings of each product operand and of the result,
-                # float32 sums over S keys / D features; magnitudes from the reference's operands.
-                u = (ULP32 if dtype == torch.float32 else ulp(dtype)) * 4 + (S + D + 16) * ULP32 * 2
-                keep_rows = ~tie.expand(B, Hq, L, 1).to(device)
-                what = f"{options} {dtype} causal={causal} mask={None if mask is None else tuple(mask.shape)}"
-                vmax = v64.abs().max().item()
-                assert_within(out * keep_rows, out_ref * keep_rows,
-                              rounding(dtype, out_ref.abs().double()) + u * vmax, "output " + what)
-                for name, g, g_ref, operand in zip("qkv", grads, grads_ref, (k64, q64, do64)):
-                    scale = (D ** -0.5 if name != "v" else 1.0) * operand.abs().max().item() * max(S, L * Hq) * \
-                        (vmax + do64.abs().max().item()) * do64.abs().max().item() ** (name != "v")
-                    assert_within(g, g_ref, rounding(dtype, g_ref.abs().double()) + u * scale, f"d{name} " + what)
+                    what = (f"{'reference' if reference else options or 'default'} {dtype} causal={causal} "
+                            f"mask={None if mask is None else tuple(mask.shape)}")
+                    assert_within(out * rows, oracle.out * rows, oracle.out_bound, "output " + what)
+                    for name, g in zip(("dq", "dk", "dv"), grads):
+                        assert_within(g, want[name], bounds[name], f"{name} " + what)

@@ -61,28 +61,17 @@ def test_inductor_on_the_kernel_backed_functions(device, targets_on, name):
     compiled_equals_eager(test_compile.NORMALIZERS[name], device, "inductor")
 
 
-def test_sparse_attention_compiles_fullgraph(device, causal=True):
-    """ev-softmax attention on CUDA (the flash kernel) under ``torch.compile(fullgraph=True)``."""
+def test_sparse_attention_compiles_fullgraph(device):
+    """ev-softmax attention on CUDA (the flash kernel) under ``torch.compile(fullgraph=True)``:
+    values and gradients against the float64 oracle, as the eager path is checked
+    (``test_attention_cuda.compare_with_reference_path``), on one case (compiling is slow)."""
     needs_cuda(device)
     from sparsenorm.attention import sparse_attention
-
-    gen = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(2, 4, 64, 32, generator=gen).to(device, torch.bfloat16) for _ in range(3))
-    keep = torch.ones(2, 1, 1, 64, dtype=torch.bool, device=device)
-    keep[1, ..., 50:] = False
-
-    def fn(q, k, v):
-        return sparse_attention(q, k, v, "ev_softmax", attn_mask=keep, is_causal=causal)
+    from test_attention_cuda import compare_with_reference_path
 
     torch._dynamo.reset()
-    compiled = torch.compile(fn, fullgraph=True)
-    qs, qc = (tuple(t.clone().requires_grad_() for t in (q, k, v)) for _ in range(2))
-    eager, got = fn(*qs), compiled(*qc)
-    # The same kernel on the same inputs: equal up to the order of float32 sums (none here).
-    assert torch.equal(got, eager)
-    do = torch.randn(eager.shape, generator=gen).to(device, eager.dtype)
-    for a, b in zip(torch.autograd.grad(eager, qs, do), torch.autograd.grad(got, qc, do)):
-        assert torch.equal(a, b)
+    compare_with_reference_path(device, attend=torch.compile(sparse_attention, fullgraph=True),
+                                dtypes=(torch.bfloat16,), causals=(True,), masks=("per_sequence",))
 
 
 # ------------------------------------------------------------------------------- CUDA graphs
