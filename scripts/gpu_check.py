@@ -136,6 +136,13 @@ def run_stage(name: str, command: List[str], limit: float, env: Dict[str, str], 
     return stage
 
 
+def require_passes(stage: Stage) -> None:
+    """On a CUDA machine a suite that passed nothing (all skipped: a broken device fixture, say) failed."""
+    if stage.status == "passed" and not re.search(r"\b[1-9]\d* passed", stage.detail):
+        stage.status = "failed"
+        stage.detail = "; ".join(x for x in (stage.detail, "no test passed") if x)
+
+
 def _kill_group(proc: subprocess.Popen) -> None:
     """Kill ``proc`` and every process of its group (it leads its own session)."""
     try:
@@ -167,7 +174,11 @@ def environment(env: Dict[str, str], out: Path, limit: float) -> Dict[str, objec
     )
     try:
         done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=limit)
-        info.update(json.loads(done.stdout.strip().splitlines()[-1]))
+        if done.returncode != 0:
+            last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+            info["error"] = f"version probe failed: {last}"
+        else:
+            info.update(json.loads(done.stdout.strip().splitlines()[-1]))
     except (subprocess.TimeoutExpired, OSError, ValueError, IndexError) as err:
         info["error"] = f"version probe failed: {err}"
     return info
@@ -295,6 +306,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         else:
             log = pytest_log if name in ("cuda-suite", "triton-tests") else bench_log
             stages.append(run_stage(name, commands[name], limit(name), env, log))
+            if name == "cuda-suite":
+                require_passes(stages[-1])
         print(f"gpu-check: {stages[-1].name} {stages[-1].status} ({stages[-1].seconds:.0f} s) {stages[-1].detail}",
               flush=True)
     bench = {}

@@ -138,3 +138,33 @@ def test_a_stage_stopped_at_its_limit_takes_its_children_with_it(tmp_path):
 
     time.sleep(4)
     assert not marker.exists()
+
+
+def test_a_cuda_suite_that_passed_nothing_failed():
+    skipped = gpu_check.Stage("cuda-suite", "passed", 3.0, "260 skipped")
+    gpu_check.require_passes(skipped)
+    assert skipped.status == "failed" and skipped.detail == "260 skipped; no test passed"
+    ran = gpu_check.Stage("cuda-suite", "passed", 3.0, "250 passed, 10 skipped")
+    gpu_check.require_passes(ran)
+    assert ran.status == "passed"
+
+
+def test_carried_wheels_are_installed_only_for_missing_packages(monkeypatch):
+    """A package the machine lacks: its carried wheel is pip-installed (no index) into a temporary
+    folder put first on PYTHONPATH; a package it has: nothing installed."""
+    import os
+
+    env = dict(os.environ)
+    env.pop("PYTHONPATH", None)
+    monkeypatch.setattr(gpu_check, "OPTIONAL_WHEELS", {"not_a_module_here_xyz": ("entmax",), "json": ("nothing",)})
+    stage = gpu_check.install_missing_wheels(env, 60)
+    assert stage.status == "passed" and stage.detail == "installed entmax-1.3-py3-none-any.whl"
+    target = env["PYTHONPATH"].split(os.pathsep)[0]
+    assert (Path(target) / "entmax" / "__init__.py").is_file()
+    import shutil
+
+    shutil.rmtree(target)
+    monkeypatch.setattr(gpu_check, "OPTIONAL_WHEELS", {"json": ("nothing",)})
+    assert gpu_check.install_missing_wheels(dict(os.environ), 60).detail == "nothing missing"
+    monkeypatch.setattr(gpu_check, "OPTIONAL_WHEELS", {"not_a_module_here_xyz": ("no_such_wheel",)})
+    assert gpu_check.install_missing_wheels(dict(os.environ), 60).status == "skipped"
