@@ -71,6 +71,15 @@ def collate(examples: List[Example], device: torch.device) -> Tuple[Tensor, Tens
     return to_device(src, device), to_device(tgt_in, device), to_device(tgt[:, 1:], device)
 
 
+def target_positions(examples: List[Example], device: torch.device) -> Tensor:
+    """The row-major flat positions of the non-padding decoder targets of ``collate(examples)``
+    (``(tgt_out != PAD).flatten().nonzero()``), from the lengths on the host: selecting them with
+    a boolean mask on the device would read its count back, a host sync every step."""
+    width = max(len(t) for _, t in examples) - 1
+    positions = [i * width + j for i, (_, t) in enumerate(examples) for j in range(len(t) - 1)]
+    return to_device(torch.tensor(positions, dtype=torch.long), device)
+
+
 # Loss families whose floating target is a class distribution q (loss gradient p - q): cross-entropy,
 # ev-softmax's NLL and the Fenchel-Young losses. Label smoothing means q = (1 - e) one-hot + e / V there.
 # The r-/t-softmax and sparsehourglass losses read a floating target as multi-hot labels instead.
@@ -143,15 +152,16 @@ def train(spec: Dict[str, Any], train_examples: List[Example], device: torch.dev
     bar = progress(range(start, steps), total=steps - start, desc=f"train {spec['attention']['cross'][0]} seed {seed}")
     for step in bar if rank == 0 else range(start, steps):
         batch = next(stream)
-        src, tgt_in, tgt_out = collate([train_examples[i] for i in batch[rank::world]], device)
+        examples = [train_examples[i] for i in batch[rank::world]]
+        src, tgt_in, tgt_out = collate(examples, device)
+        targets = target_positions(examples, device)
         global_tokens = sum(len(train_examples[i][1]) - 1 for i in batch)
         torch.manual_seed(seed * 1_000_003 + step * 1009 + rank)  # dropout: exact on resume
         for group in optim.param_groups:
             group["lr"] = noam_lr(step + 1, spec["lr"], spec["warmup"])
         with mixed_precision(device):
             feats = ddp(src, tgt_in)
-            keep = tgt_out != PAD
-            loss_sum = loss_fn(model.out(feats[keep]), tgt_out[keep])
+            loss_sum = loss_fn(model.out(feats.flatten(0, 1)[targets]), tgt_out.flatten()[targets])
         optim.zero_grad(set_to_none=True)
         (loss_sum * (world / global_tokens)).backward()
         if spec["clip"]:
