@@ -55,6 +55,29 @@ def test_every_function_compiles_fullgraph(device, targets_on, name):
     compiled_equals_eager(fn, device, "aot_eager")
 
 
+@pytest.mark.parametrize("name", list(test_compile.NORMALIZERS) + list(test_compile.LOSSES))
+def test_every_function_on_the_device_equals_cpu(device, name, monkeypatch):
+    """Each normalizer and loss on the device (its kernel or the reference ops there) against the
+    CPU (its C++ kernel or the reference), values and input gradients, float32. Both sides: float32
+    roundings over rows of 6 entries of magnitude < 8 and the few operations of a closed form
+    (iterative ones: 30 bisection steps, each a rounding of the threshold), counted as 64."""
+    fn = {**test_compile.NORMALIZERS, **test_compile.LOSSES}[name]
+    results = []
+    for where in ("cpu", device):
+        monkeypatch.setattr(test_compile, "TARGET", test_compile.TARGET.to(where))
+        monkeypatch.setattr(test_compile, "MULTI_HOT", test_compile.MULTI_HOT.to(where))
+        x, mask = (t.to(where) for t in test_compile.inputs())
+        x.requires_grad_(True)
+        y = fn(x, mask)
+        g = torch.randn(y.shape, generator=torch.Generator().manual_seed(2)).to(where)
+        (dx,) = torch.autograd.grad(y, x, g.masked_fill(torch.isinf(y), 0.0))
+        results.append((y.detach(), dx))
+    (y_cpu, dx_cpu), (y_dev, dx_dev) = results
+    bound = lambda ref: 2 * 64 * 8 * ULP32 * (1 + ref.double().abs().nan_to_num(posinf=0.0))  # noqa: E731
+    assert_within(y_dev, y_cpu, bound(y_cpu), f"{name} value")
+    assert_within(dx_dev, dx_cpu, bound(dx_cpu), f"{name} gradient")
+
+
 @pytest.mark.parametrize("name", ["ev_softmax", "log_ev_softmax_train", "sparsemax"])  # (inductor compiles slowly)
 def test_inductor_on_the_kernel_backed_functions(device, targets_on, name):
     needs_cuda(device)
