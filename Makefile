@@ -1,5 +1,5 @@
 # The two commands a newcomer needs: `make reproduce` (the main job) and `make test`.
-.PHONY: reproduce reproduce-full test test-slow test-simd test-wheel bench venv
+.PHONY: reproduce reproduce-full test test-slow test-simd test-wheel bench venv gpu-check
 
 venv:
 	bash scripts/bootstrap.sh
@@ -34,3 +34,9 @@ test-wheel: venv
 bench: venv
 	.venv/bin/python -m sparsenorm.bench
 	.venv/bin/python -m sparsenorm.bench_attention
+
+# On a CUDA machine, with its own Python (no venv, no network): the CUDA suite, the Triton tests and
+# `bench_gpu --quick`, results into $OUT (else gpu-check-out/). README "GPU" says more.
+GPU_PYTHON ?= python3
+gpu-check:
+	PYTHONPATH=. $(GPU_PYTHON) scripts/gpu_check.py

@@ -31,10 +31,18 @@ def _sentence(rng, words, n):
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory):
-    """A 2-layer, 16-wide BERT classifier with random weights and a word-level vocabulary."""
+    return write_tiny_bert(tmp_path_factory.mktemp("tiny-bert"))
+
+
+@pytest.fixture(scope="module")
+def tiny_tsv(tmp_path_factory):
+    return write_tiny_tsv(tmp_path_factory.mktemp("tiny-sst"))
+
+
+def write_tiny_bert(folder: Path) -> Path:
+    """A 2-layer, 16-wide BERT classifier with random weights and a word-level vocabulary, saved in ``folder``."""
     from transformers import BertConfig, BertForSequenceClassification, BertTokenizerFast
 
-    folder = tmp_path_factory.mktemp("tiny-bert")
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + GOOD + BAD + FILLER
     (folder / "vocab.txt").write_text("\n".join(vocab) + "\n")
     BertTokenizerFast(vocab_file=str(folder / "vocab.txt")).save_pretrained(folder)
@@ -45,10 +53,8 @@ def tiny_model(tmp_path_factory):
     return folder
 
 
-@pytest.fixture(scope="module")
-def tiny_tsv(tmp_path_factory):
-    """GLUE SST-2-style train.tsv / dev.tsv."""
-    folder = tmp_path_factory.mktemp("tiny-sst")
+def write_tiny_tsv(folder: Path) -> Path:
+    """GLUE SST-2-style train.tsv / dev.tsv in ``folder``."""
     rng = np.random.default_rng(0)
     for name, n in (("train.tsv", 60), ("dev.tsv", 20)):
         rows = ["sentence\tlabel"]

@@ -16,7 +16,7 @@ from sparsenorm.experiments.evsoftmax_translation.decode import beam_search, gre
 from sparsenorm.experiments.evsoftmax_translation.evaluate import attended, rouge, rouge_l
 from sparsenorm.experiments.evsoftmax_translation.model import BOS, EOS, PAD, SITES, ModelConfig, Seq2Seq
 from sparsenorm.experiments.evsoftmax_translation.train import (
-    collate, global_batches, launch, output_loss, train,
+    collate, global_batches, launch, output_loss, target_positions, train,
 )
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -188,6 +188,15 @@ def test_global_batches_are_seeded_and_bounded():
     while len(seen) < 40:
         seen += next(stream)
     assert sorted(seen) == list(range(40))
+
+
+def test_target_positions_are_the_non_padding_targets():
+    """What the training step selects without a host sync equals the boolean mask it replaces."""
+    for seed in range(3):
+        examples = toy_examples(7, seed=seed)
+        _, _, tgt_out = collate(examples, torch.device("cpu"))
+        positions = target_positions(examples, torch.device("cpu"))
+        assert torch.equal(positions, (tgt_out != PAD).flatten().nonzero().flatten())
 
 
 def test_label_smoothed_losses_for_output_normalizers():

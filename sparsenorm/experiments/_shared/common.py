@@ -5,6 +5,7 @@ protocol of :mod:`.runner`, which also runs it.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -89,6 +90,22 @@ def resolve_device(device: str = "auto") -> torch.device:
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"--device {device!r}: CUDA is not available on this machine; use cpu or auto")
     return dev
+
+
+def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``t`` on ``device``. A CPU tensor bound for CUDA is copied from pinned memory without blocking:
+    a plain copy from pageable memory waits for the GPU's queue, a host sync on every training step."""
+    if device.type == "cuda" and t.device.type == "cpu":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
+
+def mixed_precision(device: torch.device):
+    """bfloat16 autocast on CUDA, for the forward pass and loss of the transformer experiments
+    (translation, fine-tuning); nothing elsewhere, so CPU results stay bit-identical."""
+    if device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
 
 
 def progress(iterable: Iterable, *, total: Optional[int] = None, desc: str = "", leave: bool = False):

@@ -126,7 +126,9 @@ def train_group(names: List[str], seed: int, setting: TrainingSetting, data: Dic
     curves = {name: {"iteration": [], **{m: {q: [] for q in QUERIES} for m in METRICS}} for name in names}
     initial: Dict[str, Dict[str, Any]] = {}
     loss_curve = {"iteration": [], "neg_elbo_per_example": []}
-    running, running_count = 0.0, 0
+    # The running loss stays on the device (float64, so the sum is the one float() would give):
+    # read once per evaluation, not every step.
+    running, running_count = torch.zeros((), dtype=torch.float64, device=device), 0
 
     def checkpoint(step: int) -> None:
         model.eval()
@@ -152,14 +154,14 @@ def train_group(names: List[str], seed: int, setting: TrainingSetting, data: Dic
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
-        running += float(loss.detach()) / len(idx)
+        running += loss.detach().double() / len(idx)
         running_count += 1
         done = step + 1
         if done % eval_every == 0 or done == total:
             checkpoint(done)
             loss_curve["iteration"].append(done)
-            loss_curve["neg_elbo_per_example"].append(running / running_count)
-            running, running_count = 0.0, 0
+            loss_curve["neg_elbo_per_example"].append(running.item() / running_count)
+            running, running_count = running.new_zeros(()), 0
     train_time = clock.elapsed
 
     model.eval()

@@ -29,7 +29,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from ... import registry
-from .._shared.common import progress
+from .._shared.common import mixed_precision, progress, to_device
 from .model import EOS, PAD, ModelConfig, Seq2Seq
 
 Example = Tuple[List[int], List[int]]  # source ids, target ids (with BOS ... EOS)
@@ -68,7 +68,16 @@ def collate(examples: List[Example], device: torch.device) -> Tuple[Tensor, Tens
         src[i, :len(s)] = torch.tensor(s)
         tgt[i, :len(t)] = torch.tensor(t)
     tgt_in = tgt[:, :-1].masked_fill(tgt[:, :-1] == EOS, PAD)  # EOS is never an input: shorter rows end here
-    return src.to(device), tgt_in.to(device), tgt[:, 1:].to(device)
+    return to_device(src, device), to_device(tgt_in, device), to_device(tgt[:, 1:], device)
+
+
+def target_positions(examples: List[Example], device: torch.device) -> Tensor:
+    """The row-major flat positions of the non-padding decoder targets of ``collate(examples)``
+    (``(tgt_out != PAD).flatten().nonzero()``), from the lengths on the host: selecting them with
+    a boolean mask on the device would read its count back, a host sync every step."""
+    width = max(len(t) for _, t in examples) - 1
+    positions = [i * width + j for i, (_, t) in enumerate(examples) for j in range(len(t) - 1)]
+    return to_device(torch.tensor(positions, dtype=torch.long), device)
 
 
 # Loss families whose floating target is a class distribution q (loss gradient p - q): cross-entropy,
@@ -127,6 +136,7 @@ def train(spec: Dict[str, Any], train_examples: List[Example], device: torch.dev
     optim = torch.optim.Adam(model.parameters(), lr=spec["lr"], betas=(0.9, 0.98), eps=1e-9)
     loss_fn, _ = output_loss(spec["output"], spec["label_smoothing"])
     history: List[List[float]] = []  # [step, mean token loss of the global batch]
+    pending: List[Tuple[int, Tensor, int]] = []  # steps whose loss is still on the device
     start = 0
     ckpt = Path(spec["checkpoint"]) if spec.get("checkpoint") else None
     if ckpt is not None and spec.get("resume") and ckpt.is_file():
@@ -142,28 +152,45 @@ def train(spec: Dict[str, Any], train_examples: List[Example], device: torch.dev
     bar = progress(range(start, steps), total=steps - start, desc=f"train {spec['attention']['cross'][0]} seed {seed}")
     for step in bar if rank == 0 else range(start, steps):
         batch = next(stream)
-        src, tgt_in, tgt_out = collate([train_examples[i] for i in batch[rank::world]], device)
+        examples = [train_examples[i] for i in batch[rank::world]]
+        src, tgt_in, tgt_out = collate(examples, device)
+        targets = target_positions(examples, device)
         global_tokens = sum(len(train_examples[i][1]) - 1 for i in batch)
         torch.manual_seed(seed * 1_000_003 + step * 1009 + rank)  # dropout: exact on resume
         for group in optim.param_groups:
             group["lr"] = noam_lr(step + 1, spec["lr"], spec["warmup"])
-        feats = ddp(src, tgt_in)
-        keep = tgt_out != PAD
-        loss_sum = loss_fn(model.out(feats[keep]), tgt_out[keep])
+        with mixed_precision(device):
+            feats = ddp(src, tgt_in)
+            loss_sum = loss_fn(model.out(feats.flatten(0, 1)[targets]), tgt_out.flatten()[targets])
         optim.zero_grad(set_to_none=True)
         (loss_sum * (world / global_tokens)).backward()
         if spec["clip"]:
             torch.nn.utils.clip_grad_norm_(model.parameters(), spec["clip"])
         optim.step()
-        total = loss_sum.detach().clone()
+        total = loss_sum.detach().to(torch.float32, copy=True)  # (a copy: all_reduce works in place)
         if world > 1:
             dist.all_reduce(total)
-        history.append([step + 1, float(total) / global_tokens])
-        if not math.isfinite(history[-1][1]):
-            raise FloatingPointError(f"training loss is {history[-1][1]} at step {step + 1}")
-        if ckpt is not None and rank == 0 and ((step + 1) % spec["checkpoint_every"] == 0 or step + 1 == steps):
+        pending.append((step + 1, total, global_tokens))
+        saving = ckpt is not None and rank == 0 and ((step + 1) % spec["checkpoint_every"] == 0 or step + 1 == steps)
+        if saving or len(pending) == LOSS_READ_EVERY or step + 1 == steps:
+            _record_losses(pending, history)
+        if saving:
             _save(ckpt, model, optim, step + 1, history)
     return {"model": model, "history": history, "world_size": world}
+
+
+LOSS_READ_EVERY = 50
+"""Training steps whose losses are read from the device together (one host sync per that many)."""
+
+
+def _record_losses(pending: List[Tuple[int, Tensor, int]], history: List[List[float]]) -> None:
+    """Append ``[step, mean token loss]`` for the pending steps to ``history``; fail on a non-finite one."""
+    values = torch.stack([t for _, t, _ in pending]).tolist()
+    for (step, _, tokens), value in zip(pending, values):
+        history.append([step, value / tokens])
+        if not math.isfinite(history[-1][1]):
+            raise FloatingPointError(f"training loss is {history[-1][1]} at step {step}")
+    pending.clear()
 
 
 def _save(path: Path, model, optim, step: int, history) -> None:

@@ -20,7 +20,7 @@ import torch
 
 from ... import registry
 from ...losses import rsoftmax as r_losses
-from .._shared.common import RunConfig, Stopwatch, cache_dir, progress, seed_everything
+from .._shared.common import RunConfig, Stopwatch, cache_dir, progress, seed_everything, to_device
 from .._shared.runner import Job, RunOptions
 from . import classifier as clf
 from .data import DATASETS, ImageSet, load_images
@@ -330,7 +330,7 @@ def train_prior(name: str, seed_models: SeedModels, n_classes: int, s: Settings,
         order = torch.randperm(len(codes), generator=gen)
         for start in range(0, len(codes), s.prior_batch):
             idx = order[start:start + s.prior_batch]
-            loss = _loss(normalizer, prior, codes[idx].to(device), labels[idx].to(device))
+            loss = _loss(normalizer, prior, to_device(codes[idx], device), to_device(labels[idx], device))
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()

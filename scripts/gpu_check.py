@@ -1,0 +1,326 @@
+"""Prove the CUDA paths on a GPU in one command: ``make gpu-check`` (or ``python3 scripts/gpu_check.py``).
+
+Runs from the repository root with whatever ``python3`` the machine has (torch with CUDA, triton,
+pytest; no install step, no network), in stages, each under its own time limit so the whole run
+ends within ``--budget`` seconds (default 9 minutes):
+
+1. ``environment``: ``nvidia-smi`` and the versions of Python, torch, CUDA, triton, transformers;
+2. ``wheels``: packages the machine lacks (``entmax`` for the peer comparisons, ``rouge_score``
+   for the translation experiment) installed with
+   ``pip --no-deps --no-index`` from ``scripts/gpu_wheels/`` into a temporary folder put on
+   ``PYTHONPATH``, only where they are missing;
+3. ``cuda-suite``: ``pytest -m cuda tests/cuda`` (every kernel and CUDA dispatch against the
+   reference path, torch.compile, CUDA graphs, Hugging Face, one training step per experiment);
+4. ``triton-tests``: the Triton kernel tests of the default suite, which run in-process on CUDA;
+5. ``bench-rowwise`` and ``bench-attention``: ``python -m sparsenorm.bench_gpu --quick``.
+
+Writes into ``--out`` (default ``$OUT``, else ``gpu-check-out``) at most 8 files: ``summary.md``,
+``gpu_check.json`` (environment and every stage's status, time and detail), ``nvidia-smi.txt``,
+``pytest.log``, ``bench.log``, ``bench_rowwise.json``, ``bench_attention.json``; prints a
+one-screen summary; exits 1 if any stage failed or ran out of time, else 0. On a machine without
+a CUDA device it says so in one line and exits 0.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+ROOT = Path(__file__).resolve().parents[1]
+WHEELS = ROOT / "scripts" / "gpu_wheels"
+MAX_FILES = 8  # the lent machine returns at most 8 files from $OUT
+SUMMARY_LINES = 40  # what the printed summary may take: one screen
+
+# Stage time limits in seconds (they add up to under the default budget; each is also cut to the
+# budget left when it starts).
+LIMITS = {"environment": 20, "wheels": 20, "cuda-suite": 270, "triton-tests": 60,
+          "bench-rowwise": 40, "bench-attention": 130}
+# Modules the lent machine's image lacks, and the carried wheels that provide each (with the
+# dependencies it also lacks): the entmax package (peer comparisons) and ROUGE-L (translation).
+OPTIONAL_WHEELS = {"entmax": ("entmax",), "rouge_score": ("rouge_score", "nltk", "defusedxml")}
+
+
+@dataclass
+class Stage:
+    name: str
+    status: str  # "passed", "failed", "timeout", "skipped"
+    seconds: float = 0.0
+    detail: str = ""
+    failures: List[str] = field(default_factory=list)
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="scripts/gpu_check.py", description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=os.environ.get("OUT") or "gpu-check-out",
+                        help="folder for the result files (default: $OUT, else gpu-check-out)")
+    parser.add_argument("--budget", type=float, default=540.0,
+                        help="seconds the whole run may take (default 540: 9 minutes)")
+    parser.add_argument("--skip", action="append", default=[], choices=sorted(LIMITS),
+                        help="leave a stage out (repeatable)")
+    parser.add_argument("--workers", type=int, default=4,
+                        help="pytest-xdist processes for the CUDA suite where xdist is installed (0: none)")
+    args = parser.parse_args(argv)
+    if args.budget <= 0:
+        parser.error(f"--budget must be positive, got {args.budget}")
+    if args.workers < 0:
+        parser.error(f"--workers must be >= 0, got {args.workers}")
+    return args
+
+
+def cuda_unavailable_reason() -> Optional[str]:
+    """Why no CUDA check can run here, or None."""
+    try:
+        import torch
+    except ImportError:
+        return "torch is not installed"
+    if not torch.cuda.is_available():
+        return "no CUDA device (torch.cuda.is_available() is False)"
+    return None
+
+
+def pytest_outcome(log: str) -> str:
+    """pytest's closing counts, e.g. ``"212 passed, 3 failed, 4 skipped"`` (or ``""``)."""
+    found = re.findall(r"=+ (.*?\d+ (?:passed|failed|error|errors|skipped|deselected).*?) in [\d.]+s", log)
+    if found:
+        return found[-1]
+    quiet = re.findall(r"^(\d+ (?:passed|failed|error|errors|skipped).*?) in [\d.]+s", log, re.M)
+    return quiet[-1] if quiet else ""
+
+
+def pytest_failures(log: str, limit: int = 20) -> List[str]:
+    """The test ids pytest lists as FAILED/ERROR in its short summary."""
+    return re.findall(r"^(?:FAILED|ERROR) (\S+)", log, re.M)[:limit]
+
+
+def run_stage(name: str, command: List[str], limit: float, env: Dict[str, str], log_path: Optional[Path] = None
+              ) -> Stage:
+    """Run ``command`` under ``limit`` seconds, appending its output to ``log_path``."""
+    start = time.monotonic()
+    header = f"\n===== {name}: {' '.join(command)}\n"
+    try:
+        # Its own process group, so that a stage stopped at its limit takes its children with it
+        # (pytest-xdist workers would otherwise hold the GPU through the next stage).
+        proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, start_new_session=True)
+    except OSError as err:
+        output, status, detail = str(err), "failed", f"could not start: {err}"
+    else:
+        try:
+            output, _ = proc.communicate(timeout=limit)
+            status = "passed" if proc.returncode == 0 else "failed"
+            detail = "" if proc.returncode == 0 else f"exit status {proc.returncode}"
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            output, _ = proc.communicate()
+            status, detail = "timeout", f"stopped after its limit of {limit:.0f} s"
+    if log_path is not None:
+        with open(log_path, "a") as f:
+            f.write(header + output)
+    stage = Stage(name, status, round(time.monotonic() - start, 1), detail)
+    if "pytest" in command:
+        counts = pytest_outcome(output)
+        stage.detail = "; ".join(x for x in (counts, stage.detail) if x)
+        stage.failures = pytest_failures(output)
+    elif status != "passed":
+        stage.failures = output.strip().splitlines()[-3:]
+    return stage
+
+
+def require_passes(stage: Stage) -> None:
+    """On a CUDA machine a suite that passed nothing (all skipped: a broken device fixture, say) failed."""
+    if stage.status == "passed" and not re.search(r"\b[1-9]\d* passed", stage.detail):
+        stage.status = "failed"
+        stage.detail = "; ".join(x for x in (stage.detail, "no test passed") if x)
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """Kill ``proc`` and every process of its group (it leads its own session)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        proc.kill()
+
+
+def environment(env: Dict[str, str], out: Path, limit: float) -> Dict[str, object]:
+    """nvidia-smi into ``out`` and the software versions (from a subprocess: the imports load CUDA)."""
+    info: Dict[str, object] = {}
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        try:
+            done = subprocess.run([smi], capture_output=True, text=True, timeout=limit)
+            (out / "nvidia-smi.txt").write_text(done.stdout + done.stderr)
+        except (subprocess.TimeoutExpired, OSError) as err:
+            (out / "nvidia-smi.txt").write_text(f"nvidia-smi failed: {err}\n")
+    code = (
+        "import json, platform, torch\n"
+        "info = {'python': platform.python_version(), 'torch': torch.__version__, 'cuda': torch.version.cuda,\n"
+        "        'device': torch.cuda.get_device_name(), 'capability': '.'.join(map(str, torch.cuda.get_device_capability()))}\n"
+        "for name in ('triton', 'transformers', 'entmax', 'pytest', 'hypothesis'):\n"
+        "    try:\n"
+        "        info[name] = __import__(name).__version__\n"
+        "    except Exception as e:\n"
+        "        info[name] = None\n"
+        "print(json.dumps(info))\n"
+    )
+    try:
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=limit)
+        if done.returncode != 0:
+            last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+            info["error"] = f"version probe failed: {last}"
+        else:
+            info.update(json.loads(done.stdout.strip().splitlines()[-1]))
+    except (subprocess.TimeoutExpired, OSError, ValueError, IndexError) as err:
+        info["error"] = f"version probe failed: {err}"
+    return info
+
+
+def install_missing_wheels(env: Dict[str, str], limit: float) -> Stage:
+    """pip-install the carried wheels of missing optional packages into a temporary folder on PYTHONPATH."""
+    start = time.monotonic()
+    missing = [m for m in OPTIONAL_WHEELS if subprocess.run([sys.executable, "-c", f"import {m}"], env=env,
+                                                            capture_output=True).returncode != 0]
+    wheels = [w for m in missing for name in OPTIONAL_WHEELS[m] for w in sorted(WHEELS.glob(f"{name}-*.whl"))]
+    if not missing:
+        return Stage("wheels", "passed", 0.0, "nothing missing")
+    if not wheels:
+        return Stage("wheels", "skipped", 0.0, f"missing {', '.join(missing)}; no wheel in {WHEELS.relative_to(ROOT)}")
+    target = tempfile.mkdtemp(prefix="gpu-check-site-")
+    stage = run_stage("wheels", [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index",
+                                 "--no-compile", "--target", target, *map(str, wheels)], limit, env)
+    if stage.status == "passed":
+        env["PYTHONPATH"] = os.pathsep.join([target, env.get("PYTHONPATH", "")])
+        stage.detail = "installed " + ", ".join(w.name for w in wheels)
+    stage.seconds = round(time.monotonic() - start, 1)
+    return stage
+
+
+def has_xdist(env: Dict[str, str]) -> bool:
+    return subprocess.run([sys.executable, "-c", "import xdist"], env=env, capture_output=True).returncode == 0
+
+
+def summary_markdown(info: Dict[str, object], stages: List[Stage], bench: Dict[str, Optional[dict]]) -> str:
+    """The Markdown summary: environment, one row per stage, failing tests, benchmark tables."""
+    ok = all(s.status in ("passed", "skipped") for s in stages)
+    lines = [f"# gpu-check: {'PASSED' if ok else 'FAILED'}", ""]
+    versions = ", ".join(f"{k} {info[k]}" for k in ("torch", "cuda", "triton", "transformers", "python")
+                         if info.get(k))
+    lines += [f"{info.get('device', 'unknown device')} (compute capability {info.get('capability', '?')}); {versions}", ""]
+    lines += ["| stage | status | seconds | detail |", "| --- | --- | --- | --- |"]
+    lines += [f"| {s.name} | {s.status} | {s.seconds:.0f} | {s.detail} |" for s in stages]
+    failing = [(s.name, f) for s in stages for f in s.failures if s.status not in ("passed", "skipped")]
+    if failing:
+        lines += ["", "Failures:", ""] + [f"- {name}: `{f}`" for name, f in failing]
+    for part, report in bench.items():
+        if report:
+            lines += ["", f"## bench_gpu --quick --only {part}", ""] + bench_table(part, report)
+    return "\n".join(lines) + "\n"
+
+
+def bench_table(part: str, report: dict) -> List[str]:
+    """A short table of a bench_gpu JSON report (its own rows, as measured)."""
+    rows = report.get(part) or []
+
+    def fmt(v, digits=3):
+        return v if isinstance(v, str) else ("-" if v is None else f"{v:.{digits}f}")
+
+    if part == "rowwise":
+        head = ["| shape | pass | method | ms | GB/s |", "| --- | --- | --- | --- | --- |"]
+        return head + [f"| {r['shape']} | {r['pass_']} | {r['method']} | {fmt(r['ms'])} | {fmt(r['gbs'], 0)} |"
+                       for r in rows]
+    head = ["| D | L | causal | pass | method | ms | vs SDPA flash |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    return head + [f"| {r['D']} | {r['L']} | {r['causal']} | {r['pass_']} | {r['method']} | {fmt(r['ms'])} | "
+                   f"{fmt(r.get('vs_sdpa'), 2)} |" for r in rows]
+
+
+def one_screen(markdown: str) -> str:
+    lines = markdown.splitlines()
+    if len(lines) <= SUMMARY_LINES:
+        return markdown
+    return "\n".join(lines[:SUMMARY_LINES] + [f"... ({len(lines) - SUMMARY_LINES} more lines in summary.md)"]) + "\n"
+
+
+def write_results(out: Path, info: Dict[str, object], stages: List[Stage], bench: Dict[str, Optional[dict]]) -> str:
+    """Write summary.md and gpu_check.json into ``out``; returns the summary."""
+    text = summary_markdown(info, stages, bench)
+    (out / "summary.md").write_text(text)
+    (out / "gpu_check.json").write_text(json.dumps(
+        {"environment": info, "stages": [asdict(s) for s in stages]}, indent=1))
+    files = [p for p in out.rglob("*") if p.is_file()]
+    if len(files) > MAX_FILES:
+        raise RuntimeError(f"{len(files)} files in {out}; the lent machine returns at most {MAX_FILES}")
+    return text
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parse_args(argv)
+    reason = cuda_unavailable_reason()
+    if reason is not None:
+        print(f"gpu-check: {reason}; nothing to check on this machine.")
+        return 0
+    deadline = time.monotonic() + args.budget
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env.pop("TRITON_INTERPRET", None)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+
+    def limit(name: str) -> float:
+        return max(1.0, min(LIMITS[name], deadline - time.monotonic()))
+
+    stages: List[Stage] = []
+    start = time.monotonic()
+    info = environment(env, out, limit("environment"))
+    stages.append(Stage("environment", "failed" if "error" in info else "passed",
+                        round(time.monotonic() - start, 1), info.get("error", "")))
+    plan = ["wheels", "cuda-suite", "triton-tests", "bench-rowwise", "bench-attention"]
+    pytest_log, bench_log = out / "pytest.log", out / "bench.log"
+    workers = ["-n", str(args.workers)] if args.workers and has_xdist(env) else []
+    commands = {
+        "cuda-suite": [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "cuda", *workers,
+                       "tests/cuda"],
+        "triton-tests": [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                         "tests/kernels/test_triton_rowwise.py", "tests/kernels/test_triton_attention.py",
+                         "tests/kernels/test_triton_compile.py"],
+        "bench-rowwise": [sys.executable, "-m", "sparsenorm.bench_gpu", "--quick", "--only", "rowwise",
+                          "--json", str(out / "bench_rowwise.json")],
+        "bench-attention": [sys.executable, "-m", "sparsenorm.bench_gpu", "--quick", "--only", "attention",
+                            "--json", str(out / "bench_attention.json")],
+    }
+    for name in plan:
+        if name in args.skip:
+            stages.append(Stage(name, "skipped", 0.0, "--skip"))
+        elif deadline - time.monotonic() < 5:
+            stages.append(Stage(name, "timeout", 0.0, "no time left in the budget"))
+        elif name == "wheels":
+            stages.append(install_missing_wheels(env, limit(name)))
+        else:
+            log = pytest_log if name in ("cuda-suite", "triton-tests") else bench_log
+            stages.append(run_stage(name, commands[name], limit(name), env, log))
+            if name == "cuda-suite":
+                require_passes(stages[-1])
+        print(f"gpu-check: {stages[-1].name} {stages[-1].status} ({stages[-1].seconds:.0f} s) {stages[-1].detail}",
+              flush=True)
+    bench = {}
+    for part in ("rowwise", "attention"):
+        path = out / f"bench_{part}.json"
+        try:
+            bench[part] = json.loads(path.read_text()) if path.exists() else None
+        except ValueError:
+            bench[part] = None
+    text = write_results(out, info, stages, bench)
+    print(one_screen(text), end="")
+    return 0 if all(s.status in ("passed", "skipped") for s in stages) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
