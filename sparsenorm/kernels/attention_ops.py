@@ -25,6 +25,7 @@ The device is looked at here, never above.
 """
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from typing import Callable, Dict, Optional, Tuple
@@ -285,6 +286,30 @@ def _flash_autograd(ctx, grad_out, *_):
 
 ev_softmax_attention_flash_op.register_autograd(_flash_autograd, setup_context=_flash_setup)
 
+
+def flash_ev_softmax_attention(
+    q: Tensor, k: Tensor, v: Tensor, key_lengths: Optional[Tensor] = None, is_causal: bool = False,
+    scale: Optional[float] = None, key_mask: Optional[Tensor] = None,
+) -> Tensor:
+    """Exact ev-softmax attention ``ev_softmax(q k^T * scale) v`` (Eq. 7 per query) by the Triton
+    flash kernel, differentiable in ``q, k, v`` (the op ``sparsenorm::ev_softmax_attention_flash``).
+
+    ``q`` (B, Hq, L, D), ``k`` and ``v`` (B, Hk, S, D) with ``Hk`` dividing ``Hq`` (GQA), one dtype
+    (float16/bfloat16/float32), ``D <= 128``; ``key_lengths`` (B,) int: keys ``j >= len`` are not
+    there (clamped to ``[0, S]``); ``key_mask`` (B, S) bool: False = not there (any padding side);
+    ``is_causal``: top-left causal mask, as SDPA; all three combine. ``scale`` defaults to
+    ``1/sqrt(D)``. The threshold of query ``i`` is ``q_i . mean(valid keys) * scale`` (carries no
+    gradient); a query with no valid key gives zeros. Returns (B, Hq, L, D) in q's dtype. Needs
+    triton (CUDA tensors, or CPU tensors under ``TRITON_INTERPRET=1``); argument errors name the
+    argument (raised by the launcher).
+    """
+    if isinstance(scale, Tensor) or (scale is not None and not math.isfinite(float(scale))):
+        raise ValueError(f"scale must be a finite number or None, got {scale}")
+    if triton_launchers() is None:
+        raise RuntimeError("flash_ev_softmax_attention needs triton: pip install 'sparsenorm[gpu]'")
+    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    return ev_softmax_attention_flash_op(q, k, v, key_lengths, key_mask, bool(is_causal), scale)[0]
+
 _FLASH_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -425,5 +450,6 @@ def attention(fn: Callable[..., Tensor], threshold: Optional[str], call: Attenti
 
 __all__ = ["ev_softmax_attention_blockwise_op", "ev_softmax_attention_blockwise_backward",
            "ev_softmax_attention_flash_op", "ev_softmax_attention_flash_backward", "ev_softmax_attention_blockwise",
+           "flash_ev_softmax_attention",
            "AttentionCall", "KERNELS", "BACKENDS", "AUTO_ORDER", "register_attention_kernel", "attention",
            "dense_attention", "BLOCKWISE_MIN_SCORES"]
