@@ -112,27 +112,30 @@ def _check_mask(m: Optional[Tensor], scores_shape: Tuple[int, ...], device: torc
         raise ValueError(f"{name} is on {m.device} but query is on {device}")
 
 
-def check_key_lengths(key_lengths: Optional[Tensor], scores_shape: Tuple[int, ...], device: torch.device) -> None:
-    """``key_lengths``: an integer tensor of shape (batch,), batch = the scores' first dim, on the
-    query's device, values in ``[0, S]`` (values are read in eager mode on CPU only)."""
-    if key_lengths is None:
+def check_lengths(lengths: Optional[Tensor], scores_shape: Tuple[int, ...], device: torch.device,
+                  name: str = "key_lengths") -> None:
+    """``key_lengths`` / ``query_lengths``: an integer tensor of shape (batch,), batch = the scores'
+    first dim, on the query's device, values in ``[0, S]`` (``[0, L]`` for queries; values are
+    read in eager mode on CPU only)."""
+    if lengths is None:
         return
-    if not isinstance(key_lengths, Tensor):
-        raise TypeError(f"key_lengths must be an integer tensor of shape (batch,), got {type(key_lengths).__name__}")
-    if key_lengths.dtype.is_floating_point or key_lengths.dtype.is_complex or key_lengths.dtype == torch.bool:
-        raise TypeError(f"key_lengths must be an integer tensor, got dtype {key_lengths.dtype}")
+    if not isinstance(lengths, Tensor):
+        raise TypeError(f"{name} must be an integer tensor of shape (batch,), got {type(lengths).__name__}")
+    if lengths.dtype.is_floating_point or lengths.dtype.is_complex or lengths.dtype == torch.bool:
+        raise TypeError(f"{name} must be an integer tensor, got dtype {lengths.dtype}")
     if len(scores_shape) < 3:
-        raise ValueError("key_lengths needs a batch dimension: query of at least 3 dims (batch, ..., L, E)")
-    if tuple(key_lengths.shape) != (scores_shape[0],):
-        raise ValueError(f"key_lengths must have shape ({scores_shape[0]},) (one length per batch element), "
-                         f"got {tuple(key_lengths.shape)}")
-    if key_lengths.device != device:
-        raise ValueError(f"key_lengths is on {key_lengths.device} but query is on {device}")
-    if value_checks_enabled(key_lengths) and key_lengths.numel():
-        lo, hi = int(key_lengths.min()), int(key_lengths.max())
-        if lo < 0 or hi > scores_shape[-1]:
-            raise ValueError(f"key_lengths must lie in [0, {scores_shape[-1]}] (the number of keys), "
-                             f"got values in [{lo}, {hi}]")
+        raise ValueError(f"{name} needs a batch dimension: query of at least 3 dims (batch, ..., L, E)")
+    if tuple(lengths.shape) != (scores_shape[0],):
+        raise ValueError(f"{name} must have shape ({scores_shape[0]},) (one length per batch element), "
+                         f"got {tuple(lengths.shape)}")
+    if lengths.device != device:
+        raise ValueError(f"{name} is on {lengths.device} but query is on {device}")
+    bound = scores_shape[-1] if name == "key_lengths" else scores_shape[-2]
+    if value_checks_enabled(lengths) and lengths.numel():
+        lo, hi = int(lengths.min()), int(lengths.max())
+        if lo < 0 or hi > bound:
+            what = "keys" if name == "key_lengths" else "queries"
+            raise ValueError(f"{name} must lie in [0, {bound}] (the number of {what}), got values in [{lo}, {hi}]")
 
 
 def sparse_attention(
@@ -147,6 +150,7 @@ def sparse_attention(
     return_weights: bool = False,
     *,
     key_lengths: Optional[Tensor] = None,
+    query_lengths: Optional[Tensor] = None,
     backend: str = "auto",
     stats_module: Optional[nn.Module] = None,
     **params,
@@ -163,7 +167,9 @@ def sparse_attention(
     scores, where ``-inf`` and values at or below ``finfo(dtype).min / 2`` mean "not there" (a NaN
     entry makes its row NaN, as in SDPA; eager CPU calls refuse it). ``key_lengths`` (batch,)
     integer, batch = the first dim of the scores: keys ``j >= key_lengths[b]`` are not there
-    (padding without a boolean matrix; 0 <= length <= S). ``is_causal``: query ``i`` sees keys
+    (padding without a boolean matrix; 0 <= length <= S). ``query_lengths`` (batch,) likewise for
+    the queries: rows ``i >= query_lengths[b]`` of the output (and weights) are exactly zero, with
+    zero gradient. ``is_causal``: query ``i`` sees keys
     ``j <= i`` (top-left, as SDPA); unlike SDPA it may be combined with ``attn_mask`` and
     ``key_lengths``. Not-there keys get exactly zero weight for every normalizer and are left out
     of its threshold (ev-softmax's mean is over the valid keys only, so padding does not change a
@@ -194,14 +200,16 @@ def sparse_attention(
     check_backend(backend)
     resolved = resolve_normalizer(normalizer, params)
     keep, bias = split_mask(attn_mask)
-    return attend(resolved, query, key, value, keep, bias, key_lengths=key_lengths, is_causal=is_causal,
+    return attend(resolved, query, key, value, keep, bias, key_lengths=key_lengths, query_lengths=query_lengths,
+                  is_causal=is_causal,
                   dropout_p=dropout_p, scale=scale, return_weights=return_weights, backend=backend,
                   stats_module=stats_module)
 
 
 def attend(
     normalizer: ResolvedNormalizer, query: Tensor, key: Tensor, value: Tensor, keep: Optional[Tensor],
-    bias: Optional[Tensor], *, key_lengths: Optional[Tensor] = None, is_causal: bool = False,
+    bias: Optional[Tensor], *, key_lengths: Optional[Tensor] = None, query_lengths: Optional[Tensor] = None,
+    is_causal: bool = False,
     dropout_p: float = 0.0, scale: Optional[float] = None, return_weights: bool = False, backend: str = "auto",
     stats_module: Optional[nn.Module] = None,
 ) -> Union[Tensor, Tuple[Tensor, Tensor]]:
@@ -211,12 +219,13 @@ def attend(
     scores_shape = _scores_shape(query, key)
     _check_mask(keep, scores_shape, query.device, "attn_mask")
     _check_mask(bias, scores_shape, query.device, "attn_mask")
-    check_key_lengths(key_lengths, scores_shape, query.device)
+    check_lengths(key_lengths, scores_shape, query.device, "key_lengths")
+    check_lengths(query_lengths, scores_shape, query.device, "query_lengths")
     recording = stats.recording()
     call = AttentionCall(
         query, key, value, keep, bias, key_lengths, bool(is_causal),
         query.shape[-1] ** -0.5 if scale is None else float(scale), scores_shape,
-        alpha=normalizer.alpha, count_support=recording,
+        alpha=normalizer.alpha, count_support=recording, query_lengths=query_lengths,
     )
     out, weights, support, valid = attention_ops.attention(normalizer.fn, normalizer.threshold, call, dropout_p,
                                                            return_weights, backend)

@@ -106,7 +106,8 @@ class AttentionCall:
     ``scores_shape`` = (..., Hq, L, S), causal mask not applied; ``key_lengths`` (B,) integer
     with B = ``scores_shape[0]`` (keys ``j >= len`` are not there), or None; ``scale`` a float;
     ``alpha`` the registry's entmax alpha of a ``"searched"`` normalizer; ``count_support``:
-    return the attended keys per query (for :func:`sparsenorm.attention.record`).
+    return the attended keys per query (for :func:`sparsenorm.attention.record`);
+    ``query_lengths`` see below.
     """
 
     q: Tensor
@@ -120,6 +121,9 @@ class AttentionCall:
     scores_shape: Tuple[int, ...]
     alpha: Optional[float] = None
     count_support: bool = False
+    query_lengths: Optional[Tensor] = None
+    """(B,) integer or None: query rows ``i >= len`` are padding. Kernels need not look at it:
+    :func:`attention` zeroes those rows of every kernel's result."""
 
     def broadcast(self) -> Tuple[Tensor, Tensor, Tensor, Optional[Tensor], Optional[Tensor]]:
         """``(q, k, v, keep, bias)`` in the compute dtype with one batch shape (GQA heads repeated,
@@ -418,8 +422,21 @@ def attention(fn: Callable[..., Tensor], threshold: Optional[str], call: Attenti
     ``fn`` is the normalizer's map of the scores (for the dense path), ``threshold`` its registry
     capability (which memory-efficient kernels apply). The memory-efficient kernels return no
     weights, apply no dropout and do not differentiate a float mask: an explicit ``backend`` asked
-    for with any of those, or that does not apply to the inputs, raises ``ValueError``.
+    for with any of those, or that does not apply to the inputs, raises ``ValueError``. Query rows
+    past ``call.query_lengths`` are zeroed here (output, weights; left out of the counts).
     """
+    out, weights, support, valid = _run(fn, threshold, call, dropout_p, return_weights, backend)
+    if call.query_lengths is not None:
+        L = call.scores_shape[-2]
+        rows = torch.arange(L, device=call.query_lengths.device) < call.query_lengths.reshape(
+            (-1,) + (1,) * (len(call.scores_shape) - 2))  # (B, 1, ..., L)
+        out = out.masked_fill(~rows.unsqueeze(-1), 0.0)
+        weights = None if weights is None else weights.masked_fill(~rows.unsqueeze(-1), 0.0)
+        valid = None if valid is None else valid * rows
+    return out, weights, support, valid
+
+
+def _run(fn, threshold, call, dropout_p, return_weights, backend):
     check_backend(backend)
     kernels = KERNELS.get(threshold, {}) if threshold is not None else {}
     if backend == "dense":

@@ -78,10 +78,12 @@ def mask_kwargs(form, B=2, L=5, S=7, dtype=torch.float64):
         return {"attn_mask": bias.masked_fill(torch.rand(B, 1, L, S, generator=g) > 0.9, float("-inf"))}
     if form == "key_lengths":
         return {"key_lengths": torch.tensor([S, 3])}
+    if form == "query_lengths":
+        return {"key_lengths": torch.tensor([S, 3]), "query_lengths": torch.tensor([2, L])}
     return {}
 
 
-@pytest.mark.parametrize("form", ["none", "bool", "float", "key_lengths"])
+@pytest.mark.parametrize("form", ["none", "bool", "float", "key_lengths", "query_lengths"])
 @pytest.mark.parametrize("normalizer, backend", [("ev_softmax", "dense"), ("ev_softmax", "blockwise"),
                                                  ("entmax15", "auto"), ("softmax", "auto")])
 def test_sparse_attention_every_mask_form(form, normalizer, backend):

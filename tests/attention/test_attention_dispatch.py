@@ -155,3 +155,27 @@ def test_float_mask_rule():
     assert bias.tolist() == [0.0, -1.0, 0.0, 0.0, 0.0, torch.finfo(torch.float32).min / 2.1]
     with pytest.raises(ValueError, match="attn_mask contains NaN"):
         split_mask(torch.tensor([0.0, float("nan")]))
+
+
+@pytest.mark.parametrize("name, backend", [("ev_softmax", "blockwise"), ("ev_softmax", "dense"), ("entmax15", "auto")])
+def test_query_lengths_zero_the_padded_rows(name, backend):
+    """Padded query rows are exactly zero (output and gradient); the others equal unpadded attention."""
+    q, k, v = qkv(L=6, S=6)
+    lengths = torch.tensor([6, 4])
+    out = sparse_attention(q, k, v, name, key_lengths=lengths, query_lengths=lengths, backend=backend)
+    ref = sparse_attention(q, k, v, name, key_lengths=lengths, backend=backend)
+    assert torch.equal(out[1, :, 4:], torch.zeros_like(out[1, :, 4:]))
+    torch.testing.assert_close(out[0], ref[0], rtol=0, atol=0)
+    torch.testing.assert_close(out[1, :, :4], ref[1, :, :4], rtol=0, atol=0)
+    out.sum().backward()
+    assert torch.equal(q.grad[1, :, 4:], torch.zeros_like(q.grad[1, :, 4:]))
+    with pytest.raises(ValueError, match=r"query_lengths must lie in \[0, 6\]"):
+        sparse_attention(q, k, v, query_lengths=torch.tensor([7, 1]))
+
+
+def test_query_lengths_leave_padded_rows_out_of_the_statistics():
+    q, k, v = qkv(L=6, S=6)
+    lengths = torch.tensor([6, 4])
+    with sparsenorm.attention.record() as stats:
+        sparse_attention(q, k, v, key_lengths=lengths, query_lengths=lengths)
+    assert torch.equal(stats.layers["sparse_attention"].queries, torch.tensor([10, 10]))
