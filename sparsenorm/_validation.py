@@ -35,6 +35,12 @@ def not_there_level(dtype: torch.dtype) -> float:
     return torch.finfo(dtype).min / 2
 
 
+def is_there(x: Tensor, source_dtype: Optional[torch.dtype] = None) -> Tensor:
+    """Boolean tensor, False where ``x`` is at or below ``finfo(source_dtype or x.dtype).min / 2``
+    (``-inf`` included). NaN counts as there, so it reaches its row's output."""
+    return ~(x <= not_there_level(source_dtype or x.dtype))
+
+
 def compute_dtype(x: Tensor) -> torch.dtype:
     """float16 and bfloat16 are computed in float32 (then cast back); other dtypes as they are."""
     return torch.float32 if x.dtype in _LOW_PRECISION else x.dtype
@@ -67,7 +73,7 @@ def mark_not_there(x: Tensor, mask: Optional[Tensor] = None, source_dtype: Optio
     if mask is not None:
         check_mask(mask, x, name)
     z = x.to(compute_dtype(x))
-    drop = z <= not_there_level(source_dtype)
+    drop = ~is_there(z, source_dtype)
     if mask is not None:
         drop = drop | ~mask
     return z.masked_fill(drop, -math.inf)

@@ -37,8 +37,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ._text import markdown_table
-from .attention import blockwise
-from .attention.functional import attend
+from .attention import sparse_attention
 
 MATH = "sdpa (math)"
 CANDIDATES = [MATH, "sdpa (default CPU kernel)", "ev_softmax (blockwise)", "ev_softmax (dense)",
@@ -56,11 +55,8 @@ def attention_fn(label: str) -> Callable:
         return fn
     if label == "sdpa (default CPU kernel)":
         return F.scaled_dot_product_attention
-    if label == "ev_softmax (blockwise)":
-        return lambda q, k, v: blockwise.ev_softmax_attention_blockwise(q, k, v)[0]
-    name = label.split(" ")[0]
-    # return_weights=True forces the dense path; the weights are dropped at once.
-    return lambda q, k, v: attend(q, k, v, name, None, None, return_weights=True)[0]
+    name, backend = label.split(" ")
+    return lambda q, k, v: sparse_attention(q, k, v, name, backend=backend.strip("()"))
 
 
 def make_inputs(bh: int, length: int, dim: int, seed: int = 0):

@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
-from torch import nn
 
 from . import registry
 
@@ -31,20 +30,10 @@ PROPERTIES = ["idempotence", "monotonic", "translation", "scale", "permutation"]
 
 
 def normalizer_fn(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
-    """Evaluation-time map of logits for a registry name (post-hoc evidential through an identity layer,
-    which by Theorem 3.1 equals ev-softmax)."""
-    norm = registry.get(name)
-    if not norm.posthoc:
-        return lambda x: norm.forward(x, dim=-1)
-
-    def posthoc(x: torch.Tensor) -> torch.Tensor:
-        layer = nn.Linear(x.shape[-1], x.shape[-1]).to(x)
-        with torch.no_grad():
-            layer.weight.copy_(torch.eye(x.shape[-1]))
-            layer.bias.zero_()
-        return norm.probs_from_linear(x, layer)
-
-    return posthoc
+    """Evaluation-time map of logits for a registry name (``Normalizer.for_mode``: post-hoc
+    evidential evaluates as ev-softmax, Theorem 3.1 with an identity layer)."""
+    norm = registry.get(name).for_mode(training=False)
+    return lambda x: norm.forward(x, dim=-1)
 
 
 def check_properties(fn: Callable, n: int = 200, k: int = 6, seed: int = 0) -> Dict[str, bool]:

@@ -20,8 +20,9 @@ out of ev-softmax's mean. Dropout applies only in ``module.training``. The weigh
 (for ``output_attentions=True``) when the call or the config asks for them; otherwise ev-softmax
 may run on the memory-efficient blockwise path.
 
-``"sparsenorm_posthoc_evidential"``: softmax while the model is in ``train()`` mode, ev-softmax in
-``eval()`` mode (post-hoc evidential sparsification of a softmax-trained model: Theorem 3.1 of
+``key_lengths`` (batch,) may be passed through to the attention function (keys ``j >= len`` not
+there, no boolean matrix). ``"sparsenorm_posthoc_evidential"``: softmax while the model is in
+``train()`` mode, ev-softmax in ``eval()`` mode (``Normalizer.for_mode``; post-hoc evidential sparsification of a softmax-trained model: Theorem 3.1 of
 the ev-softmax paper with the keys as the linear layer).
 
 Requires the ``[hf]`` extra (``pip install sparsenorm[hf]``).
@@ -41,45 +42,38 @@ except ImportError as err:  # pragma: no cover - exercised only without the extr
     ) from err
 
 from . import registry
-from .attention import stats
 from .attention.functional import attend, resolve_normalizer
-from .attention.masks import split_mask
+from .attention.masks import merge, split_mask
 
 PREFIX = "sparsenorm_"
 
 
-def _combine(attention_mask: Optional[Tensor], position_bias: Optional[Tensor]):
-    """``(keep, bias)`` from transformers' mask and T5's additive ``position_bias``."""
-    keep, bias = split_mask(attention_mask, "attention_mask")
-    if position_bias is not None:
-        bias = position_bias if bias is None else bias + position_bias
-    return keep, bias
-
-
 def make_attention_function(normalizer: Union[str, Callable] = "ev_softmax", **params) -> Callable:
-    """An attention function for ``AttentionInterface`` with ``normalizer`` in place of softmax."""
-    resolve_normalizer(normalizer, params)  # fail now on a bad name or parameter
-    posthoc = normalizer == "posthoc_evidential"
+    """An attention function for ``AttentionInterface`` with ``normalizer`` in place of softmax.
+
+    The normalizer is resolved once, here, in both modes (``Normalizer.for_mode``); each call
+    takes the form of ``module.training``.
+    """
+    forms = (resolve_normalizer(normalizer, params, training=False),
+             resolve_normalizer(normalizer, params, training=True))
 
     def sparsenorm_attention_forward(
         module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Optional[Tensor],
         dropout: float = 0.0, scaling: Optional[float] = None, is_causal: Optional[bool] = None,
-        position_bias: Optional[Tensor] = None, **kwargs,
+        position_bias: Optional[Tensor] = None, key_lengths: Optional[Tensor] = None, **kwargs,
     ):
-        keep, bias = _combine(attention_mask, position_bias)
+        keep, bias = merge(split_mask(attention_mask, "attention_mask"), (None, position_bias))
         if is_causal is None:
             is_causal = getattr(module, "is_causal", False)
         # As SDPA in transformers: the causal flag stands in for a mask only when none was built.
         causal = bool(is_causal) and attention_mask is None and query.shape[2] > 1
         want_weights = bool(kwargs.get("output_attentions") or getattr(getattr(module, "config", None),
                                                                         "output_attentions", False))
-        name = ("softmax" if module.training else "ev_softmax") if posthoc else normalizer
-        with stats.in_module(module):
-            result = attend(
-                query, key, value, name, keep, bias, is_causal=causal,
-                dropout_p=float(dropout) if module.training else 0.0, scale=scaling,
-                return_weights=want_weights, **({} if posthoc else params),
-            )
+        result = attend(
+            forms[module.training], query, key, value, keep, bias, key_lengths=key_lengths, is_causal=causal,
+            dropout_p=float(dropout) if module.training else 0.0, scale=scaling, return_weights=want_weights,
+            stats_module=module,
+        )
         out, weights = result if want_weights else (result, None)
         return out.transpose(1, 2).contiguous(), weights
 

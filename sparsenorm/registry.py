@@ -3,7 +3,8 @@
 Each entry pairs a normalizer's evaluation-time function with its training-time form, its
 log-probability function (where one exists), its default losses for single-label (class index)
 and multi-label (target distribution / multi-hot) targets, and its capabilities (``cpu_kernel``,
-``supports_mask``, ``attention``, ``entmax_twin``), which is what the benchmark, the experiments and
+``supports_mask``, ``attention``, ``entmax_twin``, ``attention_threshold``, ``alpha``; the post-hoc
+switch ``trains_as``/``evaluates_as`` behind :meth:`Normalizer.for_mode`), which is what the benchmark, the experiments and
 the attention layer select by. Code elsewhere takes normalizers from here rather than listing
 names (the experiments are being moved onto these fields).
 
@@ -13,7 +14,7 @@ are bound to the defaults in ``params``; pass ``**overrides`` to :func:`get` to 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Callable, Dict, Optional
 
@@ -59,6 +60,28 @@ class Normalizer:
     (no linear layer), taking ``mask=``, differentiable w.r.t. the scores."""
     entmax_twin: Optional[str] = None
     """The ``entmax`` package's function computing the same map, if any (for comparisons)."""
+    attention_threshold: Optional[str] = None
+    """What attention may do with this map without the L x S score matrix (``sparsenorm.kernels.
+    attention_ops`` keys its memory-efficient kernels by this): ``"known"`` -- the threshold is
+    known before the pass over the keys (ev-softmax: the mean score is ``q . mean(k)``);
+    ``"searched"`` -- the threshold must be searched over key blocks (sparsemax, entmax: a
+    bisection on tau with running sums); None -- it needs the whole row at once (a quantile, a
+    sort, a sum over the row): attention builds the scores."""
+    alpha: Optional[float] = None
+    """The entmax ``alpha`` of a ``"searched"`` map (sparsemax = 2, 1.5-entmax = 1.5, bisection: its
+    ``alpha`` parameter), which is what a threshold search needs to know about it."""
+    trains_as: Optional[str] = None
+    """Post-hoc forms: the registry name of the map used while training (see :meth:`for_mode`)."""
+    evaluates_as: Optional[str] = None
+    """Post-hoc forms: the registry name of the map used at evaluation where the linear layer is
+    the attention keys (post-hoc evidential = ev-softmax there, Theorem 3.1)."""
+
+    def for_mode(self, training: bool) -> "Normalizer":
+        """The entry that computes attention weights in this mode: the one place the post-hoc switch
+        lives. Post-hoc evidential trains as softmax and evaluates as ev-softmax; every other entry
+        is itself in both modes."""
+        form = self.trains_as if training else self.evaluates_as
+        return self if form is None else NORMALIZERS[form]
 
     def probs_from_linear(self, features: Tensor, layer: nn.Linear) -> Tensor:
         """Evaluation-time probabilities of ``layer(features)``.
@@ -108,31 +131,33 @@ def _build() -> Dict[str, Normalizer]:
             evidential.ev_softmax, bind(evidential.ev_softmax_train, eps=1e-6),
             bind(evidential.log_ev_softmax_train, eps=1e-6),
             ev_losses.ev_softmax_nll_loss, ev_losses.ev_softmax_multilabel_loss, sparse=True,
-            params={"eps": 1e-6}, cpu_kernel=True,
+            params={"eps": 1e-6}, cpu_kernel=True, attention_threshold="known",
         ),
         Normalizer(
             "posthoc_evidential",
             "Post-hoc evidential sparsification (Itkina et al. 2020): softmax-trained, sparsified at test time.",
             _masked_softmax, _masked_softmax, _masked_log_softmax,
             F.cross_entropy, _softmax_multilabel_loss, sparse=True, posthoc=True, attention=False,
+            trains_as="softmax", evaluates_as="ev_softmax",
         ),
         Normalizer(
             "sparsemax", "Sparsemax (Martins & Astudillo 2016): Euclidean projection onto the simplex.",
             sparsemax, sparsemax, None,
             fenchel_young.sparsemax_loss, fenchel_young.sparsemax_loss, sparse=True,
-            cpu_kernel=True, entmax_twin="sparsemax",
+            cpu_kernel=True, entmax_twin="sparsemax", attention_threshold="searched", alpha=2.0,
         ),
         Normalizer(
             "entmax15", "1.5-entmax (Peters et al. 2019), exact threshold (no full sort).",
             entmax15, entmax15, None,
             fenchel_young.entmax15_loss, fenchel_young.entmax15_loss, sparse=True,
-            cpu_kernel=True, entmax_twin="entmax15",
+            cpu_kernel=True, entmax_twin="entmax15", attention_threshold="searched", alpha=1.5,
         ),
         Normalizer(
             "entmax_bisect", "alpha-entmax by bisection (default alpha=1.5).",
             bind(entmax_bisect, alpha=1.5), bind(entmax_bisect, alpha=1.5), None,
             bind(fenchel_young.entmax_bisect_loss, alpha=1.5), bind(fenchel_young.entmax_bisect_loss, alpha=1.5),
-            sparse=True, params={"alpha": 1.5}, entmax_twin="entmax_bisect",
+            sparse=True, params={"alpha": 1.5}, entmax_twin="entmax_bisect", attention_threshold="searched",
+            alpha=1.5,
         ),
         Normalizer(
             "t_softmax", "t-softmax (Bałazy et al., r-softmax paper Eq. 1), temperature-like t.",
@@ -186,9 +211,9 @@ def _rebind(entry: Normalizer, params: Dict[str, float]) -> Normalizer:
     def rebind(fn):
         return partial(fn.func, **{k: v for k, v in params.items() if k in fn.keywords}) if isinstance(fn, partial) else fn
 
-    return Normalizer(
-        entry.name, entry.description, rebind(entry.forward), rebind(entry.train_forward),
-        rebind(entry.log_prob) if entry.log_prob else None, rebind(entry.single_label_loss),
-        rebind(entry.multi_label_loss), entry.sparse, params, entry.posthoc,
-        entry.cpu_kernel, entry.supports_mask, entry.attention, entry.entmax_twin,
+    return replace(
+        entry, forward=rebind(entry.forward), train_forward=rebind(entry.train_forward),
+        log_prob=rebind(entry.log_prob) if entry.log_prob else None,
+        single_label_loss=rebind(entry.single_label_loss), multi_label_loss=rebind(entry.multi_label_loss),
+        params=params, alpha=params.get("alpha", entry.alpha),
     )

@@ -128,3 +128,33 @@ def test_capability_fields_match_what_the_functions_do():
             twin = getattr(entmax, entry.entmax_twin)
             torch.testing.assert_close(entry.forward(x, dim=-1), twin(x, dim=-1, **entry.params))
     assert {e.stem for e in cpu.EXTENSIONS} == {"evidential", "projection", "rsoftmax"}
+
+
+def test_for_mode_is_the_post_hoc_switch():
+    for name in registry.names():
+        entry = registry.get(name)
+        if entry.posthoc:
+            assert entry.for_mode(training=True) is registry.get("softmax")
+            assert entry.for_mode(training=False) is registry.get("ev_softmax")
+        else:
+            assert entry.for_mode(training=True) is entry and entry.for_mode(training=False) is entry
+        assert entry.for_mode(True).attention and entry.for_mode(False).attention
+
+
+def test_attention_capabilities_describe_the_maps():
+    """``"known"``: the support is the entries at or above the row mean, a linear function of the
+    keys; ``"searched"``: the map is alpha-entmax with the entry's ``alpha`` (what a threshold
+    search over key blocks computes)."""
+    import sparsenorm
+
+    x = torch.randn(5, 9, dtype=torch.float64)
+    for name in registry.names():
+        entry = registry.get(name)
+        if entry.attention_threshold == "known":
+            assert torch.equal(entry.forward(x, dim=-1) > 0, x >= x.mean(-1, keepdim=True)), name
+        elif entry.attention_threshold == "searched":
+            torch.testing.assert_close(entry.forward(x, dim=-1), sparsenorm.entmax_bisect(x, alpha=entry.alpha, dim=-1,
+                                                                                           n_iter=200), msg=name)
+        else:
+            assert entry.attention_threshold is None and entry.alpha is None, name
+    assert registry.get("entmax_bisect", alpha=1.3).alpha == 1.3

@@ -1,18 +1,20 @@
 """Sparse attention: every sparsenorm normalizer in place of softmax in scaled dot-product attention.
 
-* :func:`sparse_attention` -- ``F.scaled_dot_product_attention`` with ``normalizer=``.
+* :func:`sparse_attention` -- ``F.scaled_dot_product_attention`` with ``normalizer=``,
+  ``key_lengths=`` and ``backend=``.
 * :class:`MultiheadAttention` -- a drop-in for ``torch.nn.MultiheadAttention`` with ``normalizer=``.
 * :func:`record` -- attended keys per query (support size), per layer and head, from any model.
-* :mod:`.blockwise` -- exact ev-softmax attention without the L x S matrix (used automatically).
+* :func:`ev_softmax_attention_blockwise` -- exact ev-softmax attention without the L x S matrix
+  (the registered op :mod:`sparsenorm.kernels.attention_ops` runs; chosen automatically).
 * :mod:`.masks` -- the "not there" rule for attention masks.
 """
-from .blockwise import ev_softmax_attention_blockwise
-from .functional import BLOCKWISE_MIN_SCORES, sparse_attention
+from ..kernels.attention_ops import BACKENDS, BLOCKWISE_MIN_SCORES, ev_softmax_attention_blockwise
+from .functional import sparse_attention
 from .masks import split_mask
 from .modules import MultiheadAttention
 from .stats import AttentionStats, LayerStats, record
 
 __all__ = [
     "sparse_attention", "MultiheadAttention", "record", "AttentionStats", "LayerStats",
-    "ev_softmax_attention_blockwise", "split_mask", "BLOCKWISE_MIN_SCORES",
+    "ev_softmax_attention_blockwise", "split_mask", "BLOCKWISE_MIN_SCORES", "BACKENDS",
 ]

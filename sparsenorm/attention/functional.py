@@ -1,42 +1,67 @@
-"""``sparse_attention``: scaled dot-product attention with any sparsenorm normalizer in place of softmax."""
+"""``sparse_attention``: scaled dot-product attention with any sparsenorm normalizer in place of softmax.
+
+This layer validates arguments, resolves the normalizer once, turns masks into ``(keep, bias,
+key_lengths)`` (:mod:`.masks`) and calls :func:`sparsenorm.kernels.attention_ops.attention`,
+which picks the kernel; it never looks at the device or at a normalizer's name.
+"""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import partial
 from typing import Callable, Optional, Tuple, Union
 
 import torch
-import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 from .. import registry
-from .._validation import check_floating, check_param, compute_dtype
+from .._validation import check_floating, check_param, value_checks_enabled
+from ..kernels import attention_ops
+from ..kernels.attention_ops import BACKENDS, AttentionCall, check_backend
 from . import stats
-from .blockwise import ev_softmax_attention_blockwise
-from .masks import causal_keep, combine_keep, split_mask
+from .masks import split_mask
 
-BLOCKWISE_MIN_SCORES = 1 << 20
-"""The blockwise ev-softmax path is chosen automatically once ``L * S`` reaches this."""
-
-_BLOCKWISE_NORMALIZERS = ("ev_softmax", "posthoc_evidential")
+__all__ = ["sparse_attention", "resolve_normalizer", "ResolvedNormalizer", "attend", "BACKENDS"]
 
 
-def resolve_normalizer(normalizer: Union[str, Callable], params: dict) -> Tuple[Callable, Optional[str]]:
-    """``(fn(scores, dim=-1), registry name or None)`` for a registry name or a callable.
+@dataclass(frozen=True)
+class ResolvedNormalizer:
+    """A normalizer as attention uses it: ``fn(scores, dim=-1)``, and its registry entry (None for
+    a callable), whose capabilities say which memory-efficient kernels apply."""
 
-    Attention uses each normalizer's evaluation form (``Normalizer.forward``); ev-softmax's
-    Jacobian (Eq. 9) trains it directly, so Eq. 10's eps is not used here. ``posthoc_evidential``
-    is ev-softmax of the scores (Theorem 3.1 with the keys as the linear layer); the modules and
-    :mod:`sparsenorm.hf` use softmax for it in training mode.
+    fn: Callable[..., Tensor]
+    entry: Optional[registry.Normalizer] = None
+
+    @property
+    def threshold(self) -> Optional[str]:
+        return None if self.entry is None else self.entry.attention_threshold
+
+    @property
+    def alpha(self) -> Optional[float]:
+        return None if self.entry is None else self.entry.alpha
+
+
+def resolve_normalizer(normalizer: Union[str, Callable, ResolvedNormalizer], params: dict,
+                       training: bool = False) -> ResolvedNormalizer:
+    """The normalizer for a registry name or a callable, in the form of mode ``training``.
+
+    A name gives the registry entry's evaluation form (``Normalizer.forward``) through
+    :meth:`~sparsenorm.registry.Normalizer.for_mode`: ``posthoc_evidential`` is softmax in
+    training and ev-softmax otherwise (Theorem 3.1 with the keys as the linear layer).
+    ev-softmax's Jacobian (Eq. 9) trains it directly, so Eq. 10's eps is not used here.
+    ``params`` rebind the entry's parameters (or are passed to a callable).
     """
+    if isinstance(normalizer, ResolvedNormalizer):
+        return normalizer
     if callable(normalizer):
-        return (partial(normalizer, **params) if params else normalizer), None
+        return ResolvedNormalizer(partial(normalizer, **params) if params else normalizer)
     if not isinstance(normalizer, str):
         raise TypeError(f"normalizer must be a registry name or a callable, got {type(normalizer).__name__}")
-    if normalizer == "posthoc_evidential":
-        if params:
-            raise ValueError(f"normalizer 'posthoc_evidential' takes no parameters, got {sorted(params)}")
-        return registry.get("ev_softmax").forward, normalizer
-    return registry.get(normalizer, **params).forward, normalizer
+    entry = registry.get(normalizer)
+    form = entry.for_mode(training)
+    if form is not entry and params:
+        raise ValueError(f"normalizer {normalizer!r} takes no parameters, got {sorted(params)}")
+    form = registry.get(form.name, **params) if params else form
+    return ResolvedNormalizer(form.forward, form)
 
 
 def _check_inputs(query: Tensor, key: Tensor, value: Tensor, dropout_p: float, scale) -> None:
@@ -50,61 +75,67 @@ def _check_inputs(query: Tensor, key: Tensor, value: Tensor, dropout_p: float, s
         raise ValueError(f"key and value must have the same length (dim -2), got {key.shape[-2]} and {value.shape[-2]}")
     if not (key.dtype == value.dtype == query.dtype):
         raise TypeError(f"query, key and value must have one dtype, got {query.dtype}, {key.dtype}, {value.dtype}")
+    if query.dim() >= 3:
+        for name, t in (("key", key), ("value", value)):
+            hq, hk = query.shape[-3], t.shape[-3] if t.dim() >= 3 else 1
+            if hk not in (hq, 1) and hq % hk:
+                raise ValueError(f"{name} has {hk} heads (dim -3), which does not divide query's {hq} heads")
     check_param(dropout_p, "dropout_p", low=0.0, high=1.0, high_inclusive=False)
     if scale is not None:
         check_param(scale, "scale")
 
 
-def _expand_heads(query: Tensor, t: Tensor, name: str) -> Tensor:
-    """Grouped-query attention: repeat each key/value head over its group of query heads."""
-    if query.dim() < 3 or t.dim() < 3:
-        return t
-    hq, hk = query.shape[-3], t.shape[-3]
-    if hk == hq or hk == 1:
-        return t
-    if hq % hk:
-        raise ValueError(f"{name} has {hk} heads (dim -3), which does not divide query's {hq} heads")
-    return t.repeat_interleave(hq // hk, dim=-3)
+def _scores_shape(query: Tensor, key: Tensor) -> Tuple[int, ...]:
+    """(..., Hq, L, S): the leading dims of query and key broadcast (GQA heads count as Hq)."""
+    k_lead = key.shape[:-2]
+    if query.dim() >= 3 and key.dim() >= 3 and k_lead[-1] != query.shape[-3]:
+        k_lead = k_lead[:-1] + (query.shape[-3],)
+    try:
+        lead = torch.broadcast_shapes(query.shape[:-2], k_lead)
+    except RuntimeError:
+        raise ValueError(f"query {tuple(query.shape)} and key {tuple(key.shape)} have leading dims that do not "
+                         "broadcast") from None
+    return tuple(lead) + (query.shape[-2], key.shape[-2])
 
 
-def _normalize(fn: Callable, scores: Tensor, keep: Optional[Tensor]) -> Tensor:
-    """``fn`` over the last dim with not-there keys at ``-inf``; rows with no valid key give zeros."""
-    if keep is None:
-        return fn(scores, dim=-1)
-    scores = scores.masked_fill(~keep, float("-inf"))
-    empty = ~keep.any(-1, keepdim=True)
-    # No normalizer sees an all -inf row (softmax would give NaN); those rows are zeroed after,
-    # and masked_fill passes them no gradient.
-    weights = fn(scores.masked_fill(empty, 0.0), dim=-1)
-    return weights.masked_fill(empty, 0.0)
+def _check_mask(m: Optional[Tensor], scores_shape: Tuple[int, ...], device: torch.device, name: str) -> None:
+    if m is None:
+        return
+    try:
+        ok = torch.broadcast_shapes(m.shape, scores_shape) == tuple(scores_shape)
+    except RuntimeError:
+        ok = False
+    if not ok:
+        raise ValueError(f"{name} of shape {tuple(m.shape)} does not broadcast to the attention scores' shape "
+                         f"{tuple(scores_shape)}")
+    if m.device != device:
+        raise ValueError(f"{name} is on {m.device} but query is on {device}")
 
 
-def _flash_ev_softmax(query: Tensor, key: Tensor, value: Tensor, keep: Optional[Tensor], is_causal: bool,
-                      scale: Optional[float]) -> Optional[Tensor]:
-    """ev-softmax attention by the Triton flash kernel, or None where it does not apply.
-
-    It applies to 4-D (B, H, L, E) inputs with E <= 128 and the value's head dim equal to the
-    query's, without batch broadcasting, and to masks that vary over keys only (padding); other
-    cases (and a missing triton) return None, and the caller takes the PyTorch paths.
-    """
-    from ..kernels.ops import triton_launchers
-
-    launchers = triton_launchers()
-    if launchers is None or any(t.dim() != 4 for t in (query, key, value)):
-        return None
-    B, E, S = query.shape[0], query.shape[-1], key.shape[-2]
-    if E > 128 or value.shape[-1] != E or key.shape[0] != B or value.shape[0] != B:
-        return None
-    key_mask = None
-    if keep is not None:
-        if keep.dim() > 4:
-            return None
-        keep = keep.reshape((1,) * (4 - keep.dim()) + keep.shape)
-        if keep.shape[1] != 1 or keep.shape[2] != 1:
-            return None  # a mask that differs between heads or queries
-        key_mask = keep.expand(B, 1, 1, S).reshape(B, S)
-    return launchers.flash_ev_softmax_attention(query, key, value, is_causal=is_causal, scale=scale,
-                                                key_mask=key_mask)
+def check_lengths(lengths: Optional[Tensor], scores_shape: Tuple[int, ...], device: torch.device,
+                  name: str = "key_lengths") -> None:
+    """``key_lengths`` / ``query_lengths``: an integer tensor of shape (batch,), batch = the scores'
+    first dim, on the query's device, values in ``[0, S]`` (``[0, L]`` for queries; values are
+    read in eager mode on CPU only)."""
+    if lengths is None:
+        return
+    if not isinstance(lengths, Tensor):
+        raise TypeError(f"{name} must be an integer tensor of shape (batch,), got {type(lengths).__name__}")
+    if lengths.dtype.is_floating_point or lengths.dtype.is_complex or lengths.dtype == torch.bool:
+        raise TypeError(f"{name} must be an integer tensor, got dtype {lengths.dtype}")
+    if len(scores_shape) < 3:
+        raise ValueError(f"{name} needs a batch dimension: query of at least 3 dims (batch, ..., L, E)")
+    if tuple(lengths.shape) != (scores_shape[0],):
+        raise ValueError(f"{name} must have shape ({scores_shape[0]},) (one length per batch element), "
+                         f"got {tuple(lengths.shape)}")
+    if lengths.device != device:
+        raise ValueError(f"{name} is on {lengths.device} but query is on {device}")
+    bound = scores_shape[-1] if name == "key_lengths" else scores_shape[-2]
+    if value_checks_enabled(lengths) and lengths.numel():
+        lo, hi = int(lengths.min()), int(lengths.max())
+        if lo < 0 or hi > bound:
+            what = "keys" if name == "key_lengths" else "queries"
+            raise ValueError(f"{name} must lie in [0, {bound}] (the number of {what}), got values in [{lo}, {hi}]")
 
 
 def sparse_attention(
@@ -117,6 +148,11 @@ def sparse_attention(
     dropout_p: float = 0.0,
     scale: Optional[float] = None,
     return_weights: bool = False,
+    *,
+    key_lengths: Optional[Tensor] = None,
+    query_lengths: Optional[Tensor] = None,
+    backend: str = "auto",
+    stats_module: Optional[nn.Module] = None,
     **params,
 ) -> Union[Tensor, Tuple[Tensor, Tensor]]:
     """Scaled dot-product attention ``normalizer(q k^T * scale + mask) v``.
@@ -128,89 +164,72 @@ def sparse_attention(
     (SDPA's ``enable_gqa``, here automatic).
 
     ``attn_mask`` (broadcastable to (..., L, S)): boolean, True = attend; or float, added to the
-    scores, where ``-inf`` and values at or below ``finfo(dtype).min / 2`` mean "not there".
-    ``is_causal``: query ``i`` sees keys ``j <= i`` (top-left, as SDPA); unlike SDPA it may be
-    combined with ``attn_mask``. Not-there keys get exactly zero weight for every normalizer and
-    are left out of its threshold (ev-softmax's mean is over the valid keys only, so padding does
-    not change a sequence's weights). A query with no valid key gives a zero output row and zero
-    gradient.
+    scores, where ``-inf`` and values at or below ``finfo(dtype).min / 2`` mean "not there" (a NaN
+    entry makes its row NaN, as in SDPA; eager CPU calls refuse it). ``key_lengths`` (batch,)
+    integer, batch = the first dim of the scores: keys ``j >= key_lengths[b]`` are not there
+    (padding without a boolean matrix; 0 <= length <= S). ``query_lengths`` (batch,) likewise for
+    the queries: rows ``i >= query_lengths[b]`` of the output (and weights) are exactly zero, with
+    zero gradient. ``is_causal``: query ``i`` sees keys
+    ``j <= i`` (top-left, as SDPA); unlike SDPA it may be combined with ``attn_mask`` and
+    ``key_lengths``. Not-there keys get exactly zero weight for every normalizer and are left out
+    of its threshold (ev-softmax's mean is over the valid keys only, so padding does not change a
+    sequence's weights). A query with no valid key gives a zero output row and zero gradient.
 
-    ``normalizer``: a name from :mod:`sparsenorm.registry` (its evaluation form; ``**params``
-    rebind its parameters, e.g. ``alpha=1.3``, ``r=0.5``) or a callable ``fn(scores, dim=-1)``
-    (``**params`` passed to it). ``dropout_p`` drops weights as SDPA does (always, when > 0).
+    ``normalizer``: a name from :mod:`sparsenorm.registry` (its evaluation form,
+    ``Normalizer.for_mode(False)``; ``**params`` rebind its parameters, e.g. ``alpha=1.3``,
+    ``r=0.5``) or a callable ``fn(scores, dim=-1)`` (``**params`` passed to it). ``dropout_p``
+    drops weights as SDPA does (always, when > 0).
 
-    On CUDA, ev-softmax without weights, dropout, statistics recording or a float mask runs the
-    Triton flash kernel (:mod:`sparsenorm.kernels.triton`, extra ``[gpu]``) where it applies (see
-    :func:`_flash_ev_softmax`). Elsewhere, ev-softmax without weights, dropout or a float mask that needs a gradient runs blockwise
-    (:mod:`sparsenorm.attention.blockwise`, exact, O(L) extra memory) once ``L * S`` reaches
-    :data:`BLOCKWISE_MIN_SCORES`. The other normalizers need the whole row for their threshold
-    (a sort or an iteration over all scores), so they run densely, with the L x S weights.
+    ``backend``: ``"auto"`` (default) takes a memory-efficient kernel of the normalizer's
+    registry capability where one applies -- for ev-softmax (threshold known before the pass) the
+    Triton flash kernel on CUDA (boolean key-padding masks and ``key_lengths`` only), else the
+    exact blockwise kernel (O(L) extra memory) once ``L * S`` reaches
+    :data:`sparsenorm.kernels.attention_ops.BLOCKWISE_MIN_SCORES` -- and the dense path
+    otherwise, which builds the L x S weights. ``"dense"``, ``"blockwise"``, ``"triton"``,
+    ``"flex"`` ask for one (``ValueError`` where it has no kernel for the normalizer or does not
+    apply; the memory-efficient ones return no weights, apply no dropout and do not
+    differentiate a float mask). See :mod:`sparsenorm.kernels.attention_ops`.
+
+    ``stats_module``: the module this call's attended-key counts are filed under while a
+    :func:`sparsenorm.attention.record` block is open (default: ``"sparse_attention"``).
 
     Returns the output, or ``(output, weights)`` with ``return_weights`` (weights (..., Hq, L, S),
     after dropout, as ``nn.MultiheadAttention`` returns them).
     """
     _check_inputs(query, key, value, dropout_p, scale)
+    check_backend(backend)
+    resolved = resolve_normalizer(normalizer, params)
     keep, bias = split_mask(attn_mask)
-    return attend(query, key, value, normalizer, keep, bias, is_causal, dropout_p, scale, return_weights, **params)
+    return attend(resolved, query, key, value, keep, bias, key_lengths=key_lengths, query_lengths=query_lengths,
+                  is_causal=is_causal,
+                  dropout_p=dropout_p, scale=scale, return_weights=return_weights, backend=backend,
+                  stats_module=stats_module)
 
 
 def attend(
-    query: Tensor, key: Tensor, value: Tensor, normalizer: Union[str, Callable], keep: Optional[Tensor],
-    bias: Optional[Tensor], is_causal: bool = False, dropout_p: float = 0.0, scale: Optional[float] = None,
-    return_weights: bool = False, **params,
+    normalizer: ResolvedNormalizer, query: Tensor, key: Tensor, value: Tensor, keep: Optional[Tensor],
+    bias: Optional[Tensor], *, key_lengths: Optional[Tensor] = None, query_lengths: Optional[Tensor] = None,
+    is_causal: bool = False,
+    dropout_p: float = 0.0, scale: Optional[float] = None, return_weights: bool = False, backend: str = "auto",
+    stats_module: Optional[nn.Module] = None,
 ) -> Union[Tensor, Tuple[Tensor, Tensor]]:
-    """:func:`sparse_attention` with the mask already split into a boolean ``keep`` and a finite
-    ``bias`` (see :func:`sparsenorm.attention.masks.split_mask`); shapes as there."""
-    fn, name = resolve_normalizer(normalizer, params)
-    if (query.is_cuda and name in _BLOCKWISE_NORMALIZERS and not return_weights and dropout_p == 0.0
-            and bias is None and not stats.recording()):
-        out = _flash_ev_softmax(query, key, value, keep, is_causal, scale)
-        if out is not None:
-            return out
-    key, value = _expand_heads(query, key, "key"), _expand_heads(query, value, "value")
-    L, S = query.shape[-2], key.shape[-2]
-    scale = query.shape[-1] ** -0.5 if scale is None else float(scale)
-    out_dtype = query.dtype
-    cdt = compute_dtype(query)
-    scores_shape = torch.broadcast_shapes(query.shape[:-2], key.shape[:-2]) + (L, S)
-    for m in (keep, bias):
-        if m is not None:
-            try:
-                if torch.broadcast_shapes(m.shape, scores_shape) != scores_shape:
-                    raise RuntimeError
-            except RuntimeError:
-                raise ValueError(f"attn_mask of shape {tuple(m.shape)} does not broadcast to the "
-                                 f"attention scores' shape {tuple(scores_shape)}") from None
-    if bias is not None:
-        bias = bias.to(cdt)
-    q, k, v = query.to(cdt), key.to(cdt), value.to(cdt)
-    record = stats.recording()
-
-    blockwise = (
-        name in _BLOCKWISE_NORMALIZERS and not return_weights and dropout_p == 0.0
-        and L * S >= max(BLOCKWISE_MIN_SCORES, 1) and (bias is None or not bias.requires_grad)
+    """:func:`sparse_attention` with a resolved normalizer and the mask already split into a
+    boolean ``keep`` and a finite ``bias`` (:func:`sparsenorm.attention.masks.split_mask`);
+    query/key/value already checked. The entry point of the modules and :mod:`sparsenorm.hf`."""
+    scores_shape = _scores_shape(query, key)
+    _check_mask(keep, scores_shape, query.device, "attn_mask")
+    _check_mask(bias, scores_shape, query.device, "attn_mask")
+    check_lengths(key_lengths, scores_shape, query.device, "key_lengths")
+    check_lengths(query_lengths, scores_shape, query.device, "query_lengths")
+    recording = stats.recording()
+    call = AttentionCall(
+        query, key, value, keep, bias, key_lengths, bool(is_causal),
+        query.shape[-1] ** -0.5 if scale is None else float(scale), scores_shape,
+        alpha=normalizer.alpha, count_support=recording, query_lengths=query_lengths,
     )
-    if blockwise:
-        # The blockwise path slices masks by (row, column): give 0-d/1-d masks both dims.
-        keep, bias = (None if m is None else m.reshape((1,) * max(0, 2 - m.dim()) + m.shape) for m in (keep, bias))
-        batch = scores_shape[:-2]
-        q, k, v = q.expand(*batch, L, q.shape[-1]), k.expand(*batch, S, k.shape[-1]), v.expand(*batch, S, v.shape[-1])
-        out, support, count = ev_softmax_attention_blockwise(q, k, v, keep, bias, is_causal, scale, count_support=record)
-        if record:
-            stats.observe(support, count)
-        return out.to(out_dtype)
-
-    scores = torch.matmul(q, k.transpose(-2, -1)) * scale
-    if bias is not None:
-        scores = scores + bias
-    if is_causal:
-        keep = combine_keep(keep, causal_keep(L, S, device=query.device))
-    weights = _normalize(fn, scores, keep)
-    if record:
-        valid = (keep.expand(scores_shape).sum(-1) if keep is not None
-                 else torch.full((), S, dtype=torch.long))
-        stats.observe((weights != 0).sum(-1), valid)
-    if dropout_p > 0.0:
-        weights = F.dropout(weights, dropout_p, training=True)
-    out = torch.matmul(weights, v).to(out_dtype)
-    return (out, weights.to(out_dtype)) if return_weights else out
+    out, weights, support, valid = attention_ops.attention(normalizer.fn, normalizer.threshold, call, dropout_p,
+                                                           return_weights, backend)
+    if recording:
+        stats.observe(support, valid, stats_module)
+    out = out.to(query.dtype)
+    return (out, weights.to(query.dtype)) if return_weights else out

@@ -7,32 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from . import stats
-from .functional import resolve_normalizer, sparse_attention
-
-
-def _as_keep(mask: Optional[Tensor], name: str, dtype: torch.dtype) -> Optional[Tensor]:
-    """PyTorch's MHA masks (bool True = NOT allowed; float added) as SDPA's (bool True = attend; float added)."""
-    if mask is None:
-        return None
-    if mask.dtype == torch.bool:
-        return ~mask
-    if not mask.is_floating_point():
-        raise TypeError(f"{name} must be a boolean or floating-point tensor, got dtype {mask.dtype}")
-    return mask.to(dtype)
-
-
-def _merge(a: Optional[Tensor], b: Optional[Tensor]) -> Optional[Tensor]:
-    """Combine two SDPA-style masks (bool: AND; float: sum, a boolean one turned into -inf)."""
-    if a is None or b is None:
-        return b if a is None else a
-    if a.dtype == torch.bool and b.dtype == torch.bool:
-        return a & b
-    if a.dtype == torch.bool:
-        a, b = b, a
-    if b.dtype == torch.bool:
-        b = torch.zeros(b.shape, dtype=a.dtype, device=a.device).masked_fill(~b, float("-inf"))
-    return a + b
+from .functional import attend, resolve_normalizer
+from .masks import lengths_keep, merge, split_mask
 
 
 class MultiheadAttention(nn.MultiheadAttention):
@@ -40,8 +16,10 @@ class MultiheadAttention(nn.MultiheadAttention):
     ``forward``) whose attention weights come from ``normalizer`` (a registry name or a callable;
     ``**params`` its parameters, e.g. ``alpha=1.3``).
 
-    ``normalizer="posthoc_evidential"`` is softmax in ``train()`` mode and ev-softmax in
-    ``eval()`` mode. Masks keep PyTorch's MHA conventions (``key_padding_mask`` and a boolean
+    The normalizer is resolved once, here; its form follows the module's mode through
+    ``Normalizer.for_mode`` (``"posthoc_evidential"`` is softmax in ``train()`` mode and
+    ev-softmax in ``eval()`` mode). ``forward`` also takes ``key_lengths`` (N,) integer: keys
+    ``j >= key_lengths[n]`` are not there, a key-padding mask without the boolean matrix. Masks keep PyTorch's MHA conventions (``key_padding_mask`` and a boolean
     ``attn_mask``: True = not allowed; float masks are added); masked keys are "not there" as in
     :func:`sparsenorm.attention.sparse_attention`. Where PyTorch gives NaN for a query with every
     key masked, this gives a zero attention output (the output projection's bias then).
@@ -58,28 +36,28 @@ class MultiheadAttention(nn.MultiheadAttention):
                  normalizer: Union[str, Callable] = "ev_softmax", **params):
         super().__init__(embed_dim, num_heads, dropout, bias, add_bias_kv, add_zero_attn, kdim, vdim,
                          batch_first, device, dtype)
-        resolve_normalizer(normalizer, params)  # fail here, not at the first forward
         self.normalizer = normalizer
         self.params = dict(params)
+        # Resolved once (a bad name or parameter fails here): the evaluation and the training form.
+        self._forms = (resolve_normalizer(normalizer, params, training=False),
+                       resolve_normalizer(normalizer, params, training=True))
 
     def extra_repr(self) -> str:
         extra = "".join(f", {k}={v}" for k, v in self.params.items())
         name = self.normalizer if isinstance(self.normalizer, str) else getattr(self.normalizer, "__name__", "callable")
         return f"normalizer={name}{extra}"
 
-    def _current_normalizer(self):
-        if self.normalizer == "posthoc_evidential":
-            return "softmax" if self.training else "ev_softmax"
-        return self.normalizer
-
     def forward(self, query: Tensor, key: Tensor, value: Tensor, key_padding_mask: Optional[Tensor] = None,
                 need_weights: bool = True, attn_mask: Optional[Tensor] = None,
-                average_attn_weights: bool = True, is_causal: bool = False) -> Tuple[Tensor, Optional[Tensor]]:
+                average_attn_weights: bool = True, is_causal: bool = False, *,
+                key_lengths: Optional[Tensor] = None) -> Tuple[Tensor, Optional[Tensor]]:
         batched = query.dim() == 3
         if not batched:  # (L, E): one sequence
             query, key, value = query.unsqueeze(1), key.unsqueeze(1), value.unsqueeze(1)
             if key_padding_mask is not None:
                 key_padding_mask = key_padding_mask.unsqueeze(0)
+            if key_lengths is not None:
+                key_lengths = key_lengths.reshape(1)
         elif self.batch_first:  # work in (L, N, E) as PyTorch does
             query, key, value = (t.transpose(0, 1) for t in (query, key, value))
         L, N, E = query.shape
@@ -94,12 +72,15 @@ class MultiheadAttention(nn.MultiheadAttention):
             b_q, b_k, b_v = self.in_proj_bias.chunk(3)
         q, k, v = F.linear(query, w_q, b_q), F.linear(key, w_k, b_k), F.linear(value, w_v, b_v)
 
-        mask = _as_keep(attn_mask, "attn_mask", q.dtype)
-        pad = _as_keep(key_padding_mask, "key_padding_mask", q.dtype)
+        mask = split_mask(attn_mask, "attn_mask", true_means_attend=False)
+        pad = split_mask(key_padding_mask, "key_padding_mask", true_means_attend=False)
+        extra_keys = int(self.bias_k is not None) + int(self.add_zero_attn)
+        if key_lengths is not None and extra_keys:  # the extra keys come after the padding: a mask
+            pad = merge(pad, (lengths_keep(key_lengths, k.shape[0], 2), None))
+            key_lengths = None
         if self.bias_k is not None:
             k = torch.cat([k, self.bias_k.expand(1, N, E)])
             v = torch.cat([v, self.bias_v.expand(1, N, E)])
-            mask, pad = _extend(mask), _extend(pad)
         # (L, N, E) -> (N, H, L, Dh)
         q = q.reshape(L, N, H, Dh).permute(1, 2, 0, 3)
         k = k.reshape(k.shape[0], N, H, Dh).permute(1, 2, 0, 3)
@@ -107,22 +88,19 @@ class MultiheadAttention(nn.MultiheadAttention):
         if self.add_zero_attn:
             k = torch.cat([k, k.new_zeros(N, H, 1, Dh)], dim=2)
             v = torch.cat([v, v.new_zeros(N, H, 1, Dh)], dim=2)
-            mask, pad = _extend(mask), _extend(pad)
         S = k.shape[2]
-        if mask is not None:
-            mask = mask.reshape(N, H, L, S) if mask.dim() == 3 else mask  # (N*H, L, S) or (L, S)
-        if pad is not None:
-            pad = pad.reshape(N, 1, 1, S)
-        mask = _merge(mask, pad)
+        mask, pad = (tuple(_extend(t, extra_keys) for t in m) for m in (mask, pad))
+        if mask[0] is not None and mask[0].dim() == 3:  # (N*H, L, S) -> (N, H, L, S)
+            mask = tuple(None if t is None else t.reshape(N, H, L, S) for t in mask)
+        pad = tuple(None if t is None else t.reshape(N, 1, 1, S) for t in pad)
+        keep, bias = merge(mask, pad)
         causal = is_causal and attn_mask is None
 
-        with stats.in_module(self):
-            out, weights = sparse_attention(
-                q, k, v, self._current_normalizer(), attn_mask=mask, is_causal=causal,
-                dropout_p=self.dropout if self.training else 0.0, return_weights=True, **self.params,
-            ) if need_weights else (sparse_attention(
-                q, k, v, self._current_normalizer(), attn_mask=mask, is_causal=causal,
-                dropout_p=self.dropout if self.training else 0.0, **self.params), None)
+        result = attend(
+            self._forms[self.training], q, k, v, keep, bias, key_lengths=key_lengths, is_causal=causal,
+            dropout_p=self.dropout if self.training else 0.0, return_weights=need_weights, stats_module=self,
+        )
+        out, weights = result if need_weights else (result, None)
 
         out = out.permute(2, 0, 1, 3).reshape(L, N, E)  # (L, N, E)
         out = self.out_proj(out)
@@ -137,9 +115,10 @@ class MultiheadAttention(nn.MultiheadAttention):
         return out, weights
 
 
-def _extend(mask: Optional[Tensor]) -> Optional[Tensor]:
-    """One more key column that is attended (the bias_k / zero-attention key)."""
-    if mask is None:
-        return None
+def _extend(mask: Optional[Tensor], columns: int) -> Optional[Tensor]:
+    """``columns`` more key columns that are attended (the bias_k / zero-attention keys): True in a
+    keep mask, 0 in a bias."""
+    if mask is None or columns == 0:
+        return mask
     fill = True if mask.dtype == torch.bool else 0.0
-    return F.pad(mask, (0, 1), value=fill)
+    return F.pad(mask, (0, columns), value=fill)

@@ -10,11 +10,16 @@ each query, counted over valid (not masked) keys; query rows with no valid key a
 Only per-head counts and histograms are kept (on the CPU), never the weight tensors.
 Layers are named by the module path inside ``model`` when one is given to :func:`record`, else
 by the attention module's class and order of first appearance; plain functional calls are
-``"sparse_attention"``.
+``"sparse_attention"`` unless they pass ``stats_module=`` (the module to file them under).
+
+The attention module is handed to :func:`observe` explicitly (no context variable), so the
+attention path traces under ``torch.compile(fullgraph=True)``: outside a :func:`record` block
+nothing is counted and the compiled graph has no trace of statistics. Counting itself is
+host-side bookkeeping (a histogram on the CPU): inside a :func:`record` block a compiled model
+counts through a graph break (``torch.compile`` without ``fullgraph``).
 """
 from __future__ import annotations
 
-import contextvars
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Dict, Iterator, List, Optional
@@ -23,7 +28,6 @@ import torch
 from torch import Tensor, nn
 
 _ACTIVE: List["AttentionStats"] = []
-_CURRENT_MODULE: contextvars.ContextVar = contextvars.ContextVar("sparsenorm_attention_module", default=None)
 
 
 @dataclass
@@ -119,18 +123,10 @@ def recording() -> bool:
     return bool(_ACTIVE)
 
 
-@contextmanager
-def in_module(module: nn.Module) -> Iterator[None]:
-    """Attribute the attention calls inside the block to ``module``."""
-    token = _CURRENT_MODULE.set(module)
-    try:
-        yield
-    finally:
-        _CURRENT_MODULE.reset(token)
-
-
-def observe(support: Tensor, valid: Tensor) -> None:
-    """Report support sizes ``(..., H, L)`` and valid-key counts of the same shape (integers).
+@torch.compiler.disable
+def observe(support: Tensor, valid: Tensor, module: Optional[nn.Module] = None) -> None:
+    """Report support sizes ``(..., H, L)`` and valid-key counts of the same shape (integers) of
+    one call of the attention module ``module`` (None: a plain functional call).
 
     Heads are dim -2 (a tensor ``(L,)`` counts as one head); rows with ``valid == 0`` are skipped.
     """
@@ -151,7 +147,6 @@ def observe(support: Tensor, valid: Tensor) -> None:
         queries=present.sum(1), support_sum=support.sum(1), valid_sum=(valid * present).sum(1),
         histogram=hist.reshape(heads, width),
     )
-    module = _CURRENT_MODULE.get()
     for stats in _ACTIVE:
         name = stats.name_of(module)
         if name in stats.layers:

@@ -2,7 +2,8 @@
 import pytest
 import torch
 
-from sparsenorm.attention import ev_softmax_attention_blockwise, functional, sparse_attention
+from sparsenorm.attention import ev_softmax_attention_blockwise, sparse_attention
+from sparsenorm.kernels import attention_ops
 from sparsenorm.attention.masks import split_mask
 
 
@@ -29,9 +30,9 @@ def masks(L, S):
 
 @pytest.fixture
 def always_blockwise(monkeypatch):
-    monkeypatch.setattr(functional, "BLOCKWISE_MIN_SCORES", 0)
-    monkeypatch.setattr("sparsenorm.attention.blockwise.BLOCK_Q", 16)
-    monkeypatch.setattr("sparsenorm.attention.blockwise.BLOCK_K", 16)
+    monkeypatch.setattr(attention_ops, "BLOCKWISE_MIN_SCORES", 0)
+    monkeypatch.setattr("sparsenorm.kernels.reference.evidential_attention.BLOCK_Q", 16)
+    monkeypatch.setattr("sparsenorm.kernels.reference.evidential_attention.BLOCK_K", 16)
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -44,7 +45,7 @@ def test_agrees_with_dense_path_in_float32(always_blockwise, mask_name, causal):
     grad = torch.randn_like(dense)
     expected = torch.autograd.grad(dense, (q, k, v), grad)
     out = sparse_attention(q, k, v, attn_mask=mask, is_causal=causal)
-    assert "EvSoftmaxAttention" in type(out.grad_fn).__name__  # the blockwise path ran
+    assert "ev_softmax_attention_blockwise" in type(out.grad_fn).__name__  # the blockwise path ran
     got = torch.autograd.grad(out, (q, k, v), grad)
     torch.testing.assert_close(out, dense, rtol=1e-5, atol=1e-6)
     for a, b in zip(got, expected):
@@ -100,14 +101,14 @@ def test_empty_rows_give_zero_and_zero_gradient():
 
 def test_automatic_choice(monkeypatch):
     q, k, v = qkv(1, 2, L=8, S=8)
-    monkeypatch.setattr(functional, "BLOCKWISE_MIN_SCORES", 64)
-    assert "EvSoftmaxAttention" in type(sparse_attention(q, k, v).grad_fn).__name__
+    monkeypatch.setattr(attention_ops, "BLOCKWISE_MIN_SCORES", 64)
+    assert "ev_softmax_attention_blockwise" in type(sparse_attention(q, k, v).grad_fn).__name__
     # weights requested, another normalizer, dropout, or a float mask with a gradient: dense
     for kwargs in ({"normalizer": "sparsemax"}, {"dropout_p": 0.1},
                    {"attn_mask": torch.zeros(8, 8, requires_grad=True)}):
-        assert "EvSoftmaxAttention" not in type(sparse_attention(q, k, v, **kwargs).grad_fn).__name__
-    monkeypatch.setattr(functional, "BLOCKWISE_MIN_SCORES", 65)
-    assert "EvSoftmaxAttention" not in type(sparse_attention(q, k, v).grad_fn).__name__
+        assert "ev_softmax_attention_blockwise" not in type(sparse_attention(q, k, v, **kwargs).grad_fn).__name__
+    monkeypatch.setattr(attention_ops, "BLOCKWISE_MIN_SCORES", 65)
+    assert "ev_softmax_attention_blockwise" not in type(sparse_attention(q, k, v).grad_fn).__name__
 
 
 @pytest.mark.parametrize("causal", [False, True])

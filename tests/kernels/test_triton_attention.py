@@ -14,10 +14,9 @@ if "triton" not in sys.modules and not torch.cuda.is_available():
 pytest.importorskip("triton", reason="triton is not installed (pip install 'sparsenorm[gpu]')")
 
 import sparsenorm  # noqa: E402
+from sparsenorm.kernels.attention_ops import flash_ev_softmax_attention  # noqa: E402
 from sparsenorm.kernels.triton import _common  # noqa: E402
-from sparsenorm.kernels.triton.attention import (  # noqa: E402
-    flash_ev_softmax_attention, flash_ev_softmax_attention_forward,
-)
+from sparsenorm.kernels.triton.attention import flash_ev_softmax_attention_forward  # noqa: E402
 
 DEVICE = "cpu" if _common.INTERPRET else "cuda"
 IN_PROCESS = _common.INTERPRET or torch.cuda.is_available()
@@ -155,20 +154,34 @@ def test_in_subprocess(run_under_interpreter):
 @in_process
 @pytest.mark.parametrize("causal", [False, True])
 def test_sparse_attention_flash_route_equals_the_pytorch_path(causal):
-    """What ``sparse_attention`` runs on CUDA for ev-softmax (``_flash_ev_softmax``, called here on
-    interpreter tensors): a padding mask of any broadcast form becomes the kernel's key mask, GQA
-    passes through, and the output equals the PyTorch path's; masks the kernel cannot take give None."""
-    from sparsenorm.attention import functional as attn
+    """``sparse_attention(backend="triton")`` (the flash op, run here on interpreter tensors): a padding
+    mask of any broadcast form becomes the kernel's key mask, ``key_lengths`` pass through, GQA
+    passes through; output and gradients equal the dense path's; masks the kernel cannot take are
+    refused with an error naming ``backend`` (and ``"auto"`` takes another kernel for them)."""
+    from sparsenorm.attention import sparse_attention
 
     g = torch.Generator().manual_seed(0)
     B, Hq, Hk, L, S, E = 2, 4, 2, 12, 16, 32
     q, k, v = (torch.randn(B, h, n, E, generator=g) for h, n in ((Hq, L), (Hk, S), (Hk, S)))
     keep = torch.ones(B, 1, 1, S, dtype=torch.bool)
     keep[1, ..., 11:] = False  # the second sequence is padded
-    for mask in (keep, keep[1, 0, 0]):  # per sequence (B, 1, 1, S); one for all (S,)
-        out = attn._flash_ev_softmax(q.to(DEVICE), k.to(DEVICE), v.to(DEVICE), mask.to(DEVICE), causal, None)
-        ref = sparsenorm.attention.sparse_attention(q, k, v, "ev_softmax", attn_mask=mask, is_causal=causal)
+    lengths = torch.tensor([S, 11])
+    grad = torch.randn(B, Hq, L, E, generator=g)
+    for kwargs in ({"attn_mask": keep}, {"attn_mask": keep[1, 0, 0]}, {"key_lengths": lengths}):
+        args = [t.to(DEVICE).requires_grad_() for t in (q, k, v)]
+        device_kwargs = {n: t.to(DEVICE) for n, t in kwargs.items()}
+        out = sparse_attention(*args, is_causal=causal, backend="triton", **device_kwargs)
+        assert "flash" in type(out.grad_fn).__name__
+        got = torch.autograd.grad(out, args, grad.to(DEVICE))
+        ref_args = [t.clone().requires_grad_() for t in (q, k, v)]
+        ref = sparse_attention(*ref_args, is_causal=causal, backend="dense", **kwargs)
+        want = torch.autograd.grad(ref, ref_args, grad)
         torch.testing.assert_close(out.cpu(), ref, atol=2e-5, rtol=2e-5)
-    for other in (torch.ones(B, 1, L, S, dtype=torch.bool), torch.ones(B, 1, S, dtype=torch.bool)):
-        # per query, or (B, 1, S), which broadcasts B against the heads as in SDPA: not a key mask
-        assert attn._flash_ev_softmax(q.to(DEVICE), k.to(DEVICE), v.to(DEVICE), other.to(DEVICE), causal, None) is None
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a.cpu(), b, atol=2e-5, rtol=2e-5)
+        auto = sparse_attention(*args, is_causal=causal, **device_kwargs)
+        assert "flash" in type(auto.grad_fn).__name__  # "auto" takes the flash kernel where it applies
+    for other in (torch.ones(B, 1, L, S, dtype=torch.bool), torch.ones(1, Hq, 1, S, dtype=torch.bool)):
+        # per query, or per head: not a key mask
+        with pytest.raises(ValueError, match="backend='triton' does not apply"):
+            sparse_attention(q.to(DEVICE), k.to(DEVICE), v.to(DEVICE), attn_mask=other.to(DEVICE), backend="triton")

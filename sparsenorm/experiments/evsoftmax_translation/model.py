@@ -18,8 +18,8 @@ from typing import Dict, List, Optional, Tuple
 import torch
 from torch import Tensor, nn
 
-from ...attention import sparse_attention
-from ...attention.stats import in_module
+from ...attention.functional import attend, resolve_normalizer
+from ...attention.masks import split_mask
 
 SITES = ("encoder", "decoder", "cross")
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
@@ -37,10 +37,6 @@ class ModelConfig:
     max_len: int = 256
 
 
-def _attention_normalizer(name: str, training: bool) -> str:
-    return "softmax" if name == "posthoc_evidential" and training else name
-
-
 class Attention(nn.Module):
     """Multi-head attention with a sparsenorm normalizer; ``capture`` keeps the last weights (maps)."""
 
@@ -49,6 +45,9 @@ class Attention(nn.Module):
         self.heads, self.dropout = heads, dropout
         self.q, self.k, self.v, self.o = (nn.Linear(d_model, d_model) for _ in range(4))
         self.normalizer, self.params = normalizer, dict(params)
+        # resolved once; the registry's ``for_mode`` gives the training and the evaluation form
+        self.forms = (resolve_normalizer(normalizer, params, training=False),
+                      resolve_normalizer(normalizer, params, training=True))
         self.capture = False
         self.weights: Optional[Tensor] = None
 
@@ -60,11 +59,9 @@ class Attention(nn.Module):
         return self.split(self.k(memory)), self.split(self.v(memory))
 
     def forward(self, x: Tensor, kv: Tuple[Tensor, Tensor], keep: Optional[Tensor], is_causal: bool = False) -> Tensor:
-        name = _attention_normalizer(self.normalizer, self.training)
-        with in_module(self):
-            result = sparse_attention(self.split(self.q(x)), *kv, normalizer=name, attn_mask=keep,
-                                      is_causal=is_causal, dropout_p=self.dropout if self.training else 0.0,
-                                      return_weights=self.capture, **self.params)
+        result = attend(self.forms[self.training], self.split(self.q(x)), *kv, *split_mask(keep),
+                        is_causal=is_causal, dropout_p=self.dropout if self.training else 0.0,
+                        return_weights=self.capture, stats_module=self)
         if self.capture:
             result, self.weights = result[0], result[1].detach()
         b, h, n, dh = result.shape

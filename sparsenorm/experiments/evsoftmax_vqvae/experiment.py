@@ -75,7 +75,7 @@ QUICK = dict(seeds=1, vq_hidden=32, vq_epochs=2, vq_lr=1e-3, vq_train_images=10_
 
 def trained_prior(normalizer: str) -> str:
     """The normalizer a prior is trained with: post-hoc evidential reuses the softmax prior."""
-    return "softmax" if registry.get(normalizer).posthoc else normalizer
+    return registry.get(normalizer).for_mode(training=True).name
 
 
 @dataclass

@@ -11,21 +11,16 @@ row NaN; float16/bfloat16/float32 in, float32 compute, output in ``out_dtype``, 
 * :func:`project` ``(x, kind, mask=None, out_dtype=None)`` and :func:`project_backward`
   ``(p, grad, kind)``: sparsemax / 1.5-entmax with the exact threshold, rows up to 16384 entries
   (:func:`project_supports` says whether a tensor qualifies);
-* :func:`flash_ev_softmax_attention` ``(q, k, v, key_lengths=None, is_causal=False, scale=None,
-  key_mask=None)``,
-  differentiable, and its two halves :func:`flash_ev_softmax_attention_forward` /
-  :func:`flash_ev_softmax_attention_backward` for a ``custom_op``.
+* :func:`flash_ev_softmax_attention_forward` ``(q, k, v, key_lengths=None, is_causal=False,
+  scale=None, key_mask=None)`` and :func:`flash_ev_softmax_attention_backward`: flash ev-softmax
+  attention, the two halves of the op ``sparsenorm::ev_softmax_attention_flash``
+  (:mod:`sparsenorm.kernels.attention_ops`, whose ``flash_ev_softmax_attention`` is differentiable).
 
 They run on CUDA tensors, or on CPU tensors when ``TRITON_INTERPRET=1`` was set before ``triton``
 was first imported (Triton's interpreter: how the tests run without a GPU). Importing this package
 raises ``ImportError`` where triton is not installed.
 """
-from .attention import (
-    FlashEvSoftmaxAttention,
-    flash_ev_softmax_attention,
-    flash_ev_softmax_attention_backward,
-    flash_ev_softmax_attention_forward,
-)
+from .attention import flash_ev_softmax_attention_backward, flash_ev_softmax_attention_forward
 from .evidential import ev_softmax_backward, ev_softmax_forward
 from .evidential import supports as ev_softmax_supports
 from .projection import project, project_backward
@@ -34,6 +29,5 @@ from .projection import supports as project_supports
 __all__ = [
     "ev_softmax_forward", "ev_softmax_backward", "ev_softmax_supports",
     "project", "project_backward", "project_supports",
-    "flash_ev_softmax_attention", "flash_ev_softmax_attention_forward", "flash_ev_softmax_attention_backward",
-    "FlashEvSoftmaxAttention",
+    "flash_ev_softmax_attention_forward", "flash_ev_softmax_attention_backward",
 ]

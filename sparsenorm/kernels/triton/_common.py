@@ -12,6 +12,8 @@ import torch
 import triton
 from triton.runtime.interpreter import InterpretedFunction
 
+from ..._validation import not_there_level  # noqa: F401  (the one "not there" rule, for the launchers)
+
 # Triton was imported in interpreter mode iff its standard library kernels are interpreted.
 INTERPRET: bool = isinstance(triton.language.sum, InterpretedFunction)
 
@@ -33,11 +35,6 @@ def check_tensor(t: torch.Tensor, name: str, dtypes: Sequence[torch.dtype] = _DT
     if not runnable_on(t):
         where = "CPU tensors (TRITON_INTERPRET=1 is set)" if INTERPRET else "CUDA tensors"
         raise ValueError(f"{name} is on {t.device}, but the Triton kernels in this process run on {where}")
-
-
-def not_there_level(dtype: torch.dtype) -> float:
-    """Entries at or below ``finfo(dtype).min / 2`` are not there (sparsenorm's rule)."""
-    return torch.finfo(dtype).min / 2
 
 
 def autotune(configs: Callable[[], list], key: Sequence[str]):

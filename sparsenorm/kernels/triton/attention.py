@@ -32,7 +32,6 @@ float32 accumulation.
 """
 from __future__ import annotations
 
-import math
 from typing import Optional, Tuple
 
 import torch
@@ -460,38 +459,3 @@ def flash_ev_softmax_attention_backward(
              dq.stride(0), dq.stride(1), dq.stride(2),
              Hq, Hq // Hk, L, S, D, scale * LOG2E, scale), **flags)
     return dq, dk, dv
-
-
-class FlashEvSoftmaxAttention(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, key_lengths, is_causal, scale, key_mask):
-        out, lse2, thr2 = flash_ev_softmax_attention_forward(q, k, v, key_lengths, is_causal, scale, key_mask)
-        ctx.save_for_backward(q, k, v, out, lse2, thr2, key_lengths, key_mask)
-        ctx.is_causal, ctx.scale = is_causal, scale
-        return out
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_out):
-        q, k, v, out, lse2, thr2, key_lengths, key_mask = ctx.saved_tensors
-        dq, dk, dv = flash_ev_softmax_attention_backward(grad_out, q, k, v, out, lse2, thr2, key_lengths,
-                                                         ctx.is_causal, ctx.scale, key_mask)
-        return dq, dk, dv, None, None, None, None
-
-
-def flash_ev_softmax_attention(
-    q: Tensor, k: Tensor, v: Tensor, key_lengths: Optional[Tensor] = None, is_causal: bool = False,
-    scale: Optional[float] = None, key_mask: Optional[Tensor] = None,
-) -> Tensor:
-    """Exact ev-softmax attention ``ev_softmax(q k^T * scale) v`` (Eq. 7 per query), differentiable.
-
-    ``q`` (B, Hq, L, D), ``k`` and ``v`` (B, Hk, S, D) with ``Hk`` dividing ``Hq`` (GQA), one dtype
-    (float16/bfloat16/float32), ``D <= 128``; ``key_lengths`` (B,) int: keys ``j >= len`` are not
-    there (clamped to ``[0, S]``); ``key_mask`` (B, S) bool: False = not there (any padding side);
-    ``is_causal``: top-left causal mask, as SDPA; all three combine. ``scale`` defaults to
-    ``1/sqrt(D)``. The threshold of query ``i`` is ``q_i . mean(valid keys) * scale`` (carries no
-    gradient); a query with no valid key gives zeros. Returns (B, Hq, L, D) in q's dtype.
-    """
-    if isinstance(scale, Tensor) or (scale is not None and not math.isfinite(float(scale))):
-        raise ValueError(f"scale must be a finite number or None, got {scale}")
-    return FlashEvSoftmaxAttention.apply(q, k, v, key_lengths, bool(is_causal), scale, key_mask)

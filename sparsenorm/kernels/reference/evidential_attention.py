@@ -1,4 +1,4 @@
-"""Memory-efficient exact ev-softmax attention: blockwise over queries and keys, never L x S.
+"""Memory-efficient exact ev-softmax attention in PyTorch: blockwise over queries and keys, never L x S.
 
 ev-softmax (ev-softmax paper, Eq. 7) keeps the keys whose score is at least the mean score over
 the valid keys, and the mean is linear in the keys:
@@ -19,7 +19,10 @@ Rounding: the threshold here is ``q . mean(k)``, the dense path's is ``mean(q . 
 to rounding, so an entry within rounding of its row's mean can fall on different sides. Should
 rounding put the threshold above every valid score of a row (e.g. a single valid key), that row
 is redone with the threshold capped at its maximum valid score, as the dense ev-softmax caps it
-(this check reads one boolean per query block on the host).
+(this check reads one boolean per query block on the host: the one host read of this module,
+inside the registered op ``sparsenorm::ev_softmax_attention_blockwise``, so it breaks no graph).
+
+The op, its autograd and the choice of kernel are in :mod:`sparsenorm.kernels.attention_ops`.
 """
 from __future__ import annotations
 
@@ -166,89 +169,70 @@ def _block_max(q_blk, k, v, keep, bias, causal, i0, i1, block_k):
     return m
 
 
-class EvSoftmaxAttentionFunction(torch.autograd.Function):
-    """Blockwise ev-softmax attention; inputs share their batch shape (...). Returns (out, lse, support)."""
+def forward(q: Tensor, k: Tensor, v: Tensor, keep: Optional[Tensor], bias: Optional[Tensor], causal: bool,
+            scale: float, count_support: bool, block_q: int = BLOCK_Q, block_k: int = BLOCK_K,
+            ) -> Tuple[Tensor, Tensor, Tensor, Optional[Tensor], Tensor]:
+    """``(out, lse, thr, support, count)`` of blockwise ev-softmax attention.
 
-    @staticmethod
-    def forward(ctx, q, k, v, keep, bias, causal, scale, count_support, block_q, block_k):
-        L = q.shape[-2]
-        qs = q * scale  # scores are qs @ k^T, in the forward and in the backward alike
-        thr, count = threshold(qs, k, keep, bias, causal, 1.0, block_k)
-        outs, lses, supports = [], [], []
-        for i0 in range(0, L, block_q):
-            i1 = min(i0 + block_q, L)
-            q_blk, thr_blk = qs[..., i0:i1, :], thr[..., i0:i1, :]
-            args = (q_blk, k, v, keep, bias, causal)
-            m, l, o, n = _forward_block(*args, thr_blk, i0, i1, block_k, count_support)
-            stranded = (l == 0) & (count[..., i0:i1, :] > 0)  # rounding put the mean above the max
-            if bool(stranded.any()):
-                thr_blk = torch.where(stranded, _block_max(*args, i0, i1, block_k), thr_blk)
-                thr[..., i0:i1, :] = thr_blk
-                m, l, o, n = _forward_block(*args, thr_blk, i0, i1, block_k, count_support)
-            empty = l == 0
-            outs.append(torch.where(empty, 0.0, o / l.masked_fill(empty, 1.0)))
-            # log-sum-exp of s - thr; +inf for rows with no key, so every recomputed weight is 0.
-            lses.append(torch.where(empty, float("inf"), m + torch.log(l)))
-            if count_support:
-                supports.append(n)
-        out = torch.cat(outs, -2)
-        lse = torch.cat(lses, -2)
-        ctx.save_for_backward(qs, k, v, out, lse, thr, keep, bias)
-        ctx.causal, ctx.scale, ctx.block_q, ctx.block_k = causal, scale, block_q, block_k
-        count = count.expand_as(lse).squeeze(-1)
-        ctx.mark_non_differentiable(lse, count)
-        support = torch.cat(supports, -2).squeeze(-1) if count_support else None
-        if support is not None:
-            ctx.mark_non_differentiable(support)
-        return out, lse, support, count
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_out, _lse, _support, _count):
-        qs, k, v, out, lse, thr, keep, bias = ctx.saved_tensors
-        causal, scale, block_q, block_k = ctx.causal, ctx.scale, ctx.block_q, ctx.block_k
-        L, S = qs.shape[-2], k.shape[-2]
-        dq = torch.zeros_like(qs)
-        dk = torch.zeros_like(k)
-        dv = torch.zeros_like(v)
-        for i0 in range(0, L, block_q):
-            i1 = min(i0 + block_q, L)
-            q_blk, do_blk = qs[..., i0:i1, :], grad_out[..., i0:i1, :]
-            delta = (do_blk * out[..., i0:i1, :]).sum(-1, keepdim=True)
-            lse_blk, thr_blk = lse[..., i0:i1, :], thr[..., i0:i1, :]
-            dq_blk = dq[..., i0:i1, :]
-            for j0 in range(0, S, block_k):
-                if causal and j0 > i1 - 1:
-                    break
-                j1 = min(j0 + block_k, S)
-                k_blk, v_blk = k[..., j0:j1, :], v[..., j0:j1, :]
-                valid = _valid_block(keep, causal, i0, i1, j0, j1, qs.device)
-                p = _support_scores(q_blk, k_blk, _rows_cols(bias, i0, i1, j0, j1), valid, thr_blk)
-                p = p.sub_(lse_blk).exp_()
-                dv[..., j0:j1, :] += torch.matmul(p.transpose(-2, -1), do_blk)
-                ds = torch.matmul(do_blk, v_blk.transpose(-2, -1)).sub_(delta).mul_(p)  # d(loss)/d(qs k^T)
-                dq_blk += torch.matmul(ds, k_blk)
-                dk[..., j0:j1, :] += torch.matmul(ds.transpose(-2, -1), q_blk)
-        return dq.mul_(scale), dk, dv, None, None, None, None, None, None, None
-
-
-def ev_softmax_attention_blockwise(
-    q: Tensor, k: Tensor, v: Tensor, keep: Optional[Tensor] = None, bias: Optional[Tensor] = None,
-    is_causal: bool = False, scale: Optional[float] = None, count_support: bool = False,
-    block_q: int = BLOCK_Q, block_k: int = BLOCK_K,
-) -> Tuple[Tensor, Optional[Tensor], Tensor]:
-    """ev-softmax attention without the L x S matrix: ``(out, support, valid_count)``.
-
-    ``q`` (..., L, E), ``k`` (..., S, E), ``v`` (..., S, Ev) with one batch shape (...) (expand
-    them first); ``keep`` boolean (True = attend) and ``bias`` (finite, no gradient) broadcastable
-    to (..., L, S); ``is_causal`` SDPA's top-left causal mask, combined with ``keep``. ``support``
-    (..., L) is the number of attended keys per query when ``count_support``, else None. Rows with
-    no valid key give 0 and zero gradient. Use :func:`sparsenorm.attention.sparse_attention`,
-    which validates arguments and picks this path, rather than calling this directly.
+    ``q`` (..., L, E), ``k`` (..., S, E), ``v`` (..., S, Ev) with one batch shape (...); ``keep``
+    boolean (True = attend) and ``bias`` (finite) broadcastable to (..., L, S); ``causal`` SDPA's
+    top-left mask. ``lse`` and ``thr`` (..., L, 1) are what :func:`backward` needs (natural
+    units, scores of ``q * scale``); ``support`` (..., L) counts the attended keys when
+    ``count_support`` (else None); ``count`` (..., L) the valid keys. Rows with no valid key: 0.
     """
-    if bias is not None and bias.requires_grad:
-        raise ValueError("the blockwise path does not differentiate the float mask; use the dense path")
-    scale = q.shape[-1] ** -0.5 if scale is None else scale
-    out, _, support, count = EvSoftmaxAttentionFunction.apply(
-        q, k, v, keep, bias, bool(is_causal), float(scale), count_support, block_q, block_k)
-    return out, support, count
+    L = q.shape[-2]
+    qs = q * scale  # scores are qs @ k^T, in the forward and in the backward alike
+    thr, count = threshold(qs, k, keep, bias, causal, 1.0, block_k)
+    outs, lses, supports = [], [], []
+    for i0 in range(0, L, block_q):
+        i1 = min(i0 + block_q, L)
+        q_blk, thr_blk = qs[..., i0:i1, :], thr[..., i0:i1, :]
+        args = (q_blk, k, v, keep, bias, causal)
+        m, l, o, n = _forward_block(*args, thr_blk, i0, i1, block_k, count_support)
+        stranded = (l == 0) & (count[..., i0:i1, :] > 0)  # rounding put the mean above the max
+        if bool(stranded.any()):
+            thr_blk = torch.where(stranded, _block_max(*args, i0, i1, block_k), thr_blk)
+            thr[..., i0:i1, :] = thr_blk
+            m, l, o, n = _forward_block(*args, thr_blk, i0, i1, block_k, count_support)
+        empty = l == 0
+        outs.append(torch.where(empty, 0.0, o / l.masked_fill(empty, 1.0)))
+        # log-sum-exp of s - thr; +inf for rows with no key, so every recomputed weight is 0.
+        lses.append(torch.where(empty, float("inf"), m + torch.log(l)))
+        if count_support:
+            supports.append(n)
+    out = torch.cat(outs, -2)
+    lse = torch.cat(lses, -2)
+    count = count.expand_as(lse).squeeze(-1)
+    support = torch.cat(supports, -2).squeeze(-1) if count_support else None
+    return out, lse, thr, support, count
+
+
+def backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, thr: Tensor,
+             keep: Optional[Tensor], bias: Optional[Tensor], causal: bool, scale: float,
+             block_q: int = BLOCK_Q, block_k: int = BLOCK_K) -> Tuple[Tensor, Tensor, Tensor]:
+    """``(dq, dk, dv)`` (FlashAttention-2) from :func:`forward`'s ``out, lse, thr``; the threshold
+    carries no gradient and ``bias`` none is computed for."""
+    qs = q * scale
+    L, S = qs.shape[-2], k.shape[-2]
+    dq = torch.zeros_like(qs)
+    dk = torch.zeros_like(k)
+    dv = torch.zeros_like(v)
+    for i0 in range(0, L, block_q):
+        i1 = min(i0 + block_q, L)
+        q_blk, do_blk = qs[..., i0:i1, :], grad_out[..., i0:i1, :]
+        delta = (do_blk * out[..., i0:i1, :]).sum(-1, keepdim=True)
+        lse_blk, thr_blk = lse[..., i0:i1, :], thr[..., i0:i1, :]
+        dq_blk = dq[..., i0:i1, :]
+        for j0 in range(0, S, block_k):
+            if causal and j0 > i1 - 1:
+                break
+            j1 = min(j0 + block_k, S)
+            k_blk, v_blk = k[..., j0:j1, :], v[..., j0:j1, :]
+            valid = _valid_block(keep, causal, i0, i1, j0, j1, qs.device)
+            p = _support_scores(q_blk, k_blk, _rows_cols(bias, i0, i1, j0, j1), valid, thr_blk)
+            p = p.sub_(lse_blk).exp_()
+            dv[..., j0:j1, :] += torch.matmul(p.transpose(-2, -1), do_blk)
+            ds = torch.matmul(do_blk, v_blk.transpose(-2, -1)).sub_(delta).mul_(p)  # d(loss)/d(qs k^T)
+            dq_blk += torch.matmul(ds, k_blk)
+            dk[..., j0:j1, :] += torch.matmul(ds.transpose(-2, -1), q_blk)
+    return dq.mul_(scale), dk, dv

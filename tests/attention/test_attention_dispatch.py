@@ -1,0 +1,181 @@
+"""The attention op layer: registered ops (opcheck, float64 gradcheck), ``backend=``, the kernel
+table keyed by registry capability, ``key_lengths=``, and masks split without reading values."""
+import pytest
+import torch
+
+import sparsenorm
+from sparsenorm import registry
+from sparsenorm.attention import MultiheadAttention, sparse_attention
+from sparsenorm.attention.masks import merge, split_mask
+from sparsenorm.kernels import attention_ops
+
+NORMALIZERS = registry.names()
+
+
+def qkv(B=2, H=2, L=5, S=7, E=4, Ev=3, dtype=torch.float64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(B, H, n, e, generator=g, dtype=dtype).requires_grad_() for n, e in ((L, E), (S, E), (S, Ev)))
+
+
+# ---------------------------------------------------------------------------------------------- ops
+def test_blockwise_op_passes_opcheck():
+    """Schema, fake (meta) implementation, autograd registration and dispatch agree."""
+    q, k, v = qkv()
+    keep = torch.rand(2, 1, 5, 7, generator=torch.Generator().manual_seed(1)) > 0.3
+    bias = torch.randn(5, 7, dtype=torch.float64)
+    for args in ((q, k, v, None, None, False, 0.5, False, 4, 4), (q, k, v, keep, bias, True, 0.5, True, 2, 3)):
+        torch.library.opcheck(attention_ops.ev_softmax_attention_blockwise_op, args)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_blockwise_op_gradcheck_with_key_lengths(causal):
+    q, k, v = qkv()
+    lengths = torch.tensor([7, 2])
+    fn = lambda q, k, v: sparse_attention(q, k, v, key_lengths=lengths, is_causal=causal,  # noqa: E731
+                                          backend="blockwise")
+    assert "ev_softmax_attention_blockwise" in type(fn(q, k, v).grad_fn).__name__
+    assert torch.autograd.gradcheck(fn, (q, k, v))
+
+
+# ---------------------------------------------------------------------------------------------- backend
+def test_backend_values_are_checked_and_named():
+    q, k, v = qkv()
+    with pytest.raises(ValueError, match="backend must be one of 'auto', 'dense', 'blockwise', 'triton', 'flex'"):
+        sparse_attention(q, k, v, backend="fast")
+    with pytest.raises(ValueError, match="backend='flex' has no kernel"):
+        sparse_attention(q, k, v, backend="flex")
+    with pytest.raises(ValueError, match="backend='blockwise' has no kernel"):
+        sparse_attention(q, k, v, "r_softmax", backend="blockwise")
+    with pytest.raises(ValueError, match="returns no weights"):
+        sparse_attention(q, k, v, backend="blockwise", return_weights=True)
+    with pytest.raises(ValueError, match="returns no weights"):
+        sparse_attention(q, k, v, backend="blockwise", attn_mask=torch.zeros(5, 7, requires_grad=True))
+
+
+@pytest.mark.parametrize("name", NORMALIZERS)
+def test_every_backend_that_exists_equals_dense(name):
+    q, k, v = qkv(L=6, S=9)
+    keep = torch.arange(9) < torch.tensor([9, 4]).view(2, 1, 1, 1)
+    dense = sparse_attention(q, k, v, name, attn_mask=keep, is_causal=True, backend="dense")
+    threshold = registry.get(name).for_mode(False).attention_threshold
+    for backend in attention_ops.KERNELS.get(threshold, {}):
+        try:
+            out = sparse_attention(q, k, v, name, attn_mask=keep, is_causal=True, backend=backend)
+        except ValueError as err:  # a kernel that does not apply on this machine (triton: no GPU)
+            assert "does not apply" in str(err)
+            continue
+        torch.testing.assert_close(out, dense, rtol=1e-12, atol=1e-12)
+
+
+def test_a_kernel_is_one_table_entry(monkeypatch):
+    """What the sparsemax/entmax blockwise op will do: register a kernel for ``"searched"``; then
+    ``backend="blockwise"`` and ``"auto"`` (past BLOCKWISE_MIN_SCORES) run it for sparsemax."""
+    calls = []
+
+    def kernel(call):
+        calls.append(call.alpha)
+        out, _, support, valid = attention_ops.dense_attention(sparsenorm.sparsemax, call)
+        return out, support, valid
+
+    monkeypatch.setitem(attention_ops.KERNELS, "searched", {})
+    attention_ops.register_attention_kernel("searched", "blockwise", kernel)
+    q, k, v = qkv()
+    sparse_attention(q, k, v, "sparsemax", backend="blockwise")
+    sparse_attention(q, k, v, "entmax_bisect", alpha=1.7, backend="blockwise")
+    sparse_attention(q, k, v, "sparsemax")  # auto, below the size threshold: dense
+    monkeypatch.setattr(attention_ops, "BLOCKWISE_MIN_SCORES", 1)
+    sparse_attention(q, k, v, "entmax15")
+    assert calls == [2.0, 1.7, 1.5]
+    with pytest.raises(ValueError, match="backend must be one of"):
+        attention_ops.register_attention_kernel("searched", "auto", kernel)
+
+
+# ---------------------------------------------------------------------------------------------- key_lengths
+@pytest.mark.parametrize("name", NORMALIZERS)
+@pytest.mark.parametrize("causal", [False, True])
+def test_key_lengths_equal_a_padding_mask(name, causal):
+    q, k, v = qkv(L=6, S=9)
+    lengths = torch.tensor([9, 0])  # the second sequence has no key: zero output, zero gradient
+    keep = torch.arange(9) < lengths.view(2, 1, 1, 1)
+    out, w = sparse_attention(q, k, v, name, key_lengths=lengths, is_causal=causal, return_weights=True)
+    ref, ref_w = sparse_attention(q, k, v, name, attn_mask=keep, is_causal=causal, return_weights=True)
+    torch.testing.assert_close(out, ref, rtol=0, atol=0)
+    torch.testing.assert_close(w, ref_w, rtol=0, atol=0)
+    assert torch.equal(out[1], torch.zeros_like(out[1]))
+    out.sum().backward()
+    assert torch.equal(q.grad[1], torch.zeros_like(q.grad[1]))
+
+
+def test_key_lengths_combine_with_masks_in_modules():
+    torch.manual_seed(0)
+    m = MultiheadAttention(8, 2, batch_first=True, normalizer="entmax15").double().eval()
+    x = torch.randn(3, 6, 8, dtype=torch.float64)
+    lengths = torch.tensor([6, 4, 1])
+    pad = torch.arange(6) >= lengths.view(3, 1)  # True = not allowed (PyTorch's MHA convention)
+    out, w = m(x, x, x, key_lengths=lengths)
+    ref, ref_w = m(x, x, x, key_padding_mask=pad)
+    torch.testing.assert_close(out, ref, rtol=0, atol=0)
+    torch.testing.assert_close(w, ref_w, rtol=0, atol=0)
+    m = MultiheadAttention(8, 2, batch_first=True, add_bias_kv=True, add_zero_attn=True).double().eval()
+    torch.testing.assert_close(m(x, x, x, key_lengths=lengths)[0], m(x, x, x, key_padding_mask=pad)[0])
+
+
+@pytest.mark.parametrize("lengths, error, match", [
+    ([7, 2], TypeError, "key_lengths must be an integer tensor"),  # a list
+    (torch.tensor([7.0, 2.0]), TypeError, "integer tensor, got dtype torch.float32"),
+    (torch.tensor([7]), ValueError, r"shape \(2,\)"),
+    (torch.tensor([[7, 2]]), ValueError, r"shape \(2,\)"),
+    (torch.tensor([8, 2]), ValueError, r"key_lengths must lie in \[0, 7\]"),
+    (torch.tensor([-1, 2]), ValueError, r"key_lengths must lie in \[0, 7\]"),
+])
+def test_bad_key_lengths_are_named(lengths, error, match):
+    q, k, v = qkv()
+    with pytest.raises(error, match=match):
+        sparse_attention(q, k, v, key_lengths=lengths)
+
+
+# ---------------------------------------------------------------------------------------------- masks
+def test_masks_split_and_merge_without_reading_values():
+    """On meta tensors (which have no values) every conversion still runs: nothing is read on the host."""
+    for mask in (torch.empty(2, 1, 5, 7, device="meta"), torch.empty(5, 7, device="meta", dtype=torch.bool)):
+        keep, bias = merge(split_mask(mask), split_mask(torch.empty(2, 1, 1, 7, device="meta")))
+        assert keep.shape == (2, 1, 5, 7) and keep.dtype == torch.bool
+        assert bias.shape == (2, 1, 5 if mask.is_floating_point() else 1, 7)
+    q, k, v = (torch.empty(2, 2, n, 4, device="meta") for n in (5, 7, 7))
+    out = sparse_attention(q, k, v, "sparsemax", attn_mask=torch.empty(2, 1, 5, 7, device="meta"),
+                           key_lengths=torch.empty(2, dtype=torch.long, device="meta"))
+    assert out.shape == (2, 2, 5, 4)
+
+
+def test_float_mask_rule():
+    m = torch.tensor([0.0, -1.0, float("-inf"), torch.finfo(torch.float32).min, torch.finfo(torch.float32).min / 2,
+                      torch.finfo(torch.float32).min / 2.1])
+    keep, bias = split_mask(m)
+    assert keep.tolist() == [True, True, False, False, False, True]
+    assert bias.tolist() == [0.0, -1.0, 0.0, 0.0, 0.0, torch.finfo(torch.float32).min / 2.1]
+    with pytest.raises(ValueError, match="attn_mask contains NaN"):
+        split_mask(torch.tensor([0.0, float("nan")]))
+
+
+@pytest.mark.parametrize("name, backend", [("ev_softmax", "blockwise"), ("ev_softmax", "dense"), ("entmax15", "auto")])
+def test_query_lengths_zero_the_padded_rows(name, backend):
+    """Padded query rows are exactly zero (output and gradient); the others equal unpadded attention."""
+    q, k, v = qkv(L=6, S=6)
+    lengths = torch.tensor([6, 4])
+    out = sparse_attention(q, k, v, name, key_lengths=lengths, query_lengths=lengths, backend=backend)
+    ref = sparse_attention(q, k, v, name, key_lengths=lengths, backend=backend)
+    assert torch.equal(out[1, :, 4:], torch.zeros_like(out[1, :, 4:]))
+    torch.testing.assert_close(out[0], ref[0], rtol=0, atol=0)
+    torch.testing.assert_close(out[1, :, :4], ref[1, :, :4], rtol=0, atol=0)
+    out.sum().backward()
+    assert torch.equal(q.grad[1, :, 4:], torch.zeros_like(q.grad[1, :, 4:]))
+    with pytest.raises(ValueError, match=r"query_lengths must lie in \[0, 6\]"):
+        sparse_attention(q, k, v, query_lengths=torch.tensor([7, 1]))
+
+
+def test_query_lengths_leave_padded_rows_out_of_the_statistics():
+    q, k, v = qkv(L=6, S=6)
+    lengths = torch.tensor([6, 4])
+    with sparsenorm.attention.record() as stats:
+        sparse_attention(q, k, v, key_lengths=lengths, query_lengths=lengths)
+    assert torch.equal(stats.layers["sparse_attention"].queries, torch.tensor([10, 10]))
