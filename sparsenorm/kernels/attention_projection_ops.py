@@ -73,8 +73,12 @@ def _backward(ctx, grad_out, _grad_shift, _grad_tau):
 projection_attention_op.register_autograd(_backward, setup_context=_setup)
 
 
-def _check(query: Tensor, key: Tensor, value: Tensor, keep: Optional[Tensor], key_lengths: Optional[Tensor],
-           kind: str, block_q: int, block_k: int) -> None:
+def check_attention_inputs(query: Tensor, key: Tensor, value: Tensor, keep: Optional[Tensor],
+                           key_lengths: Optional[Tensor]) -> None:
+    """Raise naming the argument unless ``query`` (B, Hq, L, E), ``key`` (B, Hk, S, E), ``value``
+    (B, Hk, S, Ev) share one floating dtype with ``Hk`` dividing ``Hq``, ``keep`` is a boolean mask
+    broadcastable to (B, Hq, L, S) and ``key_lengths`` an integer (B,) tensor (both optional, on the
+    query's device). Shapes and dtypes only: no tensor value is read."""
     for name, t in (("query", query), ("key", key), ("value", value)):
         check_floating(t, name)
         if t.dim() != 4:
@@ -108,6 +112,9 @@ def _check(query: Tensor, key: Tensor, value: Tensor, keep: Optional[Tensor], ke
             raise ValueError(f"key_lengths must have shape ({B},), got {tuple(key_lengths.shape)}")
         if key_lengths.device != query.device:
             raise ValueError(f"key_lengths is on {key_lengths.device} but query is on {query.device}")
+
+
+def _check_options(kind: str, block_q: int, block_k: int) -> None:
     if kind not in ref.KINDS:
         raise ValueError(f"kind must be one of {ref.KINDS}, got {kind!r}")
     for name, b in (("block_q", block_q), ("block_k", block_k)):
@@ -133,7 +140,8 @@ def projection_attention(
     float16/bfloat16 inputs are computed in float32. Differentiable in ``query``, ``key`` and
     ``value`` (closed form, blockwise, O(L) extra memory); not twice.
     """
-    _check(query, key, value, keep, key_lengths, kind, block_q, block_k)
+    check_attention_inputs(query, key, value, keep, key_lengths)
+    _check_options(kind, block_q, block_k)
     scale = query.shape[-1] ** -0.5 if scale is None else scale
     check_param(scale, "scale")
     out, _, _ = projection_attention_op(query, key, value, keep, key_lengths, bool(is_causal), float(scale), kind,
@@ -141,4 +149,5 @@ def projection_attention(
     return out
 
 
-__all__ = ["projection_attention", "projection_attention_op", "projection_attention_backward_op"]
+__all__ = ["projection_attention", "projection_attention_op", "projection_attention_backward_op",
+           "check_attention_inputs"]
