@@ -16,7 +16,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from .._validation import check_floating, check_param, compute_dtype
+from .._validation import check_floating, check_n_iter, check_param, compute_dtype
 from .reference import attention_projection as ref
 
 BLOCK_Q = ref.BLOCK_Q
@@ -26,13 +26,14 @@ BLOCK_K = ref.BLOCK_K
 @torch.library.custom_op("sparsenorm::projection_attention", mutates_args=())
 def projection_attention_op(query: Tensor, key: Tensor, value: Tensor, keep: Optional[Tensor],
                             key_lengths: Optional[Tensor], is_causal: bool, scale: float, kind: str,
-                            block_q: int, block_k: int) -> Tuple[Tensor, Tensor, Tensor]:
+                            block_q: int, block_k: int, alpha: float, n_iter: int) -> Tuple[Tensor, Tensor, Tensor]:
     """``(out, shift, tau)``; see :func:`projection_attention` and the reference module."""
-    return ref.forward(query, key, value, keep, key_lengths, is_causal, scale, kind, block_q, block_k)
+    return ref.forward(query, key, value, keep, key_lengths, is_causal, scale, kind, block_q, block_k, alpha, n_iter)
 
 
 @projection_attention_op.register_fake
-def _projection_attention_fake(query, key, value, keep, key_lengths, is_causal, scale, kind, block_q, block_k):
+def _projection_attention_fake(query, key, value, keep, key_lengths, is_causal, scale, kind, block_q, block_k, alpha,
+                               n_iter):
     B, Hq, L, _ = query.shape
     row = query.new_empty((B, Hq, L), dtype=compute_dtype(query))
     return query.new_empty((B, Hq, L, value.shape[-1])), row, row.clone()
@@ -42,24 +43,24 @@ def _projection_attention_fake(query, key, value, keep, key_lengths, is_causal, 
 def projection_attention_backward_op(grad_out: Tensor, query: Tensor, key: Tensor, value: Tensor,
                                      keep: Optional[Tensor], key_lengths: Optional[Tensor], is_causal: bool,
                                      scale: float, kind: str, shift: Tensor, tau: Tensor, block_q: int,
-                                     block_k: int) -> Tuple[Tensor, Tensor, Tensor]:
+                                     block_k: int, alpha: float, n_iter: int) -> Tuple[Tensor, Tensor, Tensor]:
     """``(d query, d key, d value)`` from the forward's saved ``shift`` and ``tau``."""
     return ref.backward(grad_out, query, key, value, keep, key_lengths, is_causal, scale, kind, shift, tau,
-                        block_q, block_k)
+                        block_q, block_k, alpha, n_iter)
 
 
 @projection_attention_backward_op.register_fake
 def _projection_attention_backward_fake(grad_out, query, key, value, keep, key_lengths, is_causal, scale, kind,
-                                        shift, tau, block_q, block_k):
+                                        shift, tau, block_q, block_k, alpha, n_iter):
     return torch.empty_like(query), torch.empty_like(key), torch.empty_like(value)
 
 
 def _setup(ctx, inputs, output) -> None:
-    query, key, value, keep, key_lengths, is_causal, scale, kind, block_q, block_k = inputs
+    query, key, value, keep, key_lengths, is_causal, scale, kind, block_q, block_k, alpha, n_iter = inputs
     _, shift, tau = output
     ctx.save_for_backward(query, key, value, keep, key_lengths, shift, tau)
     ctx.args = (is_causal, scale, kind)
-    ctx.blocks = (block_q, block_k)
+    ctx.blocks = (block_q, block_k, alpha, n_iter)
     ctx.mark_non_differentiable(shift, tau)
 
 
@@ -67,7 +68,7 @@ def _backward(ctx, grad_out, _grad_shift, _grad_tau):
     query, key, value, keep, key_lengths, shift, tau = ctx.saved_tensors
     dq, dk, dv = projection_attention_backward_op(grad_out.contiguous(), query, key, value, keep, key_lengths,
                                                   *ctx.args, shift, tau, *ctx.blocks)
-    return dq, dk, dv, None, None, None, None, None, None, None
+    return dq, dk, dv, None, None, None, None, None, None, None, None, None
 
 
 projection_attention_op.register_autograd(_backward, setup_context=_setup)
@@ -114,9 +115,14 @@ def check_attention_inputs(query: Tensor, key: Tensor, value: Tensor, keep: Opti
             raise ValueError(f"key_lengths is on {key_lengths.device} but query is on {query.device}")
 
 
-def _check_options(kind: str, block_q: int, block_k: int) -> None:
+def _check_options(kind: str, block_q: int, block_k: int, alpha: float, n_iter: int) -> None:
     if kind not in ref.KINDS:
         raise ValueError(f"kind must be one of {ref.KINDS}, got {kind!r}")
+    if kind == "entmax_bisect":
+        if isinstance(alpha, Tensor):
+            raise TypeError("alpha must be a number here (one alpha for all rows)")
+        check_param(alpha, "alpha", low=1.0, low_inclusive=False)
+        check_n_iter(n_iter)
     for name, b in (("block_q", block_q), ("block_k", block_k)):
         if not isinstance(b, int) or isinstance(b, bool) or b < 1:
             raise ValueError(f"{name} must be a positive int, got {b!r}")
@@ -125,9 +131,10 @@ def _check_options(kind: str, block_q: int, block_k: int) -> None:
 def projection_attention(
     query: Tensor, key: Tensor, value: Tensor, kind: str = "sparsemax", keep: Optional[Tensor] = None,
     key_lengths: Optional[Tensor] = None, is_causal: bool = False, scale: Optional[float] = None,
-    block_q: int = BLOCK_Q, block_k: int = BLOCK_K,
+    alpha: float = 1.5, n_iter: int = 50, block_q: int = BLOCK_Q, block_k: int = BLOCK_K,
 ) -> Tensor:
-    """Exact sparsemax (``kind='sparsemax'``) or 1.5-entmax (``'entmax15'``) attention in O(L) memory.
+    """sparsemax (``kind='sparsemax'``), 1.5-entmax (``'entmax15'``) or alpha-entmax by bisection
+    (``'entmax_bisect'``) attention in O(L) extra memory.
 
     ``out = P V`` with ``P = kind(query key^T * scale)`` over the keys there, row by row, without
     the L x S matrix (see :mod:`sparsenorm.kernels.reference.attention_projection`). ``query``
@@ -139,13 +146,18 @@ def projection_attention(
     exactly zero weight; a query with no key there gives a zero output row and zero gradient.
     float16/bfloat16 inputs are computed in float32. Differentiable in ``query``, ``key`` and
     ``value`` (closed form, blockwise, O(L) extra memory); not twice.
+
+    sparsemax and 1.5-entmax are exact (closed form on the support found by the search).
+    ``'entmax_bisect'`` reproduces ``sparsenorm.entmax_bisect(scores, alpha, n_iter=n_iter)`` (``alpha
+    > 1``, one number; ``n_iter`` halvings of the threshold's bracket, one pass over the keys each,
+    then the weights divided by their sum), not differentiable in ``alpha``.
     """
     check_attention_inputs(query, key, value, keep, key_lengths)
-    _check_options(kind, block_q, block_k)
+    _check_options(kind, block_q, block_k, alpha, n_iter)
     scale = query.shape[-1] ** -0.5 if scale is None else scale
     check_param(scale, "scale")
     out, _, _ = projection_attention_op(query, key, value, keep, key_lengths, bool(is_causal), float(scale), kind,
-                                        block_q, block_k)
+                                        block_q, block_k, float(alpha), int(n_iter))
     return out
 
 

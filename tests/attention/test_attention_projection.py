@@ -1,6 +1,7 @@
 """Memory-efficient sparsemax / 1.5-entmax attention (``sparsenorm::projection_attention``) against
 the dense path: ``sparsenorm.sparsemax`` / ``sparsenorm.entmax15`` over the full score matrix."""
 import importlib.util
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -10,9 +11,11 @@ import sparsenorm
 from sparsenorm.kernels import attention_projection_ops as ops
 from sparsenorm.kernels.reference import attention_projection as ref
 
-DENSE = {"sparsemax": sparsenorm.sparsemax, "entmax15": sparsenorm.entmax15}
+ALPHA = 1.3  # alpha-entmax's alpha in these tests (passed to every kind; only entmax_bisect reads it)
+DENSE = {"sparsemax": sparsenorm.sparsemax, "entmax15": sparsenorm.entmax15,
+         "entmax_bisect": partial(sparsenorm.entmax_bisect, alpha=ALPHA)}
 KINDS = list(DENSE)
-SMALL_BLOCKS = dict(block_q=8, block_k=16)  # many blocks, ragged last ones
+SMALL_BLOCKS = dict(block_q=8, block_k=16, alpha=ALPHA)  # many blocks, ragged last ones
 
 
 def qkv(B=2, Hq=4, Hk=2, L=37, S=53, E=8, Ev=5, dtype=torch.float64, seed=0, spread=2.0):
@@ -121,14 +124,14 @@ def test_not_there_keys_get_no_weight_and_empty_rows_are_zero(kind):
     keep[0, 1, 4] = False
     keep[1, 0, :, 5] = False
     out = ops.projection_attention(q, k, v, kind, keep=keep, key_lengths=torch.tensor([9, 7]), block_q=4,
-                                   block_k=4)
+                                   block_k=4, alpha=ALPHA)
     assert torch.equal(out[0, 1, 4], torch.zeros(5, dtype=q.dtype))
     # Changing a not-there key's value changes nothing, bit for bit.
     v2 = v.clone()
     v2[1, 0, 5] = 1e6
     v2[1, :, 7:] = -1e6
     out2 = ops.projection_attention(q, k, v2, kind, keep=keep, key_lengths=torch.tensor([9, 7]), block_q=4,
-                                    block_k=4)
+                                    block_k=4, alpha=ALPHA)
     assert torch.equal(out[1, 0], out2[1, 0]) and torch.equal(out[1, 1], out2[1, 1])
 
 
@@ -152,12 +155,12 @@ def test_gradcheck(kind, case):
         "keep": torch.tensor([True] * 6 + [False]), "is_causal": True, "key_lengths": torch.tensor([7, 4])}
 
     def f(q, k, v):
-        return ops.projection_attention(q, k, v, kind, block_q=2, block_k=3, **masks)
+        return ops.projection_attention(q, k, v, kind, block_q=2, block_k=3, alpha=ALPHA, **masks)
 
     assert torch.autograd.gradcheck(f, (q, k, v))
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", ["sparsemax", "entmax15"])
 def test_search_fallback_by_sorting_is_exact(kind, monkeypatch):
     """Rows still iterating after MAX_STEPS passes are solved by the sort: force it with one step."""
     monkeypatch.setattr(ref, "MAX_STEPS", 1)
@@ -194,8 +197,9 @@ def test_compiles_fullgraph_as_one_opaque_op(kind):
 
 def test_opcheck_fake_and_autograd_registrations():
     q, k, v = (t.requires_grad_() for t in qkv(L=6, S=7, dtype=torch.float32))
-    args = (q, k, v, None, torch.tensor([7, 3]), True, 0.5, "entmax15", 4, 4)
-    torch.library.opcheck(ops.projection_attention_op, args)
+    for kind in KINDS:
+        args = (q, k, v, None, torch.tensor([7, 3]), True, 0.5, kind, 4, 4, ALPHA, 50)
+        torch.library.opcheck(ops.projection_attention_op, args)
 
 
 @pytest.mark.parametrize("bad, error, match", [
@@ -206,6 +210,9 @@ def test_opcheck_fake_and_autograd_registrations():
     (dict(keep=torch.ones(3, 6, 7, dtype=torch.bool)), ValueError, "keep"),
     (dict(block_q=0), ValueError, "block_q"),
     (dict(scale=float("nan")), ValueError, "scale"),
+    (dict(kind="entmax_bisect", alpha=1.0), ValueError, "alpha"),
+    (dict(kind="entmax_bisect", alpha=torch.tensor(1.5)), TypeError, "alpha"),
+    (dict(kind="entmax_bisect", n_iter=0), ValueError, "n_iter"),
 ])
 def test_bad_arguments_raise_naming_them(bad, error, match):
     q, k, v = qkv(L=6, S=7)

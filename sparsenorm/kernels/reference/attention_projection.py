@@ -51,7 +51,7 @@ from torch import Tensor
 from ..._validation import compute_dtype
 from .projection import entmax15_tau_sort, sparsemax_tau_sort, sqrt_nonneg, threshold_step
 
-KINDS = ("sparsemax", "entmax15")
+KINDS = ("sparsemax", "entmax15", "entmax_bisect")
 BLOCK_Q = 256
 BLOCK_K = 1024
 MAX_STEPS = 64
@@ -121,14 +121,32 @@ def _group_mask(keep: Tensor, hq: int, hk: int) -> Tensor:
     return keep.unsqueeze(2)
 
 
-def _weights(z: Tensor, tau: Tensor, kind: str) -> Tensor:
-    """In place: ``z <- [z - tau]_+`` (sparsemax) or ``[(z - tau) / 2]_+^2`` (1.5-entmax)."""
-    z.sub_(tau).clamp_min_(0)
-    return z.mul_(0.5).square_() if kind == "entmax15" else z
+class Mapping:
+    """One of the maps ``p = [s - tau]_+`` (sparsemax), ``[(s - tau) / 2]_+^2`` (1.5-entmax) or
+    ``[(alpha - 1) s - tau]_+^(1 / (alpha - 1))`` (alpha-entmax by bisection), as hooks used by one
+    forward and one backward loop: the map itself, its Jacobian weights and the threshold search."""
+
+    def __init__(self, kind: str, alpha: float = 1.5, n_iter: int = 50):
+        self.kind, self.alpha, self.n_iter = kind, float(alpha), int(n_iter)
+        self.bisect = kind == "entmax_bisect"
+
+    def weights_(self, z: Tensor, tau: Tensor) -> Tensor:
+        """In place: ``z`` (scores minus the row maximum) -> the unnormalized weights at ``tau``."""
+        if self.bisect:  # the order of operations of sparsenorm.entmax_bisect
+            return z.mul_(self.alpha - 1).sub_(tau).clamp_min_(0).pow_(1 / (self.alpha - 1))
+        z.sub_(tau).clamp_min_(0)
+        return z.mul_(0.5).square_() if self.kind == "entmax15" else z
+
+    def jacobian_weights_(self, p: Tensor) -> Tensor:
+        """``w`` with the Jacobian ``diag(w) - w w^T / sum(w)`` on the support, from the weights
+        ``p`` (possibly in place): ``1{p > 0}``, ``sqrt(p)``, resp. ``p^(2 - alpha)``."""
+        if self.bisect:
+            return torch.where(p > 0, p.pow(2 - self.alpha), 0.0)
+        return sqrt_nonneg(p) if self.kind == "entmax15" else p.sign_()
 
 
-def _block_weights(g: _Grouped, q_blk, shift, tau, i0, i1, j0, j1, kind) -> Tensor:
-    return _weights(g.scores(q_blk, i0, i1, j0, j1).sub_(shift), tau, kind)
+def _block_weights(g: _Grouped, mapping: Mapping, q_blk, shift, tau, i0, i1, j0, j1) -> Tensor:
+    return mapping.weights_(g.scores(q_blk, i0, i1, j0, j1).sub_(shift), tau)
 
 
 def _row_max(g: _Grouped, q_blk: Tensor, i0: int, i1: int, block_k: int) -> Tensor:
@@ -139,10 +157,37 @@ def _row_max(g: _Grouped, q_blk: Tensor, i0: int, i1: int, block_k: int) -> Tens
     return m
 
 
-def _search_threshold(g: _Grouped, q_blk: Tensor, shift: Tensor, empty: Tensor, i0: int, i1: int, kind: str,
+def _row_sum(g: _Grouped, mapping: Mapping, q_blk, shift, tau, i0, i1, block_k) -> Tensor:
+    """Each row's sum of (unnormalized) weights at ``tau``."""
+    total = torch.zeros_like(shift)
+    for j0, j1 in g.key_blocks(i0, i1, block_k):
+        total += _block_weights(g, mapping, q_blk, shift, tau, i0, i1, j0, j1).sum(-1, keepdim=True)
+    return total
+
+
+def _bisect_threshold(g: _Grouped, mapping: Mapping, q_blk: Tensor, shift: Tensor, i0: int, i1: int,
                       block_k: int) -> Tensor:
+    """``sparsenorm.entmax_bisect``'s threshold: ``n_iter`` halvings of ``[-1, -(1/S)^(alpha - 1)]``
+    (relative to the row maximum; ``S`` all keys, as the dense path counts them), the last midpoint."""
+    tau_lo = torch.full_like(shift, -1.0)
+    tau_hi = -torch.pow(1.0 / g.S, torch.full_like(shift, mapping.alpha) - 1)
+    dm = tau_hi - tau_lo
+    tau_m = tau_lo
+    for _ in range(mapping.n_iter):
+        dm = dm / 2
+        tau_m = tau_lo + dm
+        f_m = _row_sum(g, mapping, q_blk, shift, tau_m, i0, i1, block_k) - 1
+        tau_lo = torch.where(f_m >= 0, tau_m, tau_lo)
+    return tau_m
+
+
+def _search_threshold(g: _Grouped, mapping: Mapping, q_blk: Tensor, shift: Tensor, empty: Tensor, i0: int,
+                      i1: int, block_k: int) -> Tensor:
     """Each row's exact threshold relative to ``shift`` (its maximum; 0 for the ``empty`` rows, those
     with no key there), by passes over the key blocks."""
+    if mapping.bisect:
+        return _bisect_threshold(g, mapping, q_blk, shift, i0, i1, block_k)
+    kind = mapping.kind
     entmax = kind == "entmax15"
     tau = torch.full_like(shift, -2.0 if entmax else -1.0)  # lower bound: p_max <= 1
     prev_n = torch.full_like(shift, -1.0)
@@ -150,17 +195,14 @@ def _search_threshold(g: _Grouped, q_blk: Tensor, shift: Tensor, empty: Tensor, 
     finished = empty  # rows with no key there: every weight is 0 whatever tau is
     result = torch.zeros_like(shift)
     for _ in range(MAX_STEPS):
-        s1 = s2 = n = None
+        s1 = s2 = n = 0
         for j0, j1 in g.key_blocks(i0, i1, block_k):
             d = g.scores(q_blk, i0, i1, j0, j1).sub_(shift).sub_(tau).clamp_min_(0)
-            parts = [d.sum(-1, keepdim=True), torch.linalg.vector_norm(d, dim=-1, keepdim=True).square_() if entmax
-                     else None, d.sign_().sum(-1, keepdim=True)]
-            if s1 is None:
-                s1, s2, n = parts
-            else:
-                s1, n = s1 + parts[0], n + parts[2]
-                s2 = s2 + parts[1] if entmax else None
-        final, done, new_tau, was_root = threshold_step(kind, tau, s1, s2, n, prev_n, was_root)
+            s1 = s1 + d.sum(-1, keepdim=True)
+            if entmax:
+                s2 = s2 + torch.linalg.vector_norm(d, dim=-1, keepdim=True).square_()
+            n = n + d.sign_().sum(-1, keepdim=True)
+        final, done, new_tau, was_root = threshold_step(kind, tau, s1, s2 if entmax else None, n, prev_n, was_root)
         result = torch.where(done & ~finished, final, result)
         finished = finished | done
         if bool(finished.all()):
@@ -173,10 +215,13 @@ def _search_threshold(g: _Grouped, q_blk: Tensor, shift: Tensor, empty: Tensor, 
 
 
 def forward(q: Tensor, k: Tensor, v: Tensor, keep: Optional[Tensor], key_lengths: Optional[Tensor], causal: bool,
-            scale: float, kind: str, block_q: int = BLOCK_Q, block_k: int = BLOCK_K) -> Tuple[Tensor, Tensor, Tensor]:
+            scale: float, kind: str, block_q: int = BLOCK_Q, block_k: int = BLOCK_K, alpha: float = 1.5,
+            n_iter: int = 50) -> Tuple[Tensor, Tensor, Tensor]:
     """``(out, shift, tau)``: the attention output (B, Hq, L, Dv) in ``q``'s dtype and each row's
-    maximum score and threshold relative to it (B, Hq, L), in the compute dtype, for the backward."""
+    maximum score and threshold relative to it (B, Hq, L), in the compute dtype, for the backward.
+    ``alpha`` and ``n_iter`` are used by ``kind='entmax_bisect'`` only."""
     cdt = compute_dtype(q)
+    mapping = Mapping(kind, alpha, n_iter)
     g = _Grouped(q.to(cdt), k.to(cdt), v.to(cdt), keep, key_lengths, causal, scale)
     B, Hq, L, _ = q.shape
     out = q.new_zeros((B, Hq, L, v.shape[-1]), dtype=cdt).unflatten(1, g.q.shape[1:3])
@@ -187,11 +232,15 @@ def forward(q: Tensor, k: Tensor, v: Tensor, keep: Optional[Tensor], key_lengths
         m = _row_max(g, q_blk, i0, i1, block_k)
         empty = m == _NEG_INF
         m_safe = m.masked_fill(empty, 0.0)
-        t = _search_threshold(g, q_blk, m_safe, empty, i0, i1, kind, block_k)
-        o = None
+        t = _search_threshold(g, mapping, q_blk, m_safe, empty, i0, i1, block_k)
+        o = total = 0
         for j0, j1 in g.key_blocks(i0, i1, block_k):
-            pv = torch.matmul(_block_weights(g, q_blk, m_safe, t, i0, i1, j0, j1, kind), g.v[..., j0:j1, :])
-            o = pv if o is None else o.add_(pv)
+            p = _block_weights(g, mapping, q_blk, m_safe, t, i0, i1, j0, j1)
+            if mapping.bisect:  # sums to one only up to the bisection's resolution: normalize, as the dense path
+                total = total + p.sum(-1, keepdim=True)
+            o = o + torch.matmul(p, g.v[..., j0:j1, :])
+        if mapping.bisect:
+            o = o / torch.where(total > 0, total, torch.ones_like(total))
         out[..., i0:i1, :] = o
         shift[..., i0:i1, :] = m_safe
         tau[..., i0:i1, :] = t
@@ -200,9 +249,13 @@ def forward(q: Tensor, k: Tensor, v: Tensor, keep: Optional[Tensor], key_lengths
 
 def backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, keep: Optional[Tensor], key_lengths: Optional[Tensor],
              causal: bool, scale: float, kind: str, shift: Tensor, tau: Tensor, block_q: int = BLOCK_Q,
-             block_k: int = BLOCK_K) -> Tuple[Tensor, Tensor, Tensor]:
-    """``(dq, dk, dv)`` from the forward's ``shift`` and ``tau`` (closed form, see the module notes)."""
+             block_k: int = BLOCK_K, alpha: float = 1.5, n_iter: int = 50) -> Tuple[Tensor, Tensor, Tensor]:
+    """``(dq, dk, dv)`` from the forward's ``shift`` and ``tau`` (closed form, see the module notes).
+
+    For alpha-entmax the weights are the bisection's normalized by their sum (recomputed in the
+    first pass); ``w = p^(2 - alpha)`` and ``c`` are then those of the normalized weights."""
     cdt = compute_dtype(q)
+    mapping = Mapping(kind, alpha, n_iter)
     g = _Grouped(q.to(cdt), k.to(cdt), v.to(cdt), keep, key_lengths, causal, scale)
     hk, groups = g.q.shape[1:3]
     do = grad_out.to(cdt).unflatten(1, (hk, groups))
@@ -211,30 +264,30 @@ def backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, keep: Optional[T
     dq = torch.zeros_like(g.q)
     dk = torch.zeros_like(g.k.squeeze(2))
     dv = torch.zeros_like(g.v.squeeze(2))
-    entmax = kind == "entmax15"
     for i0, i1 in g.query_blocks(block_q):
         q_blk, do_blk = g.q[..., i0:i1, :], do[..., i0:i1, :]
         m_blk, t_blk = shift[..., i0:i1, :], tau[..., i0:i1, :]
+        total = _row_sum(g, mapping, q_blk, m_blk, t_blk, i0, i1, block_k) if mapping.bisect else None
+        if total is not None:
+            total = torch.where(total > 0, total, torch.ones_like(total))
 
         def weights(j0, j1):
-            return _block_weights(g, q_blk, m_blk, t_blk, i0, i1, j0, j1, kind)
-
-        def jacobian_weights(p):  # w = 1{p > 0} resp. sqrt(p); in place for sparsemax
-            return sqrt_nonneg(p) if entmax else p.sign_()
+            p = _block_weights(g, mapping, q_blk, m_blk, t_blk, i0, i1, j0, j1)
+            return p if total is None else p.div_(total)
 
         def dp(j0, j1):  # d(loss)/d(weights) of the block
             return torch.matmul(do_blk, g.v[..., j0:j1, :].transpose(-2, -1))
 
         w_sum = wdp_sum = 0
         for j0, j1 in g.key_blocks(i0, i1, block_k):
-            w = jacobian_weights(weights(j0, j1))
+            w = mapping.jacobian_weights_(weights(j0, j1))
             w_sum = w_sum + w.sum(-1, keepdim=True)
             wdp_sum = wdp_sum + dp(j0, j1).mul_(w).sum(-1, keepdim=True)
         c = wdp_sum / torch.where(w_sum > 0, w_sum, torch.ones_like(w_sum))
         for j0, j1 in g.key_blocks(i0, i1, block_k):
             p = weights(j0, j1)
             dv[..., j0:j1, :] += torch.matmul(p.transpose(-2, -1), do_blk).sum(2)
-            ds = dp(j0, j1).sub_(c).mul_(jacobian_weights(p))  # d(loss)/d(scores), zero off the support
+            ds = dp(j0, j1).sub_(c).mul_(mapping.jacobian_weights_(p))  # d(loss)/d(scores), 0 off the support
             dq[..., i0:i1, :] += torch.matmul(ds, g.k[..., j0:j1, :])
             dk[..., j0:j1, :] += torch.matmul(ds.transpose(-2, -1), q_blk).sum(2)
     return (dq.mul_(scale).flatten(1, 2).to(q.dtype), dk.mul_(scale).to(k.dtype), dv.to(v.dtype))
