@@ -35,8 +35,9 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script from anywhere: import this checkout's sparsenorm
     sys.path.insert(0, str(ROOT))
 
-KINDS = ("sparsemax", "entmax15")
+KINDS = ("sparsemax", "entmax15", "entmax_bisect")  # entmax_bisect: alpha = 1.5, 50 halvings
 PATHS = ["sdpa-math", "sdpa-default"] + [f"{p}-{k}" for p in ("dense", "blockwise") for k in KINDS]
+DEFAULT_PATHS = [p for p in PATHS if not p.endswith("entmax_bisect")]  # bisection: 50 passes, run on request
 DENSE_MAX_LENGTH = 8192
 """Above this the dense paths are not run (their L x L weights no longer fit comfortably)."""
 
@@ -124,13 +125,14 @@ def best_time(fn: Callable, L: int, dim: int, heads: int, backward: bool, repeat
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lengths", type=int, nargs="+", default=[512, 1024, 2048, 4096])
-    parser.add_argument("--paths", nargs="+", default=PATHS, choices=PATHS)
+    parser.add_argument("--paths", nargs="+", default=DEFAULT_PATHS, choices=PATHS)
     parser.add_argument("--dim", type=int, default=64)
     parser.add_argument("--heads", type=int, default=1)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--memory-only", action="store_true", help="measure peak memory, not time")
     parser.add_argument("--no-backward", action="store_true", help="time the forward pass only")
+    parser.add_argument("--backward-memory", action="store_true", help="also measure forward+backward peak memory")
     parser.add_argument("--json", type=Path, help="write the rows here")
     parser.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -140,7 +142,8 @@ def main(argv=None) -> None:
         return
     torch.set_num_threads(args.threads)
     rows = []
-    print(f"{'L':>6} {'path':<20} {'fwd ms':>9} {'fwd+bwd ms':>11} {'fwd extra MiB':>14} {'L*L fp32 MiB':>13}")
+    print(f"{'L':>6} {'path':<23} {'fwd ms':>9} {'fwd+bwd ms':>11} {'fwd extra MiB':>14} {'f+b extra MiB':>14} "
+          f"{'L*L fp32 MiB':>13}")
     for L in args.lengths:
         for path in args.paths:
             if path.startswith("dense") and L > DENSE_MAX_LENGTH:
@@ -152,10 +155,13 @@ def main(argv=None) -> None:
                 if not args.no_backward:
                     row["forward_backward_s"] = best_time(fn, L, args.dim, args.heads, True, args.repeat)
             row["forward_extra_bytes"] = peak_extra_bytes(path, L, args.dim, args.heads, backward=False)
+            if args.backward_memory:
+                row["forward_backward_extra_bytes"] = peak_extra_bytes(path, L, args.dim, args.heads, backward=True)
             rows.append(row)
             ms = lambda key: f"{row[key] * 1e3:9.1f}" if key in row else f"{'-':>9}"  # noqa: E731
-            mib = "-" if row["forward_extra_bytes"] is None else f"{row['forward_extra_bytes'] / 2**20:.1f}"
-            print(f"{L:>6} {path:<20} {ms('forward_s')} {ms('forward_backward_s'):>11} {mib:>14} "
+            mib = lambda key: "-" if row.get(key) is None else f"{row[key] / 2**20:.1f}"  # noqa: E731
+            print(f"{L:>6} {path:<23} {ms('forward_s')} {ms('forward_backward_s'):>11} "
+                  f"{mib('forward_extra_bytes'):>14} {mib('forward_backward_extra_bytes'):>14} "
                   f"{args.heads * L * L * 4 / 2**20:>13.1f}", flush=True)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

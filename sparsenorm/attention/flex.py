@@ -61,6 +61,15 @@ def _compiled_flex():
     return torch.compile(flex_attention, dynamic=False)
 
 
+def _causal(b, h, q_idx, kv_idx):
+    return kv_idx <= q_idx
+
+
+@lru_cache(maxsize=32)
+def _causal_block_mask(L: int, S: int, device: torch.device):
+    return create_block_mask(_causal, None, None, L, S, device=device)
+
+
 def off_support_drop(dtype: torch.dtype) -> float:
     """``C`` with ``exp(-C)`` = 0 in ``dtype`` (below its smallest subnormal), plus a margin."""
     finfo = torch.finfo(dtype)
@@ -120,16 +129,17 @@ def ev_softmax_flex_attention(
         return torch.where(score >= thr[b, h, q_idx], score, score - drop)
 
     block_mask = None
-    if valid is not None or is_causal:
-        valid_full = None if valid4 is None else valid4.expand(B, Hq, L, S)
+    if valid is not None:
+        valid_full = valid4.expand(B, Hq, L, S)
 
         def mask_mod(b, h, q_idx, kv_idx):
-            ok = kv_idx <= q_idx if is_causal else kv_idx >= 0
-            return ok if valid_full is None else ok & valid_full[b, h, q_idx, kv_idx]
+            ok = valid_full[b, h, q_idx, kv_idx]
+            return ok & (kv_idx <= q_idx) if is_causal else ok
 
-        per_batch_head = valid is not None  # else the causal structure alone: one mask for all
-        block_mask = create_block_mask(mask_mod, B if per_batch_head else None, Hq if per_batch_head else None,
-                                       L, S, device=query.device)
+        block_mask = create_block_mask(mask_mod, B, Hq, L, S, device=query.device)
+    elif is_causal:  # the causal structure alone: one mask for every batch and head, built once per shape
+        build = _causal_block_mask.__wrapped__ if torch.compiler.is_compiling() else _causal_block_mask
+        block_mask = build(L, S, query.device)
     attend = _compiled_flex() if query.is_cuda and not torch.compiler.is_compiling() else flex_attention
     return attend(query, key, value, score_mod=score_mod, block_mask=block_mask, scale=scale,
                   enable_gqa=Hk != Hq)
