@@ -1,4 +1,4 @@
-"""Memory-efficient exact sparsemax / 1.5-entmax attention: blockwise, never the L x S matrix.
+"""Memory-efficient sparsemax / 1.5-entmax / alpha-entmax attention: blockwise, never the L x S matrix.
 
 Both maps give each query row ``p_j = [s_j - tau]_+`` (sparsemax) or ``p_j = [(s_j - tau) / 2]_+^2``
 (1.5-entmax, in units of the scores ``s``; equal to the entmax package's ``[s/2 - tau']_+^2``),
@@ -17,12 +17,19 @@ accumulated over key blocks. For each block of queries:
    quadratic, alternating with Newton steps from above). The step that stops returns the closed
    form on the final support (sparsemax ``tau = (sum_S s - 1) / |S|``; 1.5-entmax the root of
    ``sum_S ((s - tau) / 2)^2 = 1``, Peters et al. 2019), so the weights equal the dense path's to
-   rounding. Typical rows stop after 3-8 passes; rows still iterating after :data:`MAX_STEPS`
+   rounding. On random Gaussian q, k (D = 64, L = S = 1024 and 4096) a query block of 256 stops
+   after 7 steps (every row of the block must be done); rows still iterating after :data:`MAX_STEPS`
    passes (adversarial inputs) are solved by the sort-based solver on their score rows (one
    ``block_q x S`` block of memory, once);
 3. one output pass ``O = P V`` over the key blocks.
 
-Backward (closed form, both Jacobians are ``diag(w) - w w^T / sum(w)`` on the support, with
+alpha-entmax (``kind='entmax_bisect'``, ``p = [(alpha - 1) (s - m) - tau]_+^(1 / (alpha - 1))``)
+has no finite exact iteration; it reproduces ``sparsenorm.entmax_bisect`` instead: ``n_iter``
+halvings of the same bracket ``[-1, -(1/S)^(alpha - 1)]`` (``S`` all keys, as the dense path counts
+a row), one pass over the key blocks each, then the weights at the last midpoint divided by their
+sum (accumulated in the output pass). Its backward uses ``w = p^(2 - alpha)``.
+
+Backward (closed form, the Jacobians are ``diag(w) - w w^T / sum(w)`` on the support, with
 ``w = 1`` for sparsemax and ``w = sqrt(p)`` for 1.5-entmax): per query block, one pass over the key
 blocks for ``c = sum_j w_j dp_j / sum_j w_j`` with ``dp = dO V^T``, and one pass for
 ``dS = w * (dp - c)``, ``dQ = scale dS K``, ``dK = scale dS^T Q``, ``dV = P^T dO``, recomputing the
@@ -38,8 +45,8 @@ boolean broadcastable to (B, Hq, L, S) (True = attend), ``key_lengths`` (B,) int
 ``F.scaled_dot_product_attention``), all combined. Not-there keys get exactly zero weight; a query
 with no key there gives a zero row and zero gradient.
 
-Host reads: the threshold search reads one boolean per pass and query block (are all rows done?),
-to stop early; every other step is sync-free.
+Host reads: the sparsemax / 1.5-entmax search reads one boolean per pass and query block (are all
+rows done?), to stop early; every other step is sync-free.
 """
 from __future__ import annotations
 
