@@ -5,6 +5,8 @@ from functools import partial
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import sparsenorm
 from sparsenorm import bench_attention
@@ -115,6 +117,24 @@ def test_float32_within_error_model_of_float64_oracle(kind, case):
     assert out.dtype == torch.float32
     expected = dense_attention(q.double(), k.double(), v.double(), kind, 0.4, **masks)
     torch.testing.assert_close(out.double(), expected, rtol=0, atol=output_tolerance(q, k, v, 0.4, torch.float32))
+
+
+@settings(max_examples=30, deadline=None)
+@given(kind=st.sampled_from(KINDS), L=st.integers(1, 20), S=st.integers(1, 20), block_q=st.integers(1, 9),
+       block_k=st.integers(1, 9), causal=st.booleans(), masked=st.booleans(), seed=st.integers(0, 2**16),
+       spread=st.sampled_from([0.1, 1.0, 10.0]))
+def test_property_equals_dense_for_any_shape_block_and_mask(kind, L, S, block_q, block_k, causal, masked, seed,
+                                                           spread):
+    q, k, v = qkv(B=2, Hq=2, Hk=1, L=L, S=S, E=4, Ev=3, seed=seed, spread=spread)
+    g = torch.Generator().manual_seed(seed)
+    masks = {"is_causal": causal}
+    if masked:
+        masks["keep"] = torch.rand(2, 1, L, S, generator=g) > 0.3
+        masks["key_lengths"] = torch.randint(0, S + 1, (2,), generator=g)
+    out = ops.projection_attention(q, k, v, kind, block_q=block_q, block_k=block_k, alpha=ALPHA, **masks)
+    scale = 4 ** -0.5
+    expected = dense_attention(q, k, v, kind, scale, **masks)
+    torch.testing.assert_close(out, expected, rtol=0, atol=output_tolerance(q, k, v, scale, torch.float64))
 
 
 @pytest.mark.parametrize("kind", KINDS)
