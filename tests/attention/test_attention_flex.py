@@ -44,7 +44,8 @@ def tolerance(q, k, v, dtype):
 
 CASES = {
     "plain": lambda B, Hq, L, S: {},
-    "bool key padding": lambda B, Hq, L, S: {"keep": (torch.arange(S) < torch.tensor([[S], [S - 13]])).view(B, 1, 1, S)},
+    "bool key padding": lambda B, Hq, L, S: {
+        "keep": (torch.arange(S) < torch.tensor([[S], [S - 13]])).view(B, 1, 1, S)},
     "key_lengths": lambda B, Hq, L, S: {"key_lengths": torch.tensor([S - 3, 9])},
     "causal": lambda B, Hq, L, S: {"is_causal": True},
     "causal + key_lengths": lambda B, Hq, L, S: {"is_causal": True, "key_lengths": torch.tensor([S, 5])},
