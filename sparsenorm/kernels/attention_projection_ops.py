@@ -60,14 +60,14 @@ def _setup(ctx, inputs, output) -> None:
     _, shift, tau = output
     ctx.save_for_backward(query, key, value, keep, key_lengths, shift, tau)
     ctx.args = (is_causal, scale, kind)
-    ctx.blocks = (block_q, block_k, alpha, n_iter)
+    ctx.options = (block_q, block_k, alpha, n_iter)  # after shift and tau in the backward op
     ctx.mark_non_differentiable(shift, tau)
 
 
 def _backward(ctx, grad_out, _grad_shift, _grad_tau):
     query, key, value, keep, key_lengths, shift, tau = ctx.saved_tensors
     dq, dk, dv = projection_attention_backward_op(grad_out.contiguous(), query, key, value, keep, key_lengths,
-                                                  *ctx.args, shift, tau, *ctx.blocks)
+                                                  *ctx.args, shift, tau, *ctx.options)
     return dq, dk, dv, None, None, None, None, None, None, None, None, None
 
 
