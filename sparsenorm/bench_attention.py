@@ -5,7 +5,9 @@
         [--dense-limit-gb 16] [--json FILE] [--no-time] [--no-memory]
 
 Self-attention without a mask, float32 on the CPU, queries/keys/values of shape (B*H, L, D).
-Each candidate runs forward + backward (a fixed random output gradient).
+Each candidate runs forward + backward (a fixed random output gradient). Candidates: SDPA (math
+backend, default CPU kernel), ev-softmax blockwise and dense, sparsemax/entmax15 dense (the L x S
+weights) and blockwise (``sparsenorm::projection_attention``, O(L) extra memory).
 
 * Time: every candidate once per round, in a fresh random order each round (interleaved), median
   over rounds; ratios against SDPA with the math backend (``sdpa_kernel(SDPBackend.MATH)``), the
@@ -16,7 +18,9 @@ Each candidate runs forward + backward (a fixed random output gradient).
   and the inputs are made, ``/proc/self/clear_refs`` resets the process's peak resident size
   (VmHWM); the reported figure is peak resident size during one forward + backward minus the
   resident size before it (Linux only). It includes the output and the gradients (4 B*H*L*D
-  floats) and whatever the allocator keeps; Python's tracemalloc does not see torch's memory.
+  floats); allocations of 64 KiB and more are made to come from the OS and go back to it
+  (``MALLOC_MMAP_THRESHOLD_``), so the allocator keeps no freed block to reuse unseen. Python's
+  tracemalloc does not see torch's memory.
 
 Dense candidates whose score matrices would exceed ``--dense-limit-gb`` (estimated as 5 float32
 B*H*L*L tensors) are skipped and marked so.
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import statistics
 import subprocess
@@ -40,9 +45,10 @@ from ._text import markdown_table
 from .attention import sparse_attention
 
 MATH = "sdpa (math)"
+PROJECTION = ["sparsemax (blockwise)", "entmax15 (blockwise)"]  # their threshold searched blockwise
 CANDIDATES = [MATH, "sdpa (default CPU kernel)", "ev_softmax (blockwise)", "ev_softmax (dense)",
-              "sparsemax (dense)", "entmax15 (dense)"]
-BLOCKWISE = {"ev_softmax (blockwise)"}
+              "sparsemax (dense)", "entmax15 (dense)", *PROJECTION]
+BLOCKWISE = {"ev_softmax (blockwise)", *PROJECTION}
 DENSE_TENSORS = 5  # estimated live B*H*L*L float32 tensors of a dense forward + backward
 
 
@@ -115,7 +121,10 @@ def measure_peak_here(label: str, bh: int, length: int, dim: int) -> int:
 def measure_peak(label: str, bh: int, length: int, dim: int) -> Optional[int]:
     """:func:`measure_peak_here` in a fresh subprocess; None if it failed (e.g. not Linux, out of memory)."""
     cmd = [sys.executable, "-m", "sparsenorm.bench_attention", "--_peak", label, str(bh), str(length), str(dim)]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    # Blocks of 64 KiB and more straight from and back to the OS (mmap): a block freed by the
+    # warm-up is then not reused unseen, and the peak RSS is the peak of live allocations.
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         print(f"  memory of {label} at L={length} failed: {proc.stderr.strip().splitlines()[-1:]}", file=sys.stderr)
         return None
@@ -174,7 +183,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(markdown_table(["candidate", "time (s)", f"x {MATH}", "peak extra (MB)"], rows))
         sys.stdout.flush()
     if not args.no_memory and args.memory_lengths:
-        scaling_labels = [label for label in ("ev_softmax (blockwise)", MATH) if label in labels]
+        scaling_labels = [label for label in ("ev_softmax (blockwise)", *PROJECTION, MATH) if label in labels]
         rows = []
         for length in [int(x) for x in args.memory_lengths.split(",") if x]:
             peaks = {label: (measure_peak(label, bh, length, dim) if dense_fits(label, bh, length, args.dense_limit_gb)

@@ -5,9 +5,10 @@ bandwidth (from its memory clock and bus width), beside ``torch.softmax`` (and i
 sparsenorm's PyTorch path, and AdaSplash's ``triton_entmax`` where installed.
 
 Attention (causal and not, L = 1k..32k, head dims 64 and 128, B*L = 16k tokens, H*D = 2048):
-forward and forward+backward of the flash ev-softmax attention beside
-``F.scaled_dot_product_attention`` restricted to its flash backend, FlashAttention-2
-(``flash_attn``) and AdaSplash (``adasplash``, entmax-1.5 attention) where installed.
+forward and forward+backward of the flash ev-softmax attention and of ev-softmax on FlexAttention
+(``sparsenorm.kernels.flex_attention``, where torch has it) beside ``F.scaled_dot_product_attention``
+restricted to its flash and its memory-efficient backends, FlashAttention-2 (``flash_attn``) and
+AdaSplash (``adasplash``, entmax-1.5 attention) where installed.
 
 Every number is the median over interleaved rounds (each round times every method once, after a
 warm-up), with CUDA events. Without a CUDA device it exits with one line saying so.
@@ -148,14 +149,21 @@ def bench_attention(dtype: torch.dtype, rounds: int, quick: bool) -> List[dict]:
     except Exception:  # noqa: BLE001 -- optional competitor
         adasplash = None
 
-    def sdpa_flash(q, k, v, causal):
-        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    from sparsenorm.kernels.flex_attention import ev_softmax_flex_attention, flex_available
+
+    def sdpa_with(backend):
+        def run(q, k, v, causal):
+            with sdpa_kernel(backend):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        return run
 
     methods = {
         "ev-softmax flash (Triton)": lambda q, k, v, c: flash_ev_softmax_attention(q, k, v, is_causal=c),
-        "SDPA flash (softmax)": sdpa_flash,
+        "SDPA flash (softmax)": sdpa_with(SDPBackend.FLASH_ATTENTION),
+        "SDPA efficient (softmax)": sdpa_with(SDPBackend.EFFICIENT_ATTENTION),
     }
+    if flex_available():
+        methods["ev-softmax Flex"] = lambda q, k, v, c: ev_softmax_flex_attention(q, k, v, is_causal=c)
     if flash_attn_func is not None:
         methods["FlashAttention-2 (softmax)"] = (
             lambda q, k, v, c: flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=c))

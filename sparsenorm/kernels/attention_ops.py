@@ -6,7 +6,11 @@ autograd from its saved outputs):
 * ``sparsenorm::ev_softmax_attention_blockwise`` (+ ``..._backward``): exact ev-softmax
   attention in O(L) extra memory, pure PyTorch (:mod:`.reference.evidential_attention`), any device;
 * ``sparsenorm::ev_softmax_attention_flash`` (+ ``..._backward``): the same by the Triton flash
-  kernel (:mod:`.triton.attention`), on CUDA (or on CPU tensors under ``TRITON_INTERPRET=1``).
+  kernel (:mod:`.triton.attention`), on CUDA (or on CPU tensors under ``TRITON_INTERPRET=1``);
+* ``sparsenorm::projection_attention`` (:mod:`.attention_projection_ops`): sparsemax / 1.5-entmax /
+  alpha-entmax attention in O(L) extra memory by a blockwise threshold search, any device;
+* ev-softmax on PyTorch's FlexAttention (:mod:`.flex_attention`; not an op of ours: FlexAttention
+  is itself compilable), ``backend="flex"`` only (never chosen by ``"auto"``).
 
 Dispatch. The registry says what attention may do with a normalizer
 (``Normalizer.attention_threshold``: ``"known"``, ``"searched"`` or None); :data:`KERNELS` maps
@@ -35,6 +39,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .._validation import compute_dtype
+from . import flex_attention
+from .attention_projection_ops import projection_attention_op
 from .ops import triton_launchers
 from .reference import evidential_attention as ref_attention
 
@@ -120,6 +126,8 @@ class AttentionCall:
     scale: float
     scores_shape: Tuple[int, ...]
     alpha: Optional[float] = None
+    n_iter: int = 50
+    """bisection steps of a ``"searched"`` normalizer with no closed form (alpha not 1.5 or 2)."""
     count_support: bool = False
     query_lengths: Optional[Tensor] = None
     """(B,) integer or None: query rows ``i >= len`` are padding. Kernels need not look at it:
@@ -365,8 +373,61 @@ def _ev_softmax_flash(call: AttentionCall):
 # ---------------------------------------------------------------------------------------------
 # The table and the choice
 # ---------------------------------------------------------------------------------------------
+# ---------------------------------------------------------------------------------------------
+# Kernels living elsewhere: sparsemax / entmax (threshold searched), FlexAttention
+# ---------------------------------------------------------------------------------------------
+def _four_dims(call: AttentionCall):
+    """``(q, k, v, keep, key_lengths, unflatten)`` as (B, H, L, E) tensors for the kernels that take
+    only that layout: 4-D inputs with one batch size go as they are (GQA and ``key_lengths`` kept);
+    any other broadcastable layout is expanded to one batch of single-head rows (``keep`` then
+    materialized at L x S booleans) and ``unflatten`` restores the caller's leading dims."""
+    q, k, v = call.q, call.k, call.v
+    if len(call.scores_shape) == 4 and all(t.dim() == 4 for t in (q, k, v)) and q.shape[0] == k.shape[0] == v.shape[0]:
+        keep = None if call.keep is None else call.keep.reshape((1,) * (4 - call.keep.dim()) + call.keep.shape)
+        return q, k, v, keep, call.key_lengths, lambda out: out
+    q, k, v, keep, _ = call.broadcast()
+    batch, (L, S) = call.scores_shape[:-2], call.scores_shape[-2:]
+    keep = None if keep is None else keep.expand(call.scores_shape).reshape(-1, 1, L, S)
+    flat = (q.reshape(-1, 1, L, q.shape[-1]), k.reshape(-1, 1, S, k.shape[-1]), v.reshape(-1, 1, S, v.shape[-1]))
+    return (*flat, keep, None, lambda out: out.reshape(*batch, L, out.shape[-1]))
+
+
+def _searched_kind(alpha: Optional[float]) -> str:
+    """The blockwise search for alpha-entmax: the exact closed forms at alpha = 2 (sparsemax) and
+    1.5, bisection otherwise."""
+    return {2.0: "sparsemax", 1.5: "entmax15"}.get(alpha, "entmax_bisect")
+
+
+def _searched_blockwise(call: AttentionCall):
+    """``sparsenorm::projection_attention`` (O(L) extra memory) for the normalizers whose threshold
+    is searched; not for a float mask (the op takes none) or support counting (it returns no counts)."""
+    if call.bias is not None or call.count_support:
+        return None
+    q, k, v, keep, key_lengths, unflatten = _four_dims(call)
+    out, _, _ = projection_attention_op(q, k, v, keep, key_lengths, call.is_causal, call.scale,
+                                        _searched_kind(call.alpha), BLOCK_Q_SEARCHED, BLOCK_K_SEARCHED,
+                                        float(call.alpha if call.alpha is not None else 1.5), int(call.n_iter))
+    return unflatten(out), None, None
+
+
+def _ev_softmax_flex(call: AttentionCall):
+    """ev-softmax on FlexAttention (:mod:`.flex_attention`) where this torch has it and,
+    on CPU, only outside autograd (FlexAttention has no CPU backward); no float mask, no counts."""
+    if not flex_attention.flex_available() or call.bias is not None or call.count_support:
+        return None
+    if call.q.device.type == "cpu" and torch.is_grad_enabled() and any(
+            t.requires_grad for t in (call.q, call.k, call.v)):
+        return None
+    q, k, v, keep, key_lengths, unflatten = _four_dims(call)
+    return unflatten(flex_attention.ev_softmax_flex_attention(q, k, v, keep, key_lengths, call.is_causal, call.scale)), None, None
+
+
+BLOCK_Q_SEARCHED, BLOCK_K_SEARCHED = 256, 1024
+"""Query and key block sizes of the searched-threshold kernel (its reference module's defaults)."""
+
 KERNELS: Dict[str, Dict[str, AttentionKernel]] = {
-    "known": {"triton": _ev_softmax_flash, "blockwise": _ev_softmax_blockwise},
+    "known": {"triton": _ev_softmax_flash, "blockwise": _ev_softmax_blockwise, "flex": _ev_softmax_flex},
+    "searched": {"blockwise": _searched_blockwise},
 }
 """``KERNELS[attention_threshold][backend]``: the memory-efficient kernels by the registry's
 capability (``Normalizer.attention_threshold``) and backend name (one of :data:`BACKENDS`)."""

@@ -94,6 +94,17 @@ def test_sparse_attention_every_mask_form(form, normalizer, backend):
     assert_same(values_and_grads(compiled(fn), qkv()), want)
 
 
+@pytest.mark.parametrize("form", ["none", "bool", "key_lengths", "query_lengths"])
+@pytest.mark.parametrize("normalizer", ["sparsemax", "entmax15", "entmax_bisect"])
+def test_searched_blockwise_attention_compiles_with_every_mask_form_it_takes(form, normalizer):
+    """``sparsenorm::projection_attention`` (the O(L) sparsemax/entmax path; it takes no float mask)."""
+    kwargs = mask_kwargs(form)
+    fn = lambda q, k, v: sparse_attention(q, k, v, normalizer, is_causal=True, backend="blockwise",  # noqa: E731
+                                          **kwargs)
+    want = values_and_grads(fn, qkv())
+    assert_same(values_and_grads(compiled(fn), qkv()), want)
+
+
 def test_float_mask_gradient_compiles():
     q, k, v = qkv()
     bias = mask_kwargs("float")["attn_mask"]

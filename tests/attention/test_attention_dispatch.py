@@ -43,7 +43,7 @@ def test_backend_values_are_checked_and_named():
     with pytest.raises(ValueError, match="backend must be one of 'auto', 'dense', 'blockwise', 'triton', 'flex'"):
         sparse_attention(q, k, v, backend="fast")
     with pytest.raises(ValueError, match="backend='flex' has no kernel"):
-        sparse_attention(q, k, v, backend="flex")
+        sparse_attention(q, k, v, "sparsemax", backend="flex")
     with pytest.raises(ValueError, match="backend='blockwise' has no kernel"):
         sparse_attention(q, k, v, "r_softmax", backend="blockwise")
     with pytest.raises(ValueError, match="returns no weights"):
@@ -179,3 +179,72 @@ def test_query_lengths_leave_padded_rows_out_of_the_statistics():
     with sparsenorm.attention.record() as stats:
         sparse_attention(q, k, v, key_lengths=lengths, query_lengths=lengths)
     assert torch.equal(stats.layers["sparse_attention"].queries, torch.tensor([10, 10]))
+
+
+# ------------------------------------------------------------------ searched threshold and FlexAttention
+SEARCHED = [n for n in NORMALIZERS if registry.get(n).attention_threshold == "searched"]
+
+
+def ran(out, op_name: str) -> bool:
+    """Whether ``op_name``'s autograd node is in ``out``'s graph (the route that computed it)."""
+    todo, seen = [out.grad_fn], set()
+    while todo:
+        node = todo.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if op_name in type(node).__name__:
+            return True
+        todo.extend(next_node for next_node, _ in node.next_functions)
+    return False
+
+
+@pytest.mark.parametrize("name", SEARCHED)
+@pytest.mark.parametrize("layout", ["4-D GQA", "3-D", "5-D broadcast"])
+def test_searched_blockwise_route_equals_dense_in_every_layout(name, layout):
+    """``backend='blockwise'`` for a normalizer whose threshold is searched runs
+    ``sparsenorm::projection_attention`` (O(L) memory) in any broadcastable layout: GQA and
+    ``key_lengths`` go to the op as they are, other layouts as one batch of rows."""
+    g = torch.Generator().manual_seed(4)
+    shapes = {"4-D GQA": ((2, 4, 6, 4), (2, 2, 9, 4), (2, 2, 9, 3)),
+              "3-D": ((3, 6, 4), (3, 9, 4), (3, 9, 3)),
+              "5-D broadcast": ((2, 1, 2, 6, 4), (1, 3, 1, 9, 4), (1, 3, 1, 9, 3))}[layout]
+    q, k, v = (torch.randn(*s, generator=g, dtype=torch.float64).requires_grad_() for s in shapes)
+    kwargs = {"is_causal": True}
+    if layout == "4-D GQA":
+        kwargs["key_lengths"] = torch.tensor([9, 3])
+        k_dense, v_dense = (t.repeat_interleave(2, 1) for t in (k, v))
+    else:
+        kwargs["attn_mask"] = torch.rand(6, 9, generator=g) > 0.3
+        k_dense, v_dense = k, v
+    out = sparse_attention(q, k, v, name, backend="blockwise", **kwargs)
+    assert ran(out, "projection_attention")
+    dense = sparse_attention(q, k_dense, v_dense, name, backend="dense", **kwargs)
+    torch.testing.assert_close(out, dense, rtol=1e-10, atol=1e-10)
+    grads = torch.autograd.grad(out.square().sum(), (q, k, v))
+    grads_dense = torch.autograd.grad(dense.square().sum(), (q, k, v))
+    for got, want in zip(grads, grads_dense):
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9)
+
+
+def test_auto_takes_the_searched_blockwise_kernel_for_long_sequences_and_dense_when_it_cannot():
+    q, k, v = qkv(B=1, H=1, L=1024, S=1024, E=4, Ev=2, dtype=torch.float32)
+    assert ran(sparse_attention(q, k, v, "sparsemax"), "projection_attention")
+    # a differentiable float mask or weights need the dense path
+    bias = torch.zeros(1024, 1024, requires_grad=True)
+    assert not ran(sparse_attention(q, k, v, "sparsemax", attn_mask=bias), "projection_attention")
+    with pytest.raises(ValueError, match="does not apply"):
+        sparse_attention(q, k, v, "entmax15", attn_mask=torch.zeros(1024, 1024), backend="blockwise")
+
+
+@pytest.mark.skipif(not attention_ops.flex_attention.flex_available(), reason="this torch has no flex_attention")
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+def test_flex_route_equals_dense_without_grad_on_cpu_and_refuses_grad():
+    q, k, v = (t.detach() for t in qkv(B=2, H=2, L=6, S=9))
+    lengths = torch.tensor([9, 4])
+    with torch.no_grad():
+        out = sparse_attention(q, k, v, backend="flex", key_lengths=lengths, is_causal=True)
+        dense = sparse_attention(q, k, v, backend="dense", key_lengths=lengths, is_causal=True)
+    torch.testing.assert_close(out, dense, rtol=1e-10, atol=1e-10)
+    with pytest.raises(ValueError, match="does not apply"):  # FlexAttention has no CPU backward
+        sparse_attention(*(t.requires_grad_() for t in (q, k, v)), backend="flex")

@@ -14,7 +14,7 @@ zeros.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -127,6 +127,33 @@ def _map_(z: Tensor, tau: Tensor, kind: str) -> Tensor:
     return z.mul_(0.5).square_() if kind == "entmax15" else z
 
 
+def threshold_step(kind: str, tau: Tensor, s1: Tensor, s2: Optional[Tensor], n: Tensor, prev_n: Tensor,
+                   was_root: Tensor) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """One step of the exact threshold iteration described above, from a row's sums at ``tau``.
+
+    ``s1``, ``s2`` and ``n`` are the sum, the sum of squares (1.5-entmax only) and the number of the
+    positive entries of ``(z - tau)_+`` (``z``, ``tau`` in units of ``x``); ``prev_n`` is the
+    previous step's ``n`` (-1 at first), ``was_root`` whether ``tau`` is the previous step's root
+    (False at first). Returns ``(final, done, new_tau, was_root)``: the exact threshold on the
+    current set, whether it is the answer, the next iterate and the new ``was_root``. Shared by
+    the row-wise projection and the blockwise attention (which sums over key blocks).
+    """
+    if kind != "entmax15":
+        final = tau + (s1 - 1) / n.clamp_min(1)
+        return final, n == prev_n, torch.maximum(tau, final), was_root
+    eps = torch.finfo(tau.dtype).eps
+    # In x/2 units: f = sum (z/2 - t)_+^2 - 1 = s2/4 - 1, with s1, s2 sums of (z - 2t)_+.
+    f = s2 / 4 - 1
+    done = (was_root & (n == prev_n)) | (f.abs() <= 16 * eps) | (n == 0)
+    below = f >= 0
+    disc = (s1 * s1 - 4 * n * f).clamp_min_(0)
+    # 2x the smaller root of sum_{z > tau} (z/2 - t)^2 = 1, relative to tau (well conditioned).
+    root = tau + (s1 - disc.sqrt_()) / n.clamp_min(1)
+    final = torch.where(n > 0, root, tau)
+    newton = tau + 2 * f / s1.clamp_min(eps)
+    return final, done, torch.where(below, root, newton), below
+
+
 def _iterate_tau(
     src: Tensor, kind: str, k: Optional[int] = None, shift: Optional[Tensor] = None, buf: Optional[Tensor] = None
 ) -> Tensor:
@@ -139,7 +166,6 @@ def _iterate_tau(
     """
     n_rows = src.shape[0]
     tau_out = src.new_zeros(n_rows, 1)
-    eps = torch.finfo(src.dtype).eps
     entmax = kind == "entmax15"
     cur, cur_shift, rows = src, shift, None  # rows: indices into src still iterating (None: all)
     tau = src.new_full((n_rows, 1), -2.0 if entmax else -1.0)  # lower bound: p_max <= 1
@@ -158,22 +184,7 @@ def _iterate_tau(
         s1 = d.sum(-1, keepdim=True)
         s2 = torch.linalg.vector_norm(d, dim=-1, keepdim=True).square_() if entmax else None
         n = d.sign_().sum(-1, keepdim=True)  # in place: d is not needed any more
-        if not entmax:
-            final = tau + (s1 - 1) / n.clamp_min(1)
-            done = n == prev_n
-            new_tau = torch.maximum(tau, final)
-        else:
-            # In x/2 units: f = sum (z/2 - t)_+^2 - 1 = s2/4 - 1, with s1, s2 sums of (z - 2t)_+.
-            f = s2 / 4 - 1
-            done = (was_root & (n == prev_n)) | (f.abs() <= 16 * eps) | (n == 0)
-            below = f >= 0
-            disc = (s1 * s1 - 4 * n * f).clamp_min_(0)
-            # 2x the smaller root of sum_{z > tau} (z/2 - t)^2 = 1, relative to tau (well conditioned).
-            root = tau + (s1 - disc.sqrt_()) / n.clamp_min(1)
-            final = torch.where(n > 0, root, tau)
-            newton = tau + 2 * f / s1.clamp_min(eps)
-            new_tau = torch.where(below, root, newton)
-            was_root = below
+        final, done, new_tau, was_root = threshold_step(kind, tau, s1, s2, n, prev_n, was_root)
         if rows is None:
             tau_out = torch.where(done, final, tau_out)
         elif bool(done.any()):

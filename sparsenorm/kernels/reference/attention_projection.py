@@ -1,0 +1,300 @@
+"""Memory-efficient sparsemax / 1.5-entmax / alpha-entmax attention: blockwise, never the L x S matrix.
+
+Both maps give each query row ``p_j = [s_j - tau]_+`` (sparsemax) or ``p_j = [(s_j - tau) / 2]_+^2``
+(1.5-entmax, in units of the scores ``s``; equal to the entmax package's ``[s/2 - tau']_+^2``),
+with the row's threshold ``tau`` the root of ``f(tau) = sum_j p_j(tau) - 1``. Unlike ev-softmax's
+mean, ``tau`` is not linear in the keys, so it is searched (AdaSplash, Goncalves et al. 2025, does
+the same on GPU with bisection and Halley steps); here the search is the exact iteration of
+:func:`sparsenorm.kernels.reference.projection.threshold_step`, whose only inputs are the row sums
+``n = |{s > tau}|``, ``s1 = sum (s - tau)_+`` and ``s2 = sum (s - tau)_+^2``, and those can be
+accumulated over key blocks. For each block of queries:
+
+1. one pass over the key blocks for the row maximum ``m`` (the scores are shifted by it, as the
+   dense projection shifts them, and ``tau - m`` starts at the lower bound -1, resp. -2);
+2. passes over the key blocks accumulating ``(n, s1, s2)`` at the current ``tau``, each followed by
+   one threshold step (sparsemax: Newton from below, ``tau <- (sum_{s > tau} s - 1) / n``, exact as
+   soon as the set ``{s > tau}`` stops shrinking; 1.5-entmax: the smaller root of the current set's
+   quadratic, alternating with Newton steps from above). The step that stops returns the closed
+   form on the final support (sparsemax ``tau = (sum_S s - 1) / |S|``; 1.5-entmax the root of
+   ``sum_S ((s - tau) / 2)^2 = 1``, Peters et al. 2019), so the weights equal the dense path's to
+   rounding. On random Gaussian q, k (D = 64, L = S = 1024 and 4096) a query block of 256 stops
+   after 7 steps (every row of the block must be done); rows still iterating after :data:`MAX_STEPS`
+   passes (adversarial inputs) are solved by the sort-based solver on their score rows (one
+   ``block_q x S`` block of memory, once);
+3. one output pass ``O = P V`` over the key blocks.
+
+alpha-entmax (``kind='entmax_bisect'``, ``p = [(alpha - 1) (s - m) - tau]_+^(1 / (alpha - 1))``)
+has no finite exact iteration; it reproduces ``sparsenorm.entmax_bisect`` instead: ``n_iter``
+halvings of the same bracket ``[-1, -(1/S)^(alpha - 1)]`` (``S`` all keys, as the dense path counts
+a row), one pass over the key blocks each, then the weights at the last midpoint divided by their
+sum (accumulated in the output pass). Its backward uses ``w = p^(2 - alpha)``.
+
+Backward (closed form, the Jacobians are ``diag(w) - w w^T / sum(w)`` on the support, with
+``w = 1`` for sparsemax and ``w = sqrt(p)`` for 1.5-entmax): per query block, one pass over the key
+blocks for ``c = sum_j w_j dp_j / sum_j w_j`` with ``dp = dO V^T``, and one pass for
+``dS = w * (dp - c)``, ``dQ = scale dS K``, ``dK = scale dS^T Q``, ``dV = P^T dO``, recomputing the
+scores of each block from the saved row maximum and threshold (as FlashAttention recomputes).
+
+Memory: besides the inputs and outputs, O(L) per head (row maximum and threshold), the gradients'
+size in the backward, and one ``block_q x block_k`` block of scores (per batch and head) at a time.
+
+Layout: ``q`` (B, Hq, L, D), ``k`` (B, Hk, S, D), ``v`` (B, Hk, S, Dv), with ``Hk`` dividing ``Hq``
+(grouped-query attention: query head ``h`` reads key/value head ``h // (Hq // Hk)``). Masks: ``keep``
+boolean broadcastable to (B, Hq, L, S) (True = attend), ``key_lengths`` (B,) integer (keys
+``j >= key_lengths[b]`` are not there), ``causal`` (query ``i`` sees keys ``j <= i``, top-left as
+``F.scaled_dot_product_attention``), all combined. Not-there keys get exactly zero weight; a query
+with no key there gives a zero row and zero gradient.
+
+Host reads: the sparsemax / 1.5-entmax search reads one boolean per pass and query block (are all
+rows done?), to stop early; every other step is sync-free.
+"""
+from __future__ import annotations
+
+from typing import Iterator, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from ..._validation import compute_dtype
+from .projection import entmax15_tau_sort, sparsemax_tau_sort, sqrt_nonneg, threshold_step
+
+KINDS = ("sparsemax", "entmax15", "entmax_bisect")
+BLOCK_Q = 256
+BLOCK_K = 1024
+MAX_STEPS = 64
+"""Threshold steps before the rows still iterating are solved by sorting their score rows."""
+
+_NEG_INF = float("-inf")
+
+
+class _Grouped:
+    """The inputs viewed with the query heads grouped by key head: queries (B, Hk, G, L, D), keys and
+    values (B, Hk, 1, S, .), the keep mask broadcastable to (B, Hk, G, L, S), lengths (B, 1, 1, 1, 1)."""
+
+    def __init__(self, q: Tensor, k: Tensor, v: Tensor, keep: Optional[Tensor], key_lengths: Optional[Tensor],
+                 causal: bool, scale: float):
+        hq, hk = q.shape[1], k.shape[1]
+        self.groups = hq // hk
+        self.q = q.unflatten(1, (hk, self.groups))
+        self.k, self.v = k.unsqueeze(2), v.unsqueeze(2)
+        self.keep = None if keep is None else _group_mask(keep, hq, hk)
+        self.lengths = None if key_lengths is None else key_lengths.view(-1, 1, 1, 1, 1)
+        self.causal, self.scale = causal, scale
+        self.L, self.S = q.shape[2], k.shape[2]
+
+    def query_blocks(self, block_q: int) -> Iterator[Tuple[int, int]]:
+        for i0 in range(0, self.L, block_q):
+            yield i0, min(i0 + block_q, self.L)
+
+    def key_blocks(self, i0: int, i1: int, block_k: int) -> Iterator[Tuple[int, int]]:
+        """The key blocks that some query in ``[i0, i1)`` may see (under causal, not those after it)."""
+        for j0 in range(0, self.S, block_k):
+            if self.causal and j0 > i1 - 1:
+                return
+            yield j0, min(j0 + block_k, self.S)
+
+    def valid(self, i0: int, i1: int, j0: int, j1: int) -> Optional[Tensor]:
+        """Boolean (…, i1 - i0, j1 - j0), True where the key is there for the query; None = all."""
+        device = self.q.device
+        valid = None
+        if self.keep is not None:
+            valid = self.keep
+            if valid.shape[-2] != 1:
+                valid = valid[..., i0:i1, :]
+            if valid.shape[-1] != 1:
+                valid = valid[..., j0:j1]
+        if self.lengths is not None:
+            short = torch.arange(j0, j1, device=device) < self.lengths
+            valid = short if valid is None else valid & short
+        if self.causal and j1 - 1 > i0:  # some key of the block lies after some query of the block
+            tri = torch.arange(j0, j1, device=device) <= torch.arange(i0, i1, device=device).unsqueeze(-1)
+            valid = tri if valid is None else valid & tri
+        return valid
+
+    def scores(self, q_blk: Tensor, i0: int, i1: int, j0: int, j1: int) -> Tensor:
+        """``(q k^T) * scale`` of the block (rounded as the dense path rounds), ``-inf`` where not there."""
+        s = torch.matmul(q_blk, self.k[..., j0:j1, :].transpose(-2, -1)).mul_(self.scale)
+        valid = self.valid(i0, i1, j0, j1)
+        if valid is not None:  # every mask part broadcasts to the block, so fill in place
+            s.masked_fill_(~valid, _NEG_INF)
+        return s
+
+
+def _group_mask(keep: Tensor, hq: int, hk: int) -> Tensor:
+    """``keep`` broadcastable to (B, Hq, L, S) as (B, Hk, G, L, S)-broadcastable."""
+    keep = keep.reshape((1,) * (4 - keep.dim()) + keep.shape)
+    if keep.shape[1] == hq and hq > 1:
+        return keep.unflatten(1, (hk, hq // hk))
+    return keep.unsqueeze(2)
+
+
+class Mapping:
+    """One of the maps ``p = [s - tau]_+`` (sparsemax), ``[(s - tau) / 2]_+^2`` (1.5-entmax) or
+    ``[(alpha - 1) s - tau]_+^(1 / (alpha - 1))`` (alpha-entmax by bisection), as hooks used by one
+    forward and one backward loop: the map itself, its Jacobian weights and the threshold search."""
+
+    def __init__(self, kind: str, alpha: float = 1.5, n_iter: int = 50):
+        self.kind, self.alpha, self.n_iter = kind, float(alpha), int(n_iter)
+        self.bisect = kind == "entmax_bisect"
+
+    def weights_(self, z: Tensor, tau: Tensor) -> Tensor:
+        """In place: ``z`` (scores minus the row maximum) -> the unnormalized weights at ``tau``."""
+        if self.bisect:  # the order of operations of sparsenorm.entmax_bisect
+            return z.mul_(self.alpha - 1).sub_(tau).clamp_min_(0).pow_(1 / (self.alpha - 1))
+        z.sub_(tau).clamp_min_(0)
+        return z.mul_(0.5).square_() if self.kind == "entmax15" else z
+
+    def jacobian_weights_(self, p: Tensor) -> Tensor:
+        """``w`` with the Jacobian ``diag(w) - w w^T / sum(w)`` on the support, from the weights
+        ``p`` (possibly in place): ``1{p > 0}``, ``sqrt(p)``, resp. ``p^(2 - alpha)``."""
+        if self.bisect:
+            return torch.where(p > 0, p.pow(2 - self.alpha), 0.0)
+        return sqrt_nonneg(p) if self.kind == "entmax15" else p.sign_()
+
+
+def _block_weights(g: _Grouped, mapping: Mapping, q_blk, shift, tau, i0, i1, j0, j1) -> Tensor:
+    return mapping.weights_(g.scores(q_blk, i0, i1, j0, j1).sub_(shift), tau)
+
+
+def _row_max(g: _Grouped, q_blk: Tensor, i0: int, i1: int, block_k: int) -> Tensor:
+    """Each row's maximum score over the keys there (``-inf`` if none)."""
+    m = torch.full((*q_blk.shape[:-1], 1), _NEG_INF, dtype=q_blk.dtype, device=q_blk.device)
+    for j0, j1 in g.key_blocks(i0, i1, block_k):
+        m = torch.maximum(m, g.scores(q_blk, i0, i1, j0, j1).amax(-1, keepdim=True))
+    return m
+
+
+def _row_sum(g: _Grouped, mapping: Mapping, q_blk, shift, tau, i0, i1, block_k) -> Tensor:
+    """Each row's sum of (unnormalized) weights at ``tau``."""
+    total = torch.zeros_like(shift)
+    for j0, j1 in g.key_blocks(i0, i1, block_k):
+        total += _block_weights(g, mapping, q_blk, shift, tau, i0, i1, j0, j1).sum(-1, keepdim=True)
+    return total
+
+
+def _bisect_threshold(g: _Grouped, mapping: Mapping, q_blk: Tensor, shift: Tensor, i0: int, i1: int,
+                      block_k: int) -> Tensor:
+    """``sparsenorm.entmax_bisect``'s threshold: ``n_iter`` halvings of ``[-1, -(1/S)^(alpha - 1)]``
+    (relative to the row maximum; ``S`` all keys, as the dense path counts them), the last midpoint."""
+    tau_lo = torch.full_like(shift, -1.0)
+    tau_hi = -torch.pow(1.0 / g.S, torch.full_like(shift, mapping.alpha) - 1)
+    dm = tau_hi - tau_lo
+    tau_m = tau_lo
+    for _ in range(mapping.n_iter):
+        dm = dm / 2
+        tau_m = tau_lo + dm
+        f_m = _row_sum(g, mapping, q_blk, shift, tau_m, i0, i1, block_k) - 1
+        tau_lo = torch.where(f_m >= 0, tau_m, tau_lo)
+    return tau_m
+
+
+def _search_threshold(g: _Grouped, mapping: Mapping, q_blk: Tensor, shift: Tensor, empty: Tensor, i0: int,
+                      i1: int, block_k: int) -> Tensor:
+    """Each row's exact threshold relative to ``shift`` (its maximum; 0 for the ``empty`` rows, those
+    with no key there), by passes over the key blocks."""
+    if mapping.bisect:
+        return _bisect_threshold(g, mapping, q_blk, shift, i0, i1, block_k)
+    kind = mapping.kind
+    entmax = kind == "entmax15"
+    tau = torch.full_like(shift, -2.0 if entmax else -1.0)  # lower bound: p_max <= 1
+    prev_n = torch.full_like(shift, -1.0)
+    was_root = torch.zeros(shift.shape, dtype=torch.bool, device=shift.device)
+    finished = empty  # rows with no key there: every weight is 0 whatever tau is
+    result = torch.zeros_like(shift)
+    for _ in range(MAX_STEPS):
+        s1 = s2 = n = 0
+        for j0, j1 in g.key_blocks(i0, i1, block_k):
+            d = g.scores(q_blk, i0, i1, j0, j1).sub_(shift).sub_(tau).clamp_min_(0)
+            s1 = s1 + d.sum(-1, keepdim=True)
+            if entmax:
+                s2 = s2 + torch.linalg.vector_norm(d, dim=-1, keepdim=True).square_()
+            n = n + d.sign_().sum(-1, keepdim=True)
+        final, done, new_tau, was_root = threshold_step(kind, tau, s1, s2 if entmax else None, n, prev_n, was_root)
+        result = torch.where(done & ~finished, final, result)
+        finished = finished | done
+        if bool(finished.all()):
+            return result
+        tau, prev_n = new_tau, n
+    # Rows still iterating (adversarial inputs): sort their rows, built from the key blocks once.
+    z = torch.cat([g.scores(q_blk, i0, i1, j0, j1) for j0, j1 in g.key_blocks(i0, i1, block_k)], -1).sub_(shift)
+    exact = entmax15_tau_sort(z * 0.5) * 2 if entmax else sparsemax_tau_sort(z)
+    return torch.where(finished, result, exact)
+
+
+def forward(q: Tensor, k: Tensor, v: Tensor, keep: Optional[Tensor], key_lengths: Optional[Tensor], causal: bool,
+            scale: float, kind: str, block_q: int = BLOCK_Q, block_k: int = BLOCK_K, alpha: float = 1.5,
+            n_iter: int = 50) -> Tuple[Tensor, Tensor, Tensor]:
+    """``(out, shift, tau)``: the attention output (B, Hq, L, Dv) in ``q``'s dtype and each row's
+    maximum score and threshold relative to it (B, Hq, L), in the compute dtype, for the backward.
+    ``alpha`` and ``n_iter`` are used by ``kind='entmax_bisect'`` only."""
+    cdt = compute_dtype(q)
+    mapping = Mapping(kind, alpha, n_iter)
+    g = _Grouped(q.to(cdt), k.to(cdt), v.to(cdt), keep, key_lengths, causal, scale)
+    B, Hq, L, _ = q.shape
+    out = q.new_zeros((B, Hq, L, v.shape[-1]), dtype=cdt).unflatten(1, g.q.shape[1:3])
+    shift = q.new_zeros((B, Hq, L, 1), dtype=cdt).unflatten(1, g.q.shape[1:3])
+    tau = torch.zeros_like(shift)
+    for i0, i1 in g.query_blocks(block_q):
+        q_blk = g.q[..., i0:i1, :]
+        m = _row_max(g, q_blk, i0, i1, block_k)
+        empty = m == _NEG_INF
+        m_safe = m.masked_fill(empty, 0.0)
+        t = _search_threshold(g, mapping, q_blk, m_safe, empty, i0, i1, block_k)
+        o = total = 0
+        for j0, j1 in g.key_blocks(i0, i1, block_k):
+            p = _block_weights(g, mapping, q_blk, m_safe, t, i0, i1, j0, j1)
+            if mapping.bisect:  # sums to one only up to the bisection's resolution: normalize, as the dense path
+                total = total + p.sum(-1, keepdim=True)
+            o = o + torch.matmul(p, g.v[..., j0:j1, :])
+        if mapping.bisect:
+            o = o / torch.where(total > 0, total, torch.ones_like(total))
+        out[..., i0:i1, :] = o
+        shift[..., i0:i1, :] = m_safe
+        tau[..., i0:i1, :] = t
+    return out.flatten(1, 2).to(q.dtype), shift.flatten(1, 2).squeeze(-1), tau.flatten(1, 2).squeeze(-1)
+
+
+def backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, keep: Optional[Tensor], key_lengths: Optional[Tensor],
+             causal: bool, scale: float, kind: str, shift: Tensor, tau: Tensor, block_q: int = BLOCK_Q,
+             block_k: int = BLOCK_K, alpha: float = 1.5, n_iter: int = 50) -> Tuple[Tensor, Tensor, Tensor]:
+    """``(dq, dk, dv)`` from the forward's ``shift`` and ``tau`` (closed form, see the module notes).
+
+    For alpha-entmax the weights are the bisection's normalized by their sum (recomputed in the
+    first pass); ``w = p^(2 - alpha)`` and ``c`` are then those of the normalized weights."""
+    cdt = compute_dtype(q)
+    mapping = Mapping(kind, alpha, n_iter)
+    g = _Grouped(q.to(cdt), k.to(cdt), v.to(cdt), keep, key_lengths, causal, scale)
+    hk, groups = g.q.shape[1:3]
+    do = grad_out.to(cdt).unflatten(1, (hk, groups))
+    shift = shift.to(cdt).unflatten(1, (hk, groups)).unsqueeze(-1)
+    tau = tau.to(cdt).unflatten(1, (hk, groups)).unsqueeze(-1)
+    dq = torch.zeros_like(g.q)
+    dk = torch.zeros_like(g.k.squeeze(2))
+    dv = torch.zeros_like(g.v.squeeze(2))
+    for i0, i1 in g.query_blocks(block_q):
+        q_blk, do_blk = g.q[..., i0:i1, :], do[..., i0:i1, :]
+        m_blk, t_blk = shift[..., i0:i1, :], tau[..., i0:i1, :]
+        total = _row_sum(g, mapping, q_blk, m_blk, t_blk, i0, i1, block_k) if mapping.bisect else None
+        if total is not None:
+            total = torch.where(total > 0, total, torch.ones_like(total))
+
+        def weights(j0, j1):
+            p = _block_weights(g, mapping, q_blk, m_blk, t_blk, i0, i1, j0, j1)
+            return p if total is None else p.div_(total)
+
+        def dp(j0, j1):  # d(loss)/d(weights) of the block
+            return torch.matmul(do_blk, g.v[..., j0:j1, :].transpose(-2, -1))
+
+        w_sum = wdp_sum = 0
+        for j0, j1 in g.key_blocks(i0, i1, block_k):
+            w = mapping.jacobian_weights_(weights(j0, j1))
+            w_sum = w_sum + w.sum(-1, keepdim=True)
+            wdp_sum = wdp_sum + dp(j0, j1).mul_(w).sum(-1, keepdim=True)
+        c = wdp_sum / torch.where(w_sum > 0, w_sum, torch.ones_like(w_sum))
+        for j0, j1 in g.key_blocks(i0, i1, block_k):
+            p = weights(j0, j1)
+            dv[..., j0:j1, :] += torch.matmul(p.transpose(-2, -1), do_blk).sum(2)
+            ds = dp(j0, j1).sub_(c).mul_(mapping.jacobian_weights_(p))  # d(loss)/d(scores), 0 off the support
+            dq[..., i0:i1, :] += torch.matmul(ds, g.k[..., j0:j1, :])
+            dk[..., j0:j1, :] += torch.matmul(ds.transpose(-2, -1), q_blk).sum(2)
+    return (dq.mul_(scale).flatten(1, 2).to(q.dtype), dk.mul_(scale).to(k.dtype), dv.to(v.dtype))
