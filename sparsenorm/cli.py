@@ -122,17 +122,20 @@ def build_parser(argv: Optional[List[str]] = None) -> argparse.ArgumentParser:
 
 
 def _reproduce(args: argparse.Namespace) -> int:
-    from .experiments import run
-    from .experiments._shared.common import RunConfig, resolve_device
-    from .experiments._shared.index import write_index
-
     if args.list:
         for name in EXPERIMENTS:
             print(f"{name:12s} {_describe(name)}")
         return 0
-    if args.index is not None:
+    # The shared runner and the judging rule need the experiments extra (scipy); imported only now,
+    # so that --list works without it.
+    try:
+        from .experiments import run
+        from .experiments._shared.common import RunConfig, resolve_device
+        from .experiments._shared.index import write_index
         from .experiments._shared.paper_index import write_paper_index
-
+    except ModuleNotFoundError as exc:
+        raise CLIError(f"reproduce needs {exc.name}: pip install 'sparsenorm[experiments]'") from None
+    if args.index is not None:
         print(f"index of every claim of the papers: {write_paper_index(args.index)}")
         return 0
     if not args.experiment:

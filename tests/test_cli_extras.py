@@ -47,6 +47,12 @@ def test_commands_that_need_no_extra_work_without_them(argv):
     assert "Traceback" not in done.stderr
 
 
+def test_the_claims_index_without_the_experiments_extra_exits_with_one_line_naming_it(tmp_path):
+    done = run_cli_without(EXPERIMENT_EXTRAS, "reproduce", "--index", str(tmp_path))
+    assert done.returncode == 2
+    assert done.stderr.strip() == "sparsenorm: error: reproduce needs scipy: pip install 'sparsenorm[experiments]'"
+
+
 @pytest.mark.parametrize("experiment,blocked,extra", [
     ("cvae", EXPERIMENT_EXTRAS, "experiments"),
     ("mt", EXPERIMENT_EXTRAS, "experiments,mt"),

@@ -235,8 +235,9 @@ def test_claims_follow_the_paired_tests():
 
 
 def test_cli_lists_finetune_without_importing_transformers():
-    code = ("import sys; from sparsenorm import cli; p = cli.build_parser(); "
-            "p.parse_args(['reproduce', 'finetune', '--quick', '--model-dir', 'x', '--r-finals', '0.1,0.2']); "
+    code = ("import sys; from sparsenorm import cli; "
+            "argv = ['reproduce', 'finetune', '--quick', '--model-dir', 'x', '--r-finals', '0.1,0.2']; "
+            "cli.build_parser(argv).parse_args(argv); "
             "print('transformers' in sys.modules)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           cwd=Path(__file__).resolve().parents[2])
