@@ -31,12 +31,13 @@ test-wheel: venv
 	bash scripts/wheel_check.sh
 
 # Normalizers (ratios to softmax and to the entmax package), then attention (ratios to SDPA, peak memory).
+# The benchmarks live in benchmarks/ (outside the library; benchmarks/README.md has the method and tables).
 bench: venv
-	.venv/bin/python -m sparsenorm.bench
-	.venv/bin/python -m sparsenorm.bench_attention
+	.venv/bin/python -m benchmarks.bench
+	.venv/bin/python -m benchmarks.bench_attention
 
 # On a CUDA machine, with its own Python (no venv, no network): the CUDA suite, the Triton tests and
-# `bench_gpu --quick`, results into $OUT (else gpu-check-out/). README "GPU" says more.
+# `benchmarks.bench_gpu --quick`, results into $OUT (else gpu-check-out/). docs/guide/devices.md says more.
 GPU_PYTHON ?= python3
 gpu-check:
 	PYTHONPATH=. $(GPU_PYTHON) scripts/gpu_check.py

@@ -1,6 +1,6 @@
 """Benchmark: every normalizer against ``torch.softmax`` and the ``entmax`` package, side by side.
 
-    python -m sparsenorm.bench [--shapes 4096x128,1024x1024] [--rounds 7] [--normalizers a,b]
+    python -m benchmarks.bench [--shapes 4096x128,1024x1024] [--rounds 7] [--normalizers a,b]
                                [--device cpu] [--json FILE] [--no-compile] [--clock wall|thread]
 
 Times float32 forward and forward+backward for each shape. Every candidate is timed once per round,
@@ -31,7 +31,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
-from . import kernels, registry
+from sparsenorm import kernels, registry
 
 DEFAULT_SHAPES = [(4096, 128), (1024, 1024), (256, 32000), (4 * 8 * 512, 512)]
 
@@ -209,7 +209,7 @@ def _parse_shapes(text: str) -> List[Tuple[int, int]]:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sparsenorm.bench", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", type=_parse_shapes, default=DEFAULT_SHAPES)
     parser.add_argument("--rounds", type=int, default=7)

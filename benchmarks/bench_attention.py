@@ -1,6 +1,6 @@
 """Benchmark: ``sparse_attention`` against ``F.scaled_dot_product_attention``, time and peak memory.
 
-    python -m sparsenorm.bench_attention [--lengths 512,2048,8192] [--batch-heads 8] [--dim 64]
+    python -m benchmarks.bench_attention [--lengths 512,2048,8192] [--batch-heads 8] [--dim 64]
         [--rounds 5] [--memory-lengths 1024,2048,4096,8192,16384] [--clock thread|wall]
         [--dense-limit-gb 16] [--json FILE] [--no-time] [--no-memory]
 
@@ -41,8 +41,10 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from ._text import markdown_table
-from .attention import sparse_attention
+from sparsenorm._text import markdown_table
+from sparsenorm.attention import sparse_attention
+
+_REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 MATH = "sdpa (math)"
 PROJECTION = ["sparsemax (blockwise)", "entmax15 (blockwise)"]  # their threshold searched blockwise
@@ -120,11 +122,12 @@ def measure_peak_here(label: str, bh: int, length: int, dim: int) -> int:
 
 def measure_peak(label: str, bh: int, length: int, dim: int) -> Optional[int]:
     """:func:`measure_peak_here` in a fresh subprocess; None if it failed (e.g. not Linux, out of memory)."""
-    cmd = [sys.executable, "-m", "sparsenorm.bench_attention", "--_peak", label, str(bh), str(length), str(dim)]
+    cmd = [sys.executable, "-m", "benchmarks.bench_attention", "--_peak", label, str(bh), str(length), str(dim)]
     # Blocks of 64 KiB and more straight from and back to the OS (mmap): a block freed by the
     # warm-up is then not reused unseen, and the peak RSS is the peak of live allocations.
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    # From the repository root, so that ``-m benchmarks.bench_attention`` resolves wherever this was started.
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=_REPO_ROOT)
     if proc.returncode != 0:
         print(f"  memory of {label} at L={length} failed: {proc.stderr.strip().splitlines()[-1:]}", file=sys.stderr)
         return None
@@ -141,7 +144,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         label, bh, length, dim = argv[1], *map(int, argv[2:5])
         print(measure_peak_here(label, bh, length, dim))
         return 0
-    p = argparse.ArgumentParser(prog="python -m sparsenorm.bench_attention", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.bench_attention", description=__doc__.split("\n")[0])
     p.add_argument("--lengths", default="512,2048,8192")
     p.add_argument("--batch-heads", type=int, default=8)
     p.add_argument("--dim", type=int, default=64)

@@ -1,4 +1,4 @@
-"""GPU benchmark of the Triton kernels: ``python -m sparsenorm.bench_gpu`` (needs CUDA and triton).
+"""GPU benchmark of the Triton kernels: ``python -m benchmarks.bench_gpu`` (needs CUDA and triton).
 
 Row-wise kernels: time per call, GB/s (bytes read + written) and the fraction of the GPU's DRAM
 bandwidth (from its memory clock and bus width), beside ``torch.softmax`` (and its backward),
@@ -201,7 +201,7 @@ def bench_attention(dtype: torch.dtype, rounds: int, quick: bool) -> List[dict]:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sparsenorm.bench_gpu", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_gpu", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer shapes (L <= 4096, D = 64, two row shapes)")
     parser.add_argument("--rounds", type=int, default=7, help="interleaved timing rounds (median reported)")
     parser.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16",
@@ -211,7 +211,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = parser.parse_args(argv)
     reason = _no_gpu_reason()
     if reason is not None:
-        print(f"sparsenorm.bench_gpu: {reason}; GPU timings are not measured.", file=sys.stderr)
+        print(f"benchmarks.bench_gpu: {reason}; GPU timings are not measured.", file=sys.stderr)
         return 1
     dtype = getattr(torch, args.dtype)
     peak = dram_bandwidth_gbs()

@@ -12,7 +12,7 @@ ends within ``--budget`` seconds (default 9 minutes):
 3. ``cuda-suite``: ``pytest -m cuda tests/cuda`` (every kernel and CUDA dispatch against the
    reference path, torch.compile, CUDA graphs, Hugging Face, one training step per experiment);
 4. ``triton-tests``: the Triton kernel tests of the default suite, which run in-process on CUDA;
-5. ``bench-rowwise`` and ``bench-attention``: ``python -m sparsenorm.bench_gpu --quick``.
+5. ``bench-rowwise`` and ``bench-attention``: ``python -m benchmarks.bench_gpu --quick``.
 
 Writes into ``--out`` (default ``$OUT``, else ``gpu-check-out``) at most 8 files: ``summary.md``,
 ``gpu_check.json`` (environment and every stage's status, time and detail), ``nvidia-smi.txt``,
@@ -291,9 +291,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "triton-tests": [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                          "tests/kernels/test_triton_rowwise.py", "tests/kernels/test_triton_attention.py",
                          "tests/kernels/test_triton_compile.py"],
-        "bench-rowwise": [sys.executable, "-m", "sparsenorm.bench_gpu", "--quick", "--only", "rowwise",
+        "bench-rowwise": [sys.executable, "-m", "benchmarks.bench_gpu", "--quick", "--only", "rowwise",
                           "--json", str(out / "bench_rowwise.json")],
-        "bench-attention": [sys.executable, "-m", "sparsenorm.bench_gpu", "--quick", "--only", "attention",
+        "bench-attention": [sys.executable, "-m", "benchmarks.bench_gpu", "--quick", "--only", "attention",
                             "--json", str(out / "bench_attention.json")],
     }
     for name in plan:

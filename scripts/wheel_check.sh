@@ -2,7 +2,7 @@
 # A pip user's path (issue 25 item 2), from the built wheel in a fresh virtual environment:
 # sdist + wheel pass `twine check`; with torch and the wheel alone (no extras) the library, every
 # normalizer/loss/attention path, `sparsenorm --help` and `demo` work; an experiment exits with one
-# line naming its extra; without ninja or a compiler the reference path runs (one warning each);
+# line naming its extra; no benchmark file is in the wheel; without ninja or a compiler the reference path runs (one warning each);
 # with the `fast` extra `sparsenorm build-kernels` builds the kernels and they are used.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -16,6 +16,11 @@ echo "=== build the sdist and the wheel, twine check"
 "$PY" -m build --sdist --wheel --outdir "$work/dist" "$repo" >"$work/build.log" 2>&1 || { cat "$work/build.log"; exit 1; }
 "$PY" -m twine check --strict "$work/dist"/*
 wheel=$(ls "$work/dist"/*.whl)
+# The benchmarks live in benchmarks/ at the repository root: nothing benchmark-related is in the wheel.
+if "$PY" -m zipfile -l "$wheel" | grep -i "bench"; then
+    echo "wheel check: the wheel contains benchmark files (above); they belong in benchmarks/ only"; exit 1
+fi
+echo "ok: no benchmark module in the wheel"
 
 echo "=== a fresh venv: torch==2.13.0 (the local CPU wheel), then the wheel with no extras"
 "$BASE" -m venv "$work/venv"

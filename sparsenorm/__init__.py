@@ -47,7 +47,7 @@ __all__ = [
     *_loss_names,
 ]
 
-_LAZY_SUBMODULES = ("registry", "attention", "hf", "marginalize", "bench", "demo", "cli", "experiments")
+_LAZY_SUBMODULES = ("registry", "attention", "hf", "marginalize", "demo", "cli", "experiments")
 
 
 def __getattr__(name: str):

@@ -4,7 +4,7 @@ import sys
 import pytest
 import torch
 
-from sparsenorm import bench_attention
+from benchmarks import bench_attention
 
 
 def test_tables_for_every_candidate(capsys):

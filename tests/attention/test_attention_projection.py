@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import sparsenorm
-from sparsenorm import bench_attention
+from benchmarks import bench_attention
 from sparsenorm.kernels import attention_projection_ops as ops
 from sparsenorm.kernels.reference import attention_projection as ref
 
@@ -253,7 +253,7 @@ def test_bad_shapes_raise():
 # ------------------------------------------------------------------------------------------- memory
 def _check_memory(L):
     """Peak extra memory of one forward + backward (one head, D = 64) under a quarter of one float32
-    L x L score matrix, measured by ``sparsenorm.bench_attention`` (peak RSS in a fresh process)."""
+    L x L score matrix, measured by ``benchmarks.bench_attention`` (peak RSS in a fresh process)."""
     # The measurement sees the dense path's score matrix (at a length where that fits comfortably):
     # without that, the bound below would prove nothing.
     L_dense = min(L, 4096)
