@@ -1,5 +1,5 @@
 # The two commands a newcomer needs: `make reproduce` (the main job) and `make test`.
-.PHONY: reproduce reproduce-full test test-slow test-simd test-wheel bench venv gpu-check
+.PHONY: reproduce reproduce-full test test-slow test-simd test-wheel bench docs venv gpu-check
 
 venv:
 	bash scripts/bootstrap.sh
@@ -36,8 +36,13 @@ bench: venv
 	.venv/bin/python -m benchmarks.bench
 	.venv/bin/python -m benchmarks.bench_attention
 
+# The documentation site into site/ (open site/index.html): strict, so a broken link, a page missing
+# from the navigation or an object mkdocstrings cannot find fails the build. tests/test_docs.py runs it too.
+docs: venv
+	NO_MKDOCS_2_WARNING=1 .venv/bin/python -m mkdocs build --strict
+
 # On a CUDA machine, with its own Python (no venv, no network): the CUDA suite, the Triton tests and
-# `benchmarks.bench_gpu --quick`, results into $OUT (else gpu-check-out/). docs/guide/devices.md says more.
+# `benchmarks.bench_gpu --quick`, results into $OUT (else gpu-check-out/). docs/guide/kernels.md ("GPU") says more.
 GPU_PYTHON ?= python3
 gpu-check:
 	PYTHONPATH=. $(GPU_PYTHON) scripts/gpu_check.py

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Create .venv at the repository root and install sparsenorm with its extras.
+# Create .venv at the repository root and install sparsenorm with its extras (docs: tests/test_docs.py builds the site).
 # Torch goes in first, pinned to the local CPU wheel, so that no later requirement pulls a CUDA build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,7 +12,7 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
 fi
 stamp=.venv/.sparsenorm-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-    .venv/bin/pip install --quiet -e ".[test,experiments,fast,hf,mt,gpu]"
+    .venv/bin/pip install --quiet -e ".[test,experiments,fast,hf,mt,gpu,docs]"
     touch "$stamp"
 fi
 # Build the C++ CPU kernels once into the cache (a no-op when built; on failure one warning line,

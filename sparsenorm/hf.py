@@ -45,7 +45,10 @@ from . import registry
 from .attention.functional import attend, resolve_normalizer
 from .attention.masks import merge, split_mask
 
+__all__ = ["PREFIX", "make_attention_function", "register", "REGISTERED"]  # the public names
+
 PREFIX = "sparsenorm_"
+"""The prefix of every ``attn_implementation`` name registered here without an explicit ``name``."""
 
 
 def make_attention_function(normalizer: Union[str, Callable] = "ev_softmax", **params) -> Callable:

@@ -29,6 +29,8 @@ from .entmax import entmax15, entmax_bisect, sparsemax
 from .losses import evidential as ev_losses
 from .losses import fenchel_young, hourglass as hourglass_losses, rsoftmax as r_losses
 
+__all__ = ["Normalizer", "NORMALIZERS", "names", "get"]  # the public names (the API reference documents these)
+
 
 @dataclass(frozen=True)
 class Normalizer:
@@ -183,9 +185,11 @@ def _build() -> Dict[str, Normalizer]:
 
 
 NORMALIZERS: Dict[str, Normalizer] = _build()
+"""Every normalizer by name, in a fixed order (:func:`names`); read it through :func:`get`."""
 
 
 def names() -> list[str]:
+    """The registered normalizers' names, in the registry's order."""
     return list(NORMALIZERS)
 
 
