@@ -62,15 +62,14 @@ def sparsemax(X: Tensor, dim: int = -1, k: Optional[int] = None, mask: Optional[
     ``diag(s) - s s^T / |S|`` with ``s`` the support indicator (their Sec. 2.5), so the backward of
     ``g`` is ``s * (g - mean_{j in S} g_j)``.
 
-    Parameters
-    ----------
-    X : floating tensor of any shape; fp16/bf16 are computed in float32.
-    dim : the dimension to normalize (negative values allowed, with or without ``k``).
-    k : optional int >= 1, the ``entmax`` package's partial-sort hint (expected support size),
-        accepted for compatibility. The threshold is found without sorting (an exact finite
-        iteration, see ``sparsenorm.kernels.reference.projection``), so the result is exact
-        whatever ``k`` is; ``k`` is only used if that iteration falls back to sorting.
-    mask : optional boolean tensor broadcastable to ``X``; True = keep (False: not there).
+    Args:
+        X: floating tensor of any shape; fp16/bf16 are computed in float32.
+        dim: the dimension to normalize (negative values allowed, with or without ``k``).
+        k: optional int >= 1, the ``entmax`` package's partial-sort hint (expected support size),
+            accepted for compatibility. The threshold is found without sorting (an exact finite
+            iteration, see ``sparsenorm.kernels.reference.projection``), so the result is exact
+            whatever ``k`` is; ``k`` is only used if that iteration falls back to sorting.
+        mask: optional boolean tensor broadcastable to ``X``; True = keep (False: not there).
 
     Edge cases: entries that are not there get 0; a row with none there gives zeros (zero
     gradient); NaN in a row gives a NaN row; K = 1 gives 1; equal entries give the uniform
@@ -90,14 +89,13 @@ def entmax15(X: Tensor, dim: int = -1, k: Optional[int] = None, mask: Optional[T
     (Peters et al. 2019, Eq. 9 and Alg. 2). Backward: with ``r = sqrt(p)``,
     ``dX = r * g - r * sum(r * g) / sum(r)``.
 
-    Parameters
-    ----------
-    X : floating tensor; fp16/bf16 are computed in float32 (so bf16 sums to one within bf16's
-        resolution).
-    dim : the dimension to normalize (negative values allowed, with or without ``k``).
-    k : optional int >= 1, the ``entmax`` package's partial-sort hint, accepted for compatibility;
-        the result is exact whatever ``k`` (see :func:`sparsemax`).
-    mask : optional boolean tensor broadcastable to ``X``; True = keep.
+    Args:
+        X: floating tensor; fp16/bf16 are computed in float32 (so bf16 sums to one within bf16's
+            resolution).
+        dim: the dimension to normalize (negative values allowed, with or without ``k``).
+        k: optional int >= 1, the ``entmax`` package's partial-sort hint, accepted for compatibility;
+            the result is exact whatever ``k`` (see :func:`sparsemax`).
+        mask: optional boolean tensor broadcastable to ``X``; True = keep.
 
     Edge cases as :func:`sparsemax`. Double backward works (the derivative of ``sqrt(p)`` at
     ``p = 0`` is taken as 0).
@@ -226,18 +224,17 @@ def entmax_bisect(
     ``n_iter`` halvings of ``[max - 1, max - (1/d)^(alpha - 1)]``. ``alpha = 2`` is sparsemax;
     ``0 < alpha < 1`` gives a dense map (as in the entmax package, whose tests use such alphas).
 
-    Parameters
-    ----------
-    X : floating tensor (fp16/bf16 computed in float32).
-    alpha : float or tensor ``> 0``, broadcastable to ``X``'s shape with ``dim`` of size 1 (one
-        value per row), or one value per row (``X``'s shape without ``dim``). Differentiable
-        (Correia et al. 2019). ``alpha == 1`` exactly gives softmax (the limit); the gradient
-        w.r.t. ``alpha`` is undefined there (0/0) and is returned as 0. ``alpha <= 0`` raises
-        ``ValueError``.
-    dim : the dimension to normalize.
-    n_iter : number of bisection steps (>= 1); 24 suffice for float32, 50 for float64.
-    ensure_sum_one : divide by the sum at the end.
-    mask : optional boolean tensor broadcastable to ``X``; True = keep.
+    Args:
+        X: floating tensor (fp16/bf16 computed in float32).
+        alpha: float or tensor ``> 0``, broadcastable to ``X``'s shape with ``dim`` of size 1 (one
+            value per row), or one value per row (``X``'s shape without ``dim``). Differentiable
+            (Correia et al. 2019). ``alpha == 1`` exactly gives softmax (the limit); the gradient
+            w.r.t. ``alpha`` is undefined there (0/0) and is returned as 0. ``alpha <= 0`` raises
+            ``ValueError``.
+        dim: the dimension to normalize.
+        n_iter: number of bisection steps (>= 1); 24 suffice for float32, 50 for float64.
+        ensure_sum_one: divide by the sum at the end.
+        mask: optional boolean tensor broadcastable to ``X``; True = keep.
 
     Backward: ``gppr = p^(2 - alpha)`` on the support, ``dX = gppr * (g - sum(g gppr) / sum(gppr))``.
     Edge cases as :func:`sparsemax`.
