@@ -10,7 +10,7 @@ reproduce: venv
 
 # Full modes. Resumable: every finished job is cached in out-full/<experiment>/runs/, so running it
 # again continues where it stopped. cvae and multilabel take hours on 2 CPU cores; all of them take
-# days (see the README's table), so pick: `make reproduce-full FULL="cvae multilabel"`.
+# days (see the table in docs/experiments/index.md), so pick: `make reproduce-full FULL="cvae multilabel"`.
 FULL ?= all
 reproduce-full: venv
 	for experiment in $(FULL); do .venv/bin/sparsenorm reproduce $$experiment --out out-full || exit 1; done

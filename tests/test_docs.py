@@ -5,8 +5,8 @@ link or anchor, a page missing from the navigation, an object mkdocstrings canno
 it, every name in ``sparsenorm.__all__`` and in the ``__all__`` of every public module must be the
 object of some entry of the API reference (an HTML anchor ``id="sparsenorm...."``, which may be
 the name's canonical path, e.g. ``sparsenorm.evidential.ev_softmax`` for ``sparsenorm.ev_softmax``).
-The errors table of the user guide is checked against the source, and the README's links against
-the tree.
+The errors table of the user guide is checked against the source, the README's links against the
+tree, and the README's claim counts per experiment against the generated index (results/README.md).
 """
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import pkgutil
 import re
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -127,3 +128,29 @@ def test_readme_links_resolve():
              if not link.startswith(("http://", "https://", "#"))]
     assert links
     assert [link for link in links if not (REPO / link).exists()] == []
+
+
+def _cells(line: str) -> list[str]:
+    return [cell.strip() for cell in line.strip().strip("|").split(" | ")]
+
+
+def test_readme_experiment_table_counts_match_the_generated_claims_index():
+    """The README's per-experiment claim counts are those of results/README.md (generated), so the
+    hand-written table cannot drift from the committed verdicts."""
+    index = {}
+    for line in (REPO / "results/README.md").read_text().splitlines():
+        cells = _cells(line)
+        if line.startswith("| ") and len(cells) >= 10 and cells[0].count(".") >= 2:
+            verdict = cells[-2].strip("*")
+            index.setdefault(cells[0].split(".")[1], Counter())[verdict] += 1
+    readme = {}
+    for line in (REPO / "README.md").read_text().splitlines():
+        cells = _cells(line)
+        match = re.fullmatch(r"(\d+): (.*?)(?: \(.*\))?", cells[2]) if len(cells) == 4 else None
+        if line.startswith("| `") and match:
+            counts = Counter({verdict: int(n) for n, verdict in
+                              (part.split(" ", 1) for part in match.group(2).split(", "))})
+            assert sum(counts.values()) == int(match.group(1)), line
+            readme[cells[0].strip("`")] = counts
+    assert set(readme) == set(index) == {"cvae", "multilabel", "ssvae", "mt", "vqvae", "finetune"}
+    assert readme == index
