@@ -3,6 +3,7 @@
     python -m benchmarks.bench_attention [--lengths 512,2048,8192] [--batch-heads 8] [--dim 64]
         [--rounds 5] [--memory-lengths 1024,2048,4096,8192,16384] [--clock thread|wall]
         [--dense-limit-gb 16] [--json FILE] [--no-time] [--no-memory]
+    python -m benchmarks.bench_attention --report FILE.json   # the tables of a saved --json file
 
 Self-attention without a mask, float32 on the CPU, queries/keys/values of shape (B*H, L, D).
 Each candidate runs forward + backward (a fixed random output gradient). Candidates: SDPA (math
@@ -138,8 +139,43 @@ def _mb(n: Optional[int]) -> str:
     return "skipped" if n is None else f"{n / 2**20:.0f}"
 
 
+def length_table(labels: List[str], times: Dict[str, float], peaks: Dict[str, Optional[int]]) -> str:
+    """One length's Markdown table: time, ratio to SDPA's math backend, peak extra memory."""
+    base = times.get(MATH)
+    rows = []
+    for label in labels:
+        t = times.get(label)
+        rows.append([label, "skipped" if t is None else f"{t:.3f}",
+                     "n/a" if t is None or base is None else f"{t / base:.2f}", _mb(peaks.get(label))])
+    return markdown_table(["candidate", "time (s)", f"x {MATH}", "peak extra (MB)"], rows)
+
+
+def scaling_table(scaling: Dict) -> str:
+    """Peak extra memory (MB) against L, one column per candidate measured."""
+    labels = list(dict.fromkeys(label for peaks in scaling.values() for label in peaks))
+    return markdown_table(["L"] + labels, [[length] + [_mb(peaks.get(label)) for label in labels]
+                                           for length, peaks in scaling.items()])
+
+
+def markdown_report(results: dict) -> str:
+    """The tables of a ``--json`` file, as ``main`` printed them when it was measured."""
+    lines = [f"forward+backward, float32, B*H = {results['batch_heads']}, D = {results['dim']}, "
+             f"clock {results['clock']}, median of {results['rounds']} interleaved rounds; memory = peak RSS increase"]
+    for length, times in results["time_s"].items():
+        peaks = results["peak_bytes"].get(length, {})
+        labels = list(dict.fromkeys([*times, *peaks]))
+        lines += ["", f"L = {length}:", "", length_table(labels, times, peaks)]
+    if results.get("scaling_bytes"):
+        lines += ["", "Peak extra memory (MB) of forward+backward against L:", "", scaling_table(results["scaling_bytes"])]
+    return "\n".join(lines)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--report"]:  # the tables of a saved --json file
+        with open(argv[1]) as f:
+            print(markdown_report(json.load(f)))
+        return 0
     if argv[:1] == ["--_peak"]:
         label, bh, length, dim = argv[1], *map(int, argv[2:5])
         print(measure_peak_here(label, bh, length, dim))
@@ -176,25 +212,17 @@ def main(argv: Optional[List[str]] = None) -> int:
         times = {} if args.no_time else time_length(fit, bh, length, dim, args.rounds, clock)
         peaks = {} if args.no_memory else {label: measure_peak(label, bh, length, dim) for label in fit}
         results["time_s"][length], results["peak_bytes"][length] = times, peaks
-        base = times.get(MATH)
-        rows = []
-        for label in labels:
-            t = times.get(label)
-            rows.append([label, "skipped" if t is None else f"{t:.3f}",
-                         "n/a" if t is None or base is None else f"{t / base:.2f}", _mb(peaks.get(label))])
         print(f"\n## L = {length}\n")
-        print(markdown_table(["candidate", "time (s)", f"x {MATH}", "peak extra (MB)"], rows))
+        print(length_table(labels, times, peaks))
         sys.stdout.flush()
     if not args.no_memory and args.memory_lengths:
         scaling_labels = [label for label in ("ev_softmax (blockwise)", *PROJECTION, MATH) if label in labels]
-        rows = []
         for length in [int(x) for x in args.memory_lengths.split(",") if x]:
-            peaks = {label: (measure_peak(label, bh, length, dim) if dense_fits(label, bh, length, args.dense_limit_gb)
-                             else None) for label in scaling_labels}
-            results["scaling_bytes"][length] = peaks
-            rows.append([length] + [_mb(peaks[label]) for label in scaling_labels])
+            results["scaling_bytes"][length] = {
+                label: (measure_peak(label, bh, length, dim) if dense_fits(label, bh, length, args.dense_limit_gb)
+                        else None) for label in scaling_labels}
         print("\n## Peak extra memory (MB) of forward+backward against L\n")
-        print(markdown_table(["L"] + scaling_labels, rows))
+        print(scaling_table(results["scaling_bytes"]))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)

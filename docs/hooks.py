@@ -3,13 +3,18 @@
 Their Markdown is generated (``sparsenorm reproduce --index results/``, the experiments' reports)
 or kept beside the code it describes (benchmarks/README.md), so the site takes the files where
 they are instead of a copy that could drift. A folder's README.md becomes its index page, and the
-figures next to a report are copied with it, so the reports' relative links resolve. A link
+figures next to a report are copied with it, so the reports' relative links resolve. The
+benchmarks' committed JSON results become a generated page, benchmarks/results.md (tables and a
+memory plot). A link
 from those files into docs/ (right when read on GitHub) is rewritten to where that page is on the site.
 """
 from __future__ import annotations
 
 import importlib
+import io
+import json
 import re
+import sys
 from pathlib import Path
 
 from mkdocs.structure.files import File
@@ -19,13 +24,72 @@ FOLDERS = ("results", "benchmarks")
 SUFFIXES = {".md", ".png", ".svg"}
 
 
+def on_config(config):
+    # This checkout's sparsenorm and benchmarks, however mkdocs was started (MkDocs restores
+    # sys.path after loading a hook, so this is done here rather than at import).
+    if str(REPO_ROOT) not in sys.path:
+        sys.path.insert(0, str(REPO_ROOT))
+    return config
+
+
 def on_files(files, config):
     for folder in FOLDERS:
         for path in sorted((REPO_ROOT / folder).rglob("*")):
             if path.is_file() and path.suffix in SUFFIXES:
                 files.append(File(path.relative_to(REPO_ROOT).as_posix(), str(REPO_ROOT), config["site_dir"],
                                   config["use_directory_urls"]))
+    page, figures = benchmark_results_page()
+    files.append(File.generated(config, "benchmarks/results.md", content=page))
+    for name, png in figures.items():
+        files.append(File.generated(config, f"benchmarks/{name}", content=png))
     return files
+
+
+def benchmark_results_page():
+    """benchmarks/results/*.json (attention reports) as Markdown tables, with a plot of peak memory
+    against L per candidate where matplotlib is installed. Returns (markdown, {file name: PNG bytes})."""
+    from benchmarks.bench_attention import markdown_report
+
+    lines = ["# Benchmark results (generated)", "",
+             "Rendered at build time from the JSON files committed under `benchmarks/results/` "
+             "(`python -m benchmarks.bench_attention --report FILE` prints the same tables). The method "
+             "is in [Benchmarks](README.md); the commit that added each file says where it was measured."]
+    figures = {}
+    for path in sorted((REPO_ROOT / "benchmarks" / "results").glob("*.json")):
+        results = json.loads(path.read_text())
+        lines += ["", f"## `{path.name}`", "", markdown_report(results)]
+        png = memory_plot(results)
+        if png is not None:
+            figures[path.stem + "_memory.png"] = png
+            lines += ["", f"![Peak extra memory against L, {path.stem}]({path.stem}_memory.png)"]
+    return "\n".join(lines) + "\n", figures
+
+
+def memory_plot(results):
+    """Peak extra memory (MB) against L, log-log, one line per candidate; None without matplotlib."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    series = {}
+    for table in ("peak_bytes", "scaling_bytes"):
+        for length, peaks in results.get(table, {}).items():
+            for label, peak in peaks.items():
+                if peak is not None:
+                    series.setdefault(label, {})[int(length)] = peak / 2**20
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    for label, points in series.items():
+        lengths = sorted(points)
+        ax.plot(lengths, [points[n] for n in lengths], marker="o", label=label)
+    ax.set(xscale="log", yscale="log", xlabel="sequence length L", ylabel="peak extra memory (MB)",
+           title=f"forward+backward, float32, CPU, B*H = {results['batch_heads']}, D = {results['dim']}")
+    ax.legend(fontsize=8)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return buffer.getvalue()
 
 
 def on_page_markdown(markdown, page, config, files):

@@ -104,7 +104,8 @@ def test_every_public_name_has_an_api_entry(site):
 @needs_docs_tools
 def test_site_has_every_nav_page_and_the_generated_results(site):
     for page in ("index.html", "getting-started.html", "guide/errors.html", "api/normalizers.html",
-                 "results/index.html", "results/full/cvae/report.html", "benchmarks/index.html"):
+                 "results/index.html", "results/full/cvae/report.html", "benchmarks/index.html",
+                 "benchmarks/results.html"):
         assert (site / page).is_file(), page
     assert (site / "results/full/cvae/fig3_curves.png").is_file()  # the reports' figures come along
     assert not list(site.rglob("*bench*.py")) and not (site / "hooks.py").exists()

@@ -29,3 +29,16 @@ def test_peak_memory_of_one_forward_backward_is_measured():
     finally:
         torch.set_num_threads(threads)
     assert peak >= 2 * 512 * 512 * 4  # at least the score matrix
+
+
+def test_report_of_a_saved_json_repeats_the_printed_tables(tmp_path, capsys):
+    """--json then --report FILE: the same tables (the docs' benchmark page renders saved files this way)."""
+    path = tmp_path / "attention.json"
+    assert bench_attention.main(["--lengths", "32", "--rounds", "1", "--no-memory", "--batch-heads", "2",
+                                 "--dim", "8", "--candidates", "sdpa (math),ev_softmax (blockwise)",
+                                 "--json", str(path)]) == 0
+    printed = capsys.readouterr().out
+    assert bench_attention.main(["--report", str(path)]) == 0
+    report = capsys.readouterr().out
+    table = printed[printed.index("| candidate"):].strip()
+    assert table and table in report
