@@ -109,20 +109,27 @@ ROLE = re.compile(r":(?:func|class|meth|mod|attr|data|exc|obj):<code>~?\.?([\w.]
 ANCHOR = re.compile(r'id="(sparsenorm(?:\.\w+)*)"')
 
 
-def _importable(path: str) -> bool:
+def resolve(path: str):
+    """The object a dotted path names (the longest importable module prefix, then attributes);
+    ImportError or AttributeError where it names nothing. tests/test_docs.py uses it too."""
     parts = path.split(".")
     for cut in range(len(parts), 0, -1):
         try:
             obj = importlib.import_module(".".join(parts[:cut]))
         except ImportError:
             continue
-        try:
-            for attr in parts[cut:]:
-                obj = getattr(obj, attr)
-        except AttributeError:
-            return False
-        return True
-    return False
+        for attr in parts[cut:]:
+            obj = getattr(obj, attr)
+        return obj
+    raise ImportError(path)
+
+
+def _importable(path: str) -> bool:
+    try:
+        resolve(path)
+    except (ImportError, AttributeError):
+        return False
+    return True
 
 
 def on_page_content(html, page, config, files):
