@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ._validation import normalize
+from ._validation import check_floating, normalize
 
 from . import evidential, hourglass, rsoftmax
 from .entmax import entmax15, entmax_bisect, sparsemax
@@ -96,6 +96,7 @@ def _masked_log_softmax(x: Tensor, dim: int = -1, mask: Optional[Tensor] = None)
 
 def _softmax_multilabel_loss(logits: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
     """Cross-entropy to the normalized label vector ``y / |y|`` (rows with no label give 0)."""
+    check_floating(logits, "logits")
     dist = target / target.sum(dim=1, keepdim=True).clamp_min(1)
     return F.cross_entropy(logits, dist, reduction=reduction)
 

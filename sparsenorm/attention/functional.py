@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .. import registry
-from .._validation import check_floating, check_param, compute_dtype
+from .._validation import check_attention_batch, check_floating, check_param, compute_dtype
 from . import stats
 from .blockwise import ev_softmax_attention_blockwise
 from .masks import causal_keep, combine_keep, split_mask
@@ -48,6 +48,7 @@ def _check_inputs(query: Tensor, key: Tensor, value: Tensor, dropout_p: float, s
         raise ValueError(f"query and key must have the same last dimension, got {query.shape[-1]} and {key.shape[-1]}")
     if key.shape[-2] != value.shape[-2]:
         raise ValueError(f"key and value must have the same length (dim -2), got {key.shape[-2]} and {value.shape[-2]}")
+    check_attention_batch(query, key, value)
     if not (key.dtype == value.dtype == query.dtype):
         raise TypeError(f"query, key and value must have one dtype, got {query.dtype}, {key.dtype}, {value.dtype}")
     check_param(dropout_p, "dropout_p", low=0.0, high=1.0, high_inclusive=False)

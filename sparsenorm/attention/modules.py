@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .._validation import check_multihead_inputs
 from . import stats
 from .functional import resolve_normalizer, sparse_attention
 
@@ -75,6 +76,9 @@ class MultiheadAttention(nn.MultiheadAttention):
     def forward(self, query: Tensor, key: Tensor, value: Tensor, key_padding_mask: Optional[Tensor] = None,
                 need_weights: bool = True, attn_mask: Optional[Tensor] = None,
                 average_attn_weights: bool = True, is_causal: bool = False) -> Tuple[Tensor, Optional[Tensor]]:
+        check_multihead_inputs(query, key, value, embed_dim=self.embed_dim, kdim=self.kdim, vdim=self.vdim,
+                               num_heads=self.num_heads, batch_first=self.batch_first,
+                               key_padding_mask=key_padding_mask, attn_mask=attn_mask)
         batched = query.dim() == 3
         if not batched:  # (L, E): one sequence
             query, key, value = query.unsqueeze(1), key.unsqueeze(1), value.unsqueeze(1)
