@@ -25,34 +25,49 @@ def _order_statistics(x: Tensor, rank: Union[int, Tensor]):
     ``rank`` is 0-based ascending (an int shared by all rows, or a ``(..., 1)`` long tensor);
     ``rank + 1`` is clamped to ``n - 1``. Uses ``torch.topk`` from whichever end of the row is
     nearer: O(n) selection per row, no full sort.
+
+    The indices are those of the stable ascending sort (ties in index order), as in the C++
+    kernel and :func:`quantile_threshold_sorted`: ``topk`` orders ties arbitrarily, so they are
+    found by :func:`_stable_rank_index`. (With ties at the quantile, ``d tau / d x`` goes to that
+    one entry; this path used to pick another tied entry than the kernel, so the two paths gave
+    different gradients.)
     """
     n = x.shape[-1]
     if isinstance(rank, int):
         if rank >= n - 1:
-            idx = x.argmax(-1, keepdim=True)
-            v = x.gather(-1, idx)
+            v = x.amax(-1, keepdim=True)
+            idx = _stable_rank_index(x, v, n - 1)
             return v, v, idx, idx
         if rank + 2 <= n - rank:  # the rank + 2 smallest; the two largest of them
-            vals, ids = torch.topk(x, rank + 2, -1, largest=False, sorted=False)
-            two, j = torch.topk(vals, 2, -1, largest=True, sorted=True)
+            vals, _ = torch.topk(x, rank + 2, -1, largest=False, sorted=False)
+            two, _ = torch.topk(vals, 2, -1, largest=True, sorted=True)
             hi, lo = two.split(1, -1)
-            hi_idx, lo_idx = ids.gather(-1, j).split(1, -1)
         else:  # the n - rank largest; the two smallest of them
-            vals, ids = torch.topk(x, n - rank, -1, largest=True, sorted=False)
-            two, j = torch.topk(vals, 2, -1, largest=False, sorted=True)
+            vals, _ = torch.topk(x, n - rank, -1, largest=True, sorted=False)
+            two, _ = torch.topk(vals, 2, -1, largest=False, sorted=True)
             lo, hi = two.split(1, -1)
-            lo_idx, hi_idx = ids.gather(-1, j).split(1, -1)
-        return lo, hi, lo_idx, hi_idx
+        return lo, hi, _stable_rank_index(x, lo, rank), _stable_rank_index(x, hi, rank + 1)
     rank_hi = (rank + 1).clamp_(max=n - 1)
     k_small = int(rank_hi.max()) + 1
     k_large = n - int(rank.min())
     if k_small <= k_large:
-        vals, ids = torch.topk(x, k_small, -1, largest=False, sorted=True)
+        vals, _ = torch.topk(x, k_small, -1, largest=False, sorted=True)
         pos_lo, pos_hi = rank, rank_hi
     else:  # descending: rank rho sits at position n - 1 - rho
-        vals, ids = torch.topk(x, k_large, -1, largest=True, sorted=True)
+        vals, _ = torch.topk(x, k_large, -1, largest=True, sorted=True)
         pos_lo, pos_hi = n - 1 - rank, n - 1 - rank_hi
-    return vals.gather(-1, pos_lo), vals.gather(-1, pos_hi), ids.gather(-1, pos_lo), ids.gather(-1, pos_hi)
+    lo, hi = vals.gather(-1, pos_lo), vals.gather(-1, pos_hi)
+    return lo, hi, _stable_rank_index(x, lo, rank), _stable_rank_index(x, hi, rank_hi)
+
+
+def _stable_rank_index(x: Tensor, value: Tensor, rank: Union[int, Tensor]) -> Tensor:
+    """The index of ``x_(rank)`` (whose value is ``value``, shape ``(..., 1)``) in the stable
+    ascending sort of each row: among the entries equal to it, the ``(rank - #{x < value})``-th
+    in index order. Sync-free, O(n)."""
+    equal = x == value
+    wanted = rank - (x < value).sum(-1, keepdim=True)
+    occurrence = equal.cumsum(-1) - 1
+    return (equal & (occurrence == wanted)).to(torch.uint8).argmax(-1, keepdim=True)
 
 
 def quantile_threshold(x: Tensor, r: Union[float, Tensor]):
