@@ -18,8 +18,10 @@ reproduce-full: venv
 test: venv
 	.venv/bin/python -m pytest -q -n 2
 
+# The slow tests, then the fuzz suite with its large, randomized budget (tests/fuzz/fuzz_inputs.py).
 test-slow: venv
 	.venv/bin/python -m pytest -q -m slow
+	SPARSENORM_FUZZ_PROFILE=fuzz-slow .venv/bin/python -m pytest -q tests/fuzz
 
 # Normalizers (ratios to softmax and to the entmax package), then attention (ratios to SDPA, peak memory).
 bench: venv

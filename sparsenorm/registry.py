@@ -95,10 +95,21 @@ def _masked_log_softmax(x: Tensor, dim: int = -1, mask: Optional[Tensor] = None)
 
 
 def _softmax_multilabel_loss(logits: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
-    """Cross-entropy to the normalized label vector ``y / |y|`` (rows with no label give 0)."""
+    """Cross-entropy to the normalized label vector ``y / |y|`` (rows with no label give 0), reduced
+    as ``F.cross_entropy`` with probability targets ('mean' divides by the number of rows).
+
+    Classes that are not there (``-inf``, ``<= finfo.min / 2``) have log-probability ``-inf``;
+    only labelled classes enter the sum, so an unlabelled class that is not there adds 0, not
+    ``0 * -inf = NaN`` as ``F.cross_entropy`` gives (found by the fuzz suite)."""
     check_floating(logits, "logits")
+    if reduction not in ("mean", "sum", "none"):
+        raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
     dist = target / target.sum(dim=1, keepdim=True).clamp_min(1)
-    return F.cross_entropy(logits, dist, reduction=reduction)
+    log_p = _masked_log_softmax(logits, dim=1)
+    per_row = -torch.where(dist > 0, dist * log_p, torch.zeros((), dtype=log_p.dtype)).sum(1)
+    if reduction == "none":
+        return per_row
+    return per_row.sum() if reduction == "sum" else per_row.mean()
 
 
 def _build() -> Dict[str, Normalizer]:

@@ -12,8 +12,8 @@ Both are a *weighted softmax* ``p_i = w_i exp(x_i) / sum_j w_j exp(x_j)`` with t
 Layering: the registered operator ``sparsenorm::r_softmax_threshold`` (``sparsenorm.kernels.ops``)
 finds the quantile's two order statistics (on CPU by ``torch.topk`` from the nearer end of the row,
 no full sort; elsewhere by a sync-free sort); :func:`_weighted_softmax` evaluates the weighted
-softmax as ``softmax(x) * w`` renormalized (torch's fused softmax does the exponentials); the
-``autograd.Function`` classes save the output ``p`` plus one tensor, ``max(w, tiny)`` (the
+softmax as ``w exp(x - max)`` normalized; the
+``autograd.Function`` classes save the output ``p`` plus one tensor, the Jacobian's ``e = p / w`` (the
 Jacobian has ``1 / w_i`` terms, so one tensor beyond the output is unavoidable), and per-row
 indices, and apply the closed-form backward below; :func:`t_softmax` / :func:`r_softmax` validate
 and go through the entry path (``sparsenorm._validation.normalize``); the modules
@@ -92,16 +92,16 @@ class TSoftmaxFunction(Function):
     @staticmethod
     def forward(ctx, x: Tensor, t: Union[float, Tensor]) -> Tensor:
         m, argmax = _row_max_and_argmax(x)
-        p, w_safe, dead = _weighted_softmax(x, m - t, m)  # t below max(x)'s resolution: one-hot limit
+        p, e, dead = _weighted_softmax(x, m - t, m)  # t below max(x)'s resolution: one-hot limit
         ctx.t_shape = t.shape if isinstance(t, Tensor) else None
-        ctx.save_for_backward(p, w_safe, argmax, dead)
+        ctx.save_for_backward(p, e, argmax, dead)
         return p
 
     @staticmethod
     @_first_order_only
     def backward(ctx, g: Tensor):
-        p, w_safe, argmax, dead = ctx.saved_tensors
-        grad, c = _backward_common(g, p, w_safe, dead)
+        p, e, argmax, dead = ctx.saved_tensors
+        grad, c = _backward_common(g, p, e, dead)
         grad.scatter_add_(-1, argmax, c)  # d tau / d x = indicator of the arg-max
         grad_t = None
         if ctx.t_shape is not None and ctx.needs_input_grad[1]:
