@@ -1,6 +1,6 @@
 """Same seed, same parameters (issue 25, item 5): one training step of each experiment, twice from
 the same seed, gives bitwise-identical parameters, with and without
-``torch.use_deterministic_algorithms(True)`` (restored after).
+``torch.use_deterministic_algorithms(True)`` (the ``deterministic_mode`` fixture, ``tests/conftest.py``).
 
 Each experiment's own model and loss at the tiny sizes its tests use; one step of Adam (the
 fine-tuning experiment: its own ``fine_tune`` for one step). The normalizers with fused CPU kernels
@@ -9,7 +9,6 @@ them where the experiment takes a normalizer.
 """
 from __future__ import annotations
 
-import contextlib
 import random
 
 import numpy as np
@@ -33,19 +32,6 @@ def normalizers(headline: str):
                                             for n in KERNEL_NORMALIZERS])
 
 
-MODES = pytest.mark.parametrize("deterministic", [False, True], ids=["default", "use_deterministic_algorithms"])
-
-
-@contextlib.contextmanager
-def deterministic_algorithms(on: bool):
-    before, warn_only = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
-    torch.use_deterministic_algorithms(on)
-    try:
-        yield
-    finally:
-        torch.use_deterministic_algorithms(before, warn_only=warn_only)
-
-
 def one_adam_step(build, loss_of, seed=0):
     """Parameters after one Adam step of ``loss_of(model)`` from ``build()``, all seeded by ``seed``."""
     torch.manual_seed(seed)
@@ -64,9 +50,8 @@ def assert_same_parameters(first, second):
         assert torch.equal(first[key], second[key]), f"parameter {key} differs between two seeded runs"
 
 
-def run_twice(deterministic, step):
-    with deterministic_algorithms(deterministic):
-        first, second, other_seed = step(0), step(0), step(1)
+def run_twice(step):
+    first, second, other_seed = step(0), step(0), step(1)
     assert_same_parameters(first, second)
     assert any(not torch.equal(first[k], other_seed[k]) for k in first), "the seed must matter"
 
@@ -82,15 +67,13 @@ def _cvae_step(name, seed):
         seed)
 
 
-@MODES
 @normalizers("ev_softmax")
-def test_cvae_step(name, deterministic):
-    run_twice(deterministic, lambda seed: _cvae_step(name, seed))
+def test_cvae_step(name, deterministic_mode):
+    run_twice(lambda seed: _cvae_step(name, seed))
 
 
-@MODES
 @normalizers("ev_softmax")
-def test_ssvae_step(name, deterministic):
+def test_ssvae_step(name, deterministic_mode):
     norm = registry.get(name)
 
     def step(seed):
@@ -105,12 +88,11 @@ def test_ssvae_step(name, deterministic):
 
         return one_adam_step(ssvae_model.M2, loss, seed)
 
-    run_twice(deterministic, step)
+    run_twice(step)
 
 
-@MODES
 @normalizers("ev_softmax")
-def test_vqvae_prior_step(name, deterministic):
+def test_vqvae_prior_step(name, deterministic_mode):
     norm = registry.get(name)
 
     def step(seed):
@@ -123,12 +105,11 @@ def test_vqvae_prior_step(name, deterministic):
 
         return one_adam_step(lambda: GatedPixelCNN(n_codes=11, n_classes=3, dim=8, layers=3), loss, seed)
 
-    run_twice(deterministic, step)
+    run_twice(step)
 
 
-@MODES
 @normalizers("r_softmax")
-def test_multilabel_step(name, deterministic):
+def test_multilabel_step(name, deterministic_mode):
     method = ml.methods_for([name])[0]
 
     def step(seed):
@@ -139,12 +120,11 @@ def test_multilabel_step(name, deterministic):
         return one_adam_step(lambda: ml.MultilabelNet(8, 5, hidden=16, count_head=method.count_head),
                              lambda model: ml.training_loss(method, model, x, y), seed)
 
-    run_twice(deterministic, step)
+    run_twice(step)
 
 
-@MODES
 @normalizers("ev_softmax")
-def test_translation_step(name, deterministic):
+def test_translation_step(name, deterministic_mode):
     from sparsenorm.experiments.evsoftmax_translation.model import BOS, EOS, SITES
     from sparsenorm.experiments.evsoftmax_translation.train import train
 
@@ -161,12 +141,11 @@ def test_translation_step(name, deterministic):
                 "checkpoint": None, "checkpoint_every": 2, "resume": False}
         return {k: v.detach().clone() for k, v in train(spec, examples, torch.device("cpu"))["model"].state_dict().items()}
 
-    run_twice(deterministic, step)
+    run_twice(step)
 
 
-@MODES
 @normalizers("r_softmax")
-def test_finetune_step(name, deterministic, tmp_path_factory):
+def test_finetune_step(name, deterministic_mode, tmp_path_factory):
     pytest.importorskip("transformers", reason="the [hf] extra is not installed")
     from transformers import BertConfig, BertForSequenceClassification, BertTokenizerFast
 
@@ -192,4 +171,4 @@ def test_finetune_step(name, deterministic, tmp_path_factory):
                            max_steps=1)
         return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
-    run_twice(deterministic, step)
+    run_twice(step)

@@ -1,5 +1,6 @@
 """Same seed, same numbers (issue 25, item 5): every public function gives bitwise-identical values
-and gradients on two calls, with and without ``torch.use_deterministic_algorithms(True)``.
+and gradients on two calls, with and without ``torch.use_deterministic_algorithms(True)`` (the ``deterministic_mode`` fixture,
+``tests/conftest.py``).
 
 The functions come from the registry (every normalizer's forms and losses) plus the public
 functions outside it (``sparsemax_bisect``, ``posthoc_evidential``, attention, ``marginalize``).
@@ -65,16 +66,6 @@ def _mha(q, k, v):
     return MHA(*(t.transpose(1, 2).flatten(2) for t in (q, k, v)))[0]
 
 
-@contextlib.contextmanager
-def deterministic_algorithms(on: bool):
-    before, warn_only = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
-    torch.use_deterministic_algorithms(on)
-    try:
-        yield
-    finally:
-        torch.use_deterministic_algorithms(before, warn_only=warn_only)
-
-
 def value_and_grad(fn, *inputs, seed=0):
     inputs = [t.detach().clone().requires_grad_(True) for t in inputs]
     torch.manual_seed(seed)  # dropout
@@ -99,29 +90,19 @@ PATHS = ["kernel", "reference"]
 
 
 @pytest.mark.parametrize("path", PATHS)
-@pytest.mark.parametrize("deterministic", [False, True], ids=["default", "use_deterministic_algorithms"])
 @pytest.mark.parametrize("label,fn", list(functions()), ids=[label for label, _ in functions()])
-def test_function_gives_the_same_bits_twice(label, fn, deterministic, path):
+def test_function_gives_the_same_bits_twice(label, fn, deterministic_mode, path):
     x = scores()
-    with deterministic_algorithms(deterministic), (kernels.disabled() if path == "reference" else contextlib.nullcontext()):
+    with kernels.disabled() if path == "reference" else contextlib.nullcontext():
         first, second = value_and_grad(fn, x), value_and_grad(fn, x)
     assert_bitwise_equal(first, second, label)
 
 
-@pytest.mark.parametrize("deterministic", [False, True], ids=["default", "use_deterministic_algorithms"])
 @pytest.mark.parametrize("label,fn", list(attention_functions()), ids=[label for label, _ in attention_functions()])
-def test_attention_gives_the_same_bits_twice_with_the_same_seed(label, fn, deterministic):
+def test_attention_gives_the_same_bits_twice_with_the_same_seed(label, fn, deterministic_mode):
     gen = torch.Generator().manual_seed(1)
     q, k, v = (torch.randn(2, 4, 40, 4, generator=gen) for _ in range(3))
-    with deterministic_algorithms(deterministic):
-        first, second = value_and_grad(fn, q, k, v, seed=0), value_and_grad(fn, q, k, v, seed=0)
-        other_seed = value_and_grad(fn, q, k, v, seed=1)
+    first, second = value_and_grad(fn, q, k, v, seed=0), value_and_grad(fn, q, k, v, seed=0)
+    other_seed = value_and_grad(fn, q, k, v, seed=1)
     assert_bitwise_equal(first, second, label)
     assert not torch.equal(first[0], other_seed[0]), "dropout must follow the seed"
-
-
-def test_deterministic_algorithms_setting_is_restored():
-    before = torch.are_deterministic_algorithms_enabled()
-    with deterministic_algorithms(not before):
-        assert torch.are_deterministic_algorithms_enabled() is (not before)
-    assert torch.are_deterministic_algorithms_enabled() is before
