@@ -28,9 +28,10 @@ Closed-form backward. With ``e_i = exp(x_i) / sum_j w_j exp(x_j)`` on the suppor
 
 where ``d tau / d x`` is the indicator of the arg-max (t-softmax) or puts ``1 - frac`` on the
 order statistic ``x_(lo)`` and ``frac`` on ``x_(hi)`` (r-softmax; ``lo = floor(r (n - 1))``).
-With ``h = p (g - <g, p>)`` (softmax's own backward, torch's fused kernel), ``e_j (g_j - <g, p>) =
-h_j / w_j``, so ``dL/dx = h + h / w`` plus the ``C`` term, and ``C = -sum(h + h / w)`` because
-``sum(h) = 0``: softmax's backward, one ``addcdiv`` and one sum.
+``C = -sum_j (p_j + e_j)(g_j - <g, p>)`` because ``sum_j p_j (g_j - <g, p>) = 0``. ``e_j = p_j / w_j``
+is computed as ``exp(x_j - max) * p_top / w_top`` (the arg-max's ``exp`` is 1), never from a
+subnormal ``p_j`` (whose quotient by ``w_j`` has no correct digit); a zero ``g_j - <g, p>`` gives 0
+even where ``e_j`` overflows (``w_j`` below ``1 / finfo.max``).
 
 """
 from __future__ import annotations
