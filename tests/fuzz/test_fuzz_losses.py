@@ -19,7 +19,8 @@ the result to the output dtype. Its gradient is ``J^T v`` plus terms that are ex
 Jacobian, has entries up to the oracle's ``grad_scale`` (``1 + 1 / w_eff`` for r-/t-softmax,
 whose ``e = p / w`` is huge where the quantile sits within rounding of an entry; 1 for the
 others), so the kernel and reference gradients may differ by ``4 (C + 1) grad_scale`` times
-that error, plus each one's rounding to the output dtype. Where even ``C (C + 1) grad_scale``
+that error, plus each one's rounding to the output dtype. A row whose float64 loss exceeds the
+dtype's range (float16 hinges over logits near 1e4) is only checked for its ignored-row zero. Where even ``C (C + 1) grad_scale``
 overflows the dtype the exact gradient is not representable and its finiteness is not asserted.
 """
 from __future__ import annotations
@@ -109,8 +110,14 @@ def test_loss_on_fuzzed_input(name, kind, data):
     c = logits.shape[1]
     tol = C_OPS * (c + 2) * torch.finfo(compute_dtype(logits)).eps * z_max
     rows = per_row.double()
-    assert torch.isfinite(rows).all(), f"loss not finite: {rows.tolist()}"
+    # the pair hinges sum |z_i - z_j| over up to C^2 pairs: in float16 the exact loss itself may
+    # exceed finfo.max (e.g. logits near 1e4); finiteness is asserted where the float64 loss fits
+    exact = loss(logits.detach().double(), target if kind == "single" else target.double(), reduction="none")
+    fits = exact.abs() < torch.finfo(logits.dtype).max / 2
+    assert torch.isfinite(rows[fits]).all(), f"loss not finite: {rows.tolist()}"
     assert (rows[~counted] == 0).all(), "an ignored row must give exactly 0"
+    if not fits.all():
+        return
     assert (rows >= -tol).all(), f"negative loss beyond rounding ({tol:.3g}): {rows.tolist()}"
     jac = jacobian_scale(name, logits)
     representable = C_OPS * (c + 1) * jac < torch.finfo(logits.dtype).max
