@@ -18,8 +18,10 @@ reproduce-full: venv
 test: venv
 	.venv/bin/python -m pytest -q -n 2
 
+# The slow tests, then the fuzz suite with its large, randomized budget (tests/fuzz/fuzz_inputs.py).
 test-slow: venv
 	.venv/bin/python -m pytest -q -m slow
+	SPARSENORM_FUZZ_PROFILE=fuzz-slow .venv/bin/python -m pytest -q tests/fuzz
 
 # The kernel and accuracy tests at every SIMD level this CPU runs (DEFAULT, AVX2, AVX512), each
 # level's kernels built for it; a level whose kernels do not build fails.

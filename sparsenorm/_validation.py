@@ -114,7 +114,9 @@ def check_param(
 ) -> None:
     """Raise ``ValueError`` naming ``name`` if ``value`` (number or tensor) leaves the given range.
 
-    NaN parameters are rejected too: a NaN ``t`` or ``r`` is a bug in the caller, not data.
+    NaN and infinite parameters are rejected too: a NaN ``t`` or ``r`` is a bug in the caller, not
+    data, and no parameter has a usable infinite value (``t = inf``, ``q = inf`` or an infinite
+    attention ``scale`` gave NaN, ``alpha = inf`` the uniform distribution instead of its limit).
     Tensor values are checked where :func:`value_checks_enabled` allows it.
     """
     if isinstance(value, Tensor):
@@ -125,12 +127,16 @@ def check_param(
         v = value.detach()
         if torch.isnan(v).any():
             raise ValueError(f"{name} contains NaN")
+        if torch.isinf(v).any():
+            raise ValueError(f"{name} must be finite, got {float(v[torch.isinf(v)][0])}")
         vmin, vmax = float(v.min()), float(v.max())
     else:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise TypeError(f"{name} must be a number or a tensor, got {type(value).__name__}")
         if value != value:
             raise ValueError(f"{name} is NaN")
+        if math.isinf(value):
+            raise ValueError(f"{name} must be finite, got {value}")
         vmin = vmax = float(value)
     if low is not None and (vmin < low or (not low_inclusive and vmin == low)):
         op = ">=" if low_inclusive else ">"
@@ -145,8 +151,6 @@ def check_eps(eps: float) -> None:
     if isinstance(eps, Tensor):
         raise TypeError("eps must be a Python number, not a tensor")
     check_param(eps, "eps", low=0.0)
-    if math.isinf(eps):
-        raise ValueError(f"eps must be finite, got {eps}")
 
 
 def check_k(k: Optional[int]) -> None:
@@ -164,6 +168,55 @@ def check_n_iter(n_iter: int) -> None:
         raise TypeError(f"n_iter must be a positive int, got {type(n_iter).__name__}")
     if n_iter < 1:
         raise ValueError(f"n_iter must be >= 1, got {n_iter}")
+
+
+# ---------------------------------------------------------------------------------------- attention
+def check_attention_batch(query: Tensor, key: Tensor, value: Tensor) -> None:
+    """``query`` (..., Hq, L, E), ``key`` (..., Hk, S, E), ``value`` (..., Hk, S, Ev): the batch
+    dimensions (all but the last three) must broadcast, as in ``F.scaled_dot_product_attention``."""
+    batch = [tuple(t.shape[:-3]) for t in (query, key, value)]
+    try:
+        torch.broadcast_shapes(*batch)
+    except RuntimeError:
+        raise ValueError(
+            f"query, key and value batch dimensions (all but the last 3: heads, length, features) must "
+            f"broadcast, got {batch[0]}, {batch[1]} and {batch[2]}"
+        ) from None
+
+
+def check_multihead_inputs(query: Tensor, key: Tensor, value: Tensor, *, embed_dim: int, kdim: int, vdim: int,
+                           num_heads: int, batch_first: bool, key_padding_mask: Optional[Tensor],
+                           attn_mask: Optional[Tensor]) -> None:
+    """The shapes ``torch.nn.MultiheadAttention.forward`` accepts, checked before any projection:
+    ``query`` (L, E) unbatched or (L, N, E) ((N, L, E) with ``batch_first``), ``key``/``value`` the
+    same with length S and features ``kdim``/``vdim``, ``key_padding_mask`` (N, S) ((S,)
+    unbatched), ``attn_mask`` (L, S) or (N * num_heads, L, S)."""
+    for name, t, features in (("query", query, embed_dim), ("key", key, kdim), ("value", value, vdim)):
+        check_floating(t, name)
+        if t.dim() not in (2, 3):
+            raise ValueError(f"{name} must be 2-D (unbatched) or 3-D (batched), got shape {tuple(t.shape)}")
+        if t.dim() != query.dim():
+            raise ValueError(f"query, key and value must all be batched or all unbatched, got shapes "
+                             f"{tuple(query.shape)}, {tuple(key.shape)}, {tuple(value.shape)}")
+        if t.shape[-1] != features:
+            raise ValueError(f"{name} must have {features} features (last dim), got shape {tuple(t.shape)}")
+    seq_axis = 1 if (batch_first and query.dim() == 3) else 0
+    if key.shape[:-1] != value.shape[:-1]:
+        raise ValueError(f"key and value must have the same length and batch, got shapes {tuple(key.shape)} "
+                         f"and {tuple(value.shape)}")
+    if query.dim() == 3 and query.shape[1 - seq_axis] != key.shape[1 - seq_axis]:
+        raise ValueError(f"query and key must have the same batch size, got shapes {tuple(query.shape)} and "
+                         f"{tuple(key.shape)}")
+    L, S = query.shape[seq_axis], key.shape[seq_axis]
+    if key_padding_mask is not None:
+        expected = (query.shape[1 - seq_axis], S) if query.dim() == 3 else (S,)
+        if tuple(key_padding_mask.shape) != expected:
+            raise ValueError(f"key_padding_mask must have shape {expected} (batch, key length), got "
+                             f"{tuple(key_padding_mask.shape)}")
+    if attn_mask is not None:
+        allowed = [(L, S)] + ([(query.shape[1 - seq_axis] * num_heads, L, S)] if query.dim() == 3 else [(num_heads, L, S)])
+        if tuple(attn_mask.shape) not in allowed:
+            raise ValueError(f"attn_mask must have shape {' or '.join(map(str, allowed))}, got {tuple(attn_mask.shape)}")
 
 
 # ---------------------------------------------------------------------------------------- entry path

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ._validation import mark_not_there
+from ._validation import check_floating, normalize
 
 from . import evidential, hourglass, rsoftmax
 from .entmax import entmax15, entmax_bisect, sparsemax
@@ -96,26 +96,45 @@ class Normalizer:
         return self.forward(layer(features), dim=-1)
 
 
+def _softmax_rows(z: Tensor) -> Tensor:
+    empty = (z == float("-inf")).all(-1, keepdim=True)  # NaN is there: a NaN row stays NaN
+    return torch.softmax(z, -1).masked_fill(empty, 0.0)
+
+
+def _log_softmax_rows(z: Tensor) -> Tensor:
+    empty = (z == float("-inf")).all(-1, keepdim=True)
+    return torch.log_softmax(z.masked_fill(empty, 0.0), -1).masked_fill(empty | (z == float("-inf")),
+                                                                        float("-inf"))
+
+
 def _masked_softmax(x: Tensor, dim: int = -1, mask: Optional[Tensor] = None) -> Tensor:
     """``torch.softmax`` with sparsenorm's "not there" rule (``mask``, ``-inf``, ``<= finfo.min / 2``):
-    such entries get exactly 0, and a row with none there gives zeros (not NaN)."""
-    z = mark_not_there(x, mask)
-    out = torch.softmax(z, dim).masked_fill(~(z > float("-inf")).any(dim, keepdim=True), 0.0)
-    return out.to(x.dtype)
+    such entries get exactly 0, and a row with none there gives zeros (not NaN); through the one
+    entry path (``_validation.normalize``), so argument checks and dtypes are those of every normalizer."""
+    return normalize(_softmax_rows, x, dim, mask)
 
 
 def _masked_log_softmax(x: Tensor, dim: int = -1, mask: Optional[Tensor] = None) -> Tensor:
     """``torch.log_softmax`` with the "not there" rule (log 0 = ``-inf``)."""
-    z = mark_not_there(x, mask)
-    empty = ~(z > float("-inf")).any(dim, keepdim=True)
-    return torch.log_softmax(z.masked_fill(empty, 0.0), dim).masked_fill(empty | (z == float("-inf")),
-                                                                          float("-inf")).to(x.dtype)
+    return normalize(_log_softmax_rows, x, dim, mask)
 
 
 def _softmax_multilabel_loss(logits: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
-    """Cross-entropy to the normalized label vector ``y / |y|`` (rows with no label give 0)."""
+    """Cross-entropy to the normalized label vector ``y / |y|`` (rows with no label give 0), reduced
+    as ``F.cross_entropy`` with probability targets ('mean' divides by the number of rows).
+
+    Classes that are not there (``-inf``, ``<= finfo.min / 2``) have log-probability ``-inf``;
+    only labelled classes enter the sum, so an unlabelled class that is not there adds 0, not
+    ``0 * -inf = NaN`` as ``F.cross_entropy`` gives (found by the fuzz suite)."""
+    check_floating(logits, "logits")
+    if reduction not in ("mean", "sum", "none"):
+        raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
     dist = target / target.sum(dim=1, keepdim=True).clamp_min(1)
-    return F.cross_entropy(logits, dist, reduction=reduction)
+    log_p = _masked_log_softmax(logits, dim=1)
+    per_row = -torch.where(dist > 0, dist * log_p, torch.zeros((), dtype=log_p.dtype)).sum(1)
+    if reduction == "none":
+        return per_row
+    return per_row.sum() if reduction == "sum" else per_row.mean()
 
 
 def _build() -> Dict[str, Normalizer]:

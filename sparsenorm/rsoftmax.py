@@ -12,8 +12,8 @@ Both are a *weighted softmax* ``p_i = w_i exp(x_i) / sum_j w_j exp(x_j)`` with t
 Layering: the registered operator ``sparsenorm::r_softmax_threshold`` (``sparsenorm.kernels.ops``)
 finds the quantile's two order statistics (on CPU by ``torch.topk`` from the nearer end of the row,
 no full sort; elsewhere by a sync-free sort); :func:`_weighted_softmax` evaluates the weighted
-softmax as ``softmax(x) * w`` renormalized (torch's fused softmax does the exponentials); the
-``autograd.Function`` classes save the output ``p`` plus one tensor, ``max(w, tiny)`` (the
+softmax as ``w exp(x - max)`` normalized; the
+``autograd.Function`` classes save the output ``p`` plus one tensor, the Jacobian's ``e = p / w`` (the
 Jacobian has ``1 / w_i`` terms, so one tensor beyond the output is unavoidable), and per-row
 indices, and apply the closed-form backward below; :func:`t_softmax` / :func:`r_softmax` validate
 and go through the entry path (``sparsenorm._validation.normalize``); the modules
@@ -28,9 +28,10 @@ Closed-form backward. With ``e_i = exp(x_i) / sum_j w_j exp(x_j)`` on the suppor
 
 where ``d tau / d x`` is the indicator of the arg-max (t-softmax) or puts ``1 - frac`` on the
 order statistic ``x_(lo)`` and ``frac`` on ``x_(hi)`` (r-softmax; ``lo = floor(r (n - 1))``).
-With ``h = p (g - <g, p>)`` (softmax's own backward, torch's fused kernel), ``e_j (g_j - <g, p>) =
-h_j / w_j``, so ``dL/dx = h + h / w`` plus the ``C`` term, and ``C = -sum(h + h / w)`` because
-``sum(h) = 0``: softmax's backward, one ``addcdiv`` and one sum.
+``C = -sum_j (p_j + e_j)(g_j - <g, p>)`` because ``sum_j p_j (g_j - <g, p>) = 0``. ``e_j = p_j / w_j``
+is computed as ``exp(x_j - max) * p_top / w_top`` (the arg-max's ``exp`` is 1), never from a
+subnormal ``p_j`` (whose quotient by ``w_j`` has no correct digit); a zero ``g_j - <g, p>`` gives 0
+even where ``e_j`` overflows (``w_j`` below ``1 / finfo.max``).
 
 """
 from __future__ import annotations
@@ -92,16 +93,16 @@ class TSoftmaxFunction(Function):
     @staticmethod
     def forward(ctx, x: Tensor, t: Union[float, Tensor]) -> Tensor:
         m, argmax = _row_max_and_argmax(x)
-        p, w_safe, dead = _weighted_softmax(x, m - t, m)  # t below max(x)'s resolution: one-hot limit
+        p, e, dead = _weighted_softmax(x, m - t, m)  # t below max(x)'s resolution: one-hot limit
         ctx.t_shape = t.shape if isinstance(t, Tensor) else None
-        ctx.save_for_backward(p, w_safe, argmax, dead)
+        ctx.save_for_backward(p, e, argmax, dead)
         return p
 
     @staticmethod
     @_first_order_only
     def backward(ctx, g: Tensor):
-        p, w_safe, argmax, dead = ctx.saved_tensors
-        grad, c = _backward_common(g, p, w_safe, dead)
+        p, e, argmax, dead = ctx.saved_tensors
+        grad, c = _backward_common(g, p, e, dead)
         grad.scatter_add_(-1, argmax, c)  # d tau / d x = indicator of the arg-max
         grad_t = None
         if ctx.t_shape is not None and ctx.needs_input_grad[1]:

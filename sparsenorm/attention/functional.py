@@ -14,7 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from .. import registry
-from .._validation import check_floating, check_param, value_checks_enabled
+from .._validation import check_attention_batch, check_floating, check_param, value_checks_enabled
 from ..kernels import attention_ops
 from ..kernels.attention_ops import BACKENDS, AttentionCall, check_backend
 from . import stats
@@ -78,6 +78,7 @@ def _check_inputs(query: Tensor, key: Tensor, value: Tensor, dropout_p: float, s
         raise ValueError(f"query and key must have the same last dimension, got {query.shape[-1]} and {key.shape[-1]}")
     if key.shape[-2] != value.shape[-2]:
         raise ValueError(f"key and value must have the same length (dim -2), got {key.shape[-2]} and {value.shape[-2]}")
+    check_attention_batch(query, key, value)
     if not (key.dtype == value.dtype == query.dtype):
         raise TypeError(f"query, key and value must have one dtype, got {query.dtype}, {key.dtype}, {value.dtype}")
     if query.dim() >= 3:

@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .._validation import check_multihead_inputs
 from .functional import attend, resolve_normalizer
 from .masks import lengths_keep, merge, split_mask
 
@@ -51,6 +52,9 @@ class MultiheadAttention(nn.MultiheadAttention):
                 need_weights: bool = True, attn_mask: Optional[Tensor] = None,
                 average_attn_weights: bool = True, is_causal: bool = False, *,
                 key_lengths: Optional[Tensor] = None) -> Tuple[Tensor, Optional[Tensor]]:
+        check_multihead_inputs(query, key, value, embed_dim=self.embed_dim, kdim=self.kdim, vdim=self.vdim,
+                               num_heads=self.num_heads, batch_first=self.batch_first,
+                               key_padding_mask=key_padding_mask, attn_mask=attn_mask)
         batched = query.dim() == 3
         if not batched:  # (L, E): one sequence
             query, key, value = query.unsqueeze(1), key.unsqueeze(1), value.unsqueeze(1)

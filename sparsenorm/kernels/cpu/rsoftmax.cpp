@@ -10,7 +10,8 @@
 // none there gives zeros; a row whose weights are all 0 (tau >= max) is uniform over its
 // arg-max entries ("dead": zero gradient); NaN gives a NaN row, and so does +inf unless the row
 // is dead.
-// Backward, per row: h = p (g - <g, p>), grad = h + h / w on the support, C = -sum(grad), and
+// Backward, per row: grad = (p + e)(g - <g, p>) on the support, e = p / w (from exp(x - max) where
+// p is subnormal), C = -sum(grad), and
 // C (1 - frac), C frac added at the order statistics' indices.
 #include <torch/extension.h>
 
@@ -209,14 +210,26 @@ std::vector<at::Tensor> backward(const at::Tensor& g, const at::Tensor& p, const
           cp[row] = 0;
           continue;
         }
-        scalar_t dot = 0;
-        for (int64_t i = 0; i < k; ++i) dot += pr[i] * gr[i];
+        scalar_t dot = 0, mx = -std::numeric_limits<scalar_t>::infinity(), p_top = 0;
+        for (int64_t i = 0; i < k; ++i) {
+          dot += pr[i] * gr[i];
+          if (xr[i] > mx) {
+            mx = xr[i];
+            p_top = pr[i];
+          }
+        }
         const scalar_t t = taup[row];
+        // e_i = p_i / w_i = exp(x_i - max) / sum_j w_j exp(x_j - max). Where p_i is subnormal the
+        // quotient has lost every digit (w_i tiny, e_i O(1): found by the fuzz suite), so there
+        // e_i = exp(x_i - max) * (p_top / w_top), the arg-max entry's exp being 1 (p_top >= 1/k).
+        const scalar_t inv_sum = p_top / (mx - t);
+        constexpr scalar_t kMinNormal = std::numeric_limits<scalar_t>::min();
         scalar_t total = 0;
         for (int64_t i = 0; i < k; ++i) {
-          const scalar_t h = pr[i] * (gr[i] - dot);
           const scalar_t w = xr[i] - t;
-          const scalar_t v = w > 0 ? h + h / w : scalar_t(0);
+          const scalar_t e = pr[i] >= kMinNormal ? pr[i] / w : std::exp(xr[i] - mx) * inv_sum;
+          const scalar_t d = gr[i] - dot;  // d = 0 gives 0 even where e overflowed (inf * 0 = NaN)
+          const scalar_t v = w > 0 && d != 0 ? (pr[i] + e) * d : scalar_t(0);
           o[i] = v;
           total += v;
         }

@@ -25,34 +25,49 @@ def _order_statistics(x: Tensor, rank: Union[int, Tensor]):
     ``rank`` is 0-based ascending (an int shared by all rows, or a ``(..., 1)`` long tensor);
     ``rank + 1`` is clamped to ``n - 1``. Uses ``torch.topk`` from whichever end of the row is
     nearer: O(n) selection per row, no full sort.
+
+    The indices are those of the stable ascending sort (ties in index order), as in the C++
+    kernel and :func:`quantile_threshold_sorted`: ``topk`` orders ties arbitrarily, so they are
+    found by :func:`_stable_rank_index`. (With ties at the quantile, ``d tau / d x`` goes to that
+    one entry; this path used to pick another tied entry than the kernel, so the two paths gave
+    different gradients.)
     """
     n = x.shape[-1]
     if isinstance(rank, int):
         if rank >= n - 1:
-            idx = x.argmax(-1, keepdim=True)
-            v = x.gather(-1, idx)
+            v = x.amax(-1, keepdim=True)
+            idx = _stable_rank_index(x, v, n - 1)
             return v, v, idx, idx
         if rank + 2 <= n - rank:  # the rank + 2 smallest; the two largest of them
-            vals, ids = torch.topk(x, rank + 2, -1, largest=False, sorted=False)
-            two, j = torch.topk(vals, 2, -1, largest=True, sorted=True)
+            vals, _ = torch.topk(x, rank + 2, -1, largest=False, sorted=False)
+            two, _ = torch.topk(vals, 2, -1, largest=True, sorted=True)
             hi, lo = two.split(1, -1)
-            hi_idx, lo_idx = ids.gather(-1, j).split(1, -1)
         else:  # the n - rank largest; the two smallest of them
-            vals, ids = torch.topk(x, n - rank, -1, largest=True, sorted=False)
-            two, j = torch.topk(vals, 2, -1, largest=False, sorted=True)
+            vals, _ = torch.topk(x, n - rank, -1, largest=True, sorted=False)
+            two, _ = torch.topk(vals, 2, -1, largest=False, sorted=True)
             lo, hi = two.split(1, -1)
-            lo_idx, hi_idx = ids.gather(-1, j).split(1, -1)
-        return lo, hi, lo_idx, hi_idx
+        return lo, hi, _stable_rank_index(x, lo, rank), _stable_rank_index(x, hi, rank + 1)
     rank_hi = (rank + 1).clamp_(max=n - 1)
     k_small = int(rank_hi.max()) + 1
     k_large = n - int(rank.min())
     if k_small <= k_large:
-        vals, ids = torch.topk(x, k_small, -1, largest=False, sorted=True)
+        vals, _ = torch.topk(x, k_small, -1, largest=False, sorted=True)
         pos_lo, pos_hi = rank, rank_hi
     else:  # descending: rank rho sits at position n - 1 - rho
-        vals, ids = torch.topk(x, k_large, -1, largest=True, sorted=True)
+        vals, _ = torch.topk(x, k_large, -1, largest=True, sorted=True)
         pos_lo, pos_hi = n - 1 - rank, n - 1 - rank_hi
-    return vals.gather(-1, pos_lo), vals.gather(-1, pos_hi), ids.gather(-1, pos_lo), ids.gather(-1, pos_hi)
+    lo, hi = vals.gather(-1, pos_lo), vals.gather(-1, pos_hi)
+    return lo, hi, _stable_rank_index(x, lo, rank), _stable_rank_index(x, hi, rank_hi)
+
+
+def _stable_rank_index(x: Tensor, value: Tensor, rank: Union[int, Tensor]) -> Tensor:
+    """The index of ``x_(rank)`` (whose value is ``value``, shape ``(..., 1)``) in the stable
+    ascending sort of each row: among the entries equal to it, the ``(rank - #{x < value})``-th
+    in index order. Sync-free, O(n)."""
+    equal = x == value
+    wanted = rank - (x < value).sum(-1, keepdim=True)
+    occurrence = equal.cumsum(-1) - 1
+    return (equal & (occurrence == wanted)).to(torch.uint8).argmax(-1, keepdim=True)
 
 
 def quantile_threshold(x: Tensor, r: Union[float, Tensor]):
@@ -90,8 +105,6 @@ def quantile_threshold(x: Tensor, r: Union[float, Tensor]):
     return tau, lo_idx, hi_idx, frac, dtau_dr
 
 
-
-
 def quantile_threshold_sorted(x: Tensor, r: Tensor):
     """As :func:`quantile_threshold` (``r`` a tensor of shape ``x.shape[:-1] + (1,)``), by a full sort."""
     n = x.shape[-1]
@@ -116,61 +129,58 @@ def quantile_threshold_sorted(x: Tensor, r: Tensor):
 # The weighted softmax shared by t-softmax and r-softmax, and its closed-form backward
 # ---------------------------------------------------------------------------------------------
 def weighted_softmax(x: Tensor, tau: Tensor, m: Tensor) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
-    """``p = w exp(x) / sum(w exp(x))`` with ``w = relu(x - tau)``, computed as ``softmax(x) * w``
-    renormalized (torch's fused softmax does the exponentials), plus what the backward needs.
+    """``p = w exp(x) / sum(w exp(x))`` with ``w = relu(x - tau)``, computed as ``w exp(x - m)``
+    normalized (as the C++ kernel), plus what the backward needs. The arg-max's term is ``w_top``
+    itself (``exp(0) = 1``), so the sum is never below it; ``softmax(x) * w`` instead, as before,
+    rounded a subnormal ``w_top`` times ``softmax < 1`` to 0 and gave an all-zero row (found by
+    the fuzz suite: logits ``(0, 1.4e-45)``, ``r = 0.5``).
 
-    Returns ``(p, w_safe, dead)``: ``w_safe = max(w, tiny)`` (so ``h / w_safe`` is 0 off the
-    support, where ``h = 0``), and ``dead`` (a ``(..., 1)`` bool) marking rows whose
+    Returns ``(p, e, dead)``: ``e`` the Jacobian's ``p / w`` term (:func:`jacobian_weight`), and
+    ``dead`` (a ``(..., 1)`` bool) marking rows whose
     gradient is 0: rows with no valid entry (``m = -inf``), which give ``p = 0``, and rows where
     every weight is 0 (``tau >= max``), which get the uniform distribution over their arg-max
     entries, the limit ``tau -> max`` from below (``r -> 1``; Theorem 1's one-hot for small ``t``).
     Sync-free: the dead rows are handled with ``torch.where`` whether there are any or not.
     """
     w = (x - tau).clamp_min_(0)
-    num = _softmax_last(x, m).mul_(w)
+    num = (x - m.masked_fill(m == float("-inf"), 0.0)).exp_().mul_(w)
     z = num.sum(-1, keepdim=True)
     p = num.div_(z.masked_fill_(z == 0, 1.0))
-    w_safe = w.clamp_min_(torch.finfo(x.dtype).tiny)
     empty = m == float("-inf")
     no_weight = (tau >= m) & ~empty
     dead = empty | no_weight
     ties = ((x == m) & no_weight).to(p.dtype)
     p = torch.where(dead, ties / ties.sum(-1, keepdim=True).clamp_min(1), p)
-    return p, w_safe, dead
+    return p, jacobian_weight(x, tau, p, m), dead
 
 
-def backward_common(g: Tensor, p: Tensor, w_safe: Tensor, dead: Tensor) -> Tuple[Tensor, Tensor]:
-    """``(p + e)(g - <g, p>)`` with ``e = p / w``, and ``C = -sum_j e_j (g_j - <g, p>)``.
+def jacobian_weight(x: Tensor, tau: Tensor, p: Tensor, m: Tensor) -> Tensor:
+    """``e_i = p_i / w_i = exp(x_i - m) / sum_j w_j exp(x_j - m)`` on the support, 0 off it.
 
-    ``h = p (g - <g, p>)`` is softmax's backward (torch's fused kernel); the result is
-    ``h + h / w``, and ``C = -sum(h / w) = -sum(result)`` because ``sum(h) = 0``.
+    Computed as ``exp(x_i - m) * (p_top / w_top)`` with ``top`` the arg-max entry (``exp(0) = 1``,
+    so ``p_top / w_top`` is ``1 / sum``; ``p_top >= 1 / n`` is a normal number). Dividing ``p_i``
+    by ``w_i`` instead, as before, lost every digit where ``p_i`` is subnormal: with ``w_i`` tiny,
+    ``e_i`` is O(1) but ``p_i`` is a multiple of the smallest subnormal (found by the fuzz suite:
+    ``x = (0, 0.5, 1.4e-45)``, ``r = 0`` gave gradients of 1 or 0 where the exact one is 0.38).
+    Dead rows (``tau >= m``) get garbage here; the backward zeroes them.
     """
-    h = _softmax_backward(g, p)
-    grad = h.addcdiv_(h, w_safe).masked_fill_(dead, 0.0)
+    if x.shape[-1] == 0:
+        return torch.zeros_like(x)
+    w = x - tau
+    w_top = (m - tau).clamp_min(torch.finfo(x.dtype).tiny)  # > 0 on every live row
+    inv_sum = p.amax(-1, keepdim=True) / w_top  # the largest p is the arg-max's (w and exp both grow with x)
+    return torch.where(w > 0, torch.exp(x - m) * inv_sum, torch.zeros((), dtype=x.dtype, device=x.device))
+
+
+def backward_common(g: Tensor, p: Tensor, e: Tensor, dead: Tensor) -> Tuple[Tensor, Tensor]:
+    """``(p + e)(g - <g, p>)`` with ``e = p / w`` (:func:`jacobian_weight`), and
+    ``C = -sum_j e_j (g_j - <g, p>) = -sum(result)`` (because ``sum_j p_j (g_j - <g, p>) = 0``).
+    """
+    centered = g - torch.linalg.vecdot(g, p).unsqueeze(-1)
+    # A zero cotangent gives a zero gradient even where e overflows (w below 1 / finfo.max: the
+    # exact Jacobian is finite but not representable); inf * 0 gave NaN on an ignored loss row.
+    grad = (p + e).mul_(centered).masked_fill_(dead | (centered == 0), 0.0)
     return grad, grad.sum(-1, keepdim=True).neg_()
-
-
-# Below this many elements, plain elementwise ops (which stay single-threaded) beat torch's fused
-# softmax kernels, whose parallel region has a fixed cost of milliseconds on a busy CPU.
-_FUSED_MIN_NUMEL = 1 << 16
-
-
-def _softmax_last(x: Tensor, m: Tensor) -> Tensor:
-    if x.numel() >= _FUSED_MIN_NUMEL:
-        return torch.softmax(x, -1)
-    ex = (x - m.masked_fill(m == float("-inf"), 0.0)).exp_()
-    return ex.div_(ex.sum(-1, keepdim=True))
-
-
-def _softmax_backward(g: Tensor, p: Tensor) -> Tensor:
-    if _FUSED_SOFTMAX_BACKWARD is not None and p.numel() >= _FUSED_MIN_NUMEL:
-        return _FUSED_SOFTMAX_BACKWARD(g.contiguous(), p, -1, p.dtype)
-    return (g - torch.linalg.vecdot(g, p).unsqueeze(-1)).mul_(p)
-
-
-_FUSED_SOFTMAX_BACKWARD = getattr(torch, "_softmax_backward_data", None)
-
-
 
 
 def forward(x: Tensor, r: Tensor, sorted_threshold: bool = True):
@@ -186,8 +196,8 @@ def forward(x: Tensor, r: Tensor, sorted_threshold: bool = True):
 def backward(g: Tensor, p: Tensor, x: Tensor, tau: Tensor, lo_idx: Tensor, hi_idx: Tensor, frac: Tensor,
              dead: Tensor) -> Tuple[Tensor, Tensor]:
     """``(dL/dx, C)`` of r-softmax (see ``sparsenorm/rsoftmax.py``); ``dL/dr = C dtau_dr``."""
-    w_safe = (x - tau).clamp_min_(torch.finfo(x.dtype).tiny)
-    grad, c = backward_common(g, p, w_safe, dead)
+    e = jacobian_weight(x, tau, p, x.amax(-1, keepdim=True) if x.shape[-1] else tau)
+    grad, c = backward_common(g, p, e, dead)
     grad.scatter_add_(-1, lo_idx, c * (1 - frac))
     grad.scatter_add_(-1, hi_idx, c * frac)
     return grad, c
