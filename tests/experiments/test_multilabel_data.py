@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sparsenorm.experiments.rsoftmax_multilabel import data as md
+from sparsenorm.experiments.rsoftmax_multilabel import data as md, paper
 from sparsenorm.experiments._shared.common import UserFacingError
 
 # ------------------------------------------------------------------ a minimal R serializer (XDR)
@@ -156,11 +156,11 @@ def test_synthetic_rejects_bad_parameters():
 
 def test_sweeps():
     for quick in (True, False):
-        for n_classes in md.CLASS_COUNTS:
+        for n_classes in paper.CLASS_COUNTS:
             values = md.average_label_sweep(n_classes, quick)
             assert values == sorted(values) and 1 <= values[0] and values[-1] < n_classes
         lengths = md.document_length_sweep(quick)
-        assert md.FIXED_DOCUMENT_LENGTH in lengths
+        assert paper.FIXED_DOCUMENT_LENGTH in lengths
     assert len(md.average_label_sweep(10, True)) < len(md.average_label_sweep(30, False))
 
 

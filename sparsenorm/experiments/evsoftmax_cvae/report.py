@@ -9,6 +9,7 @@ import numpy as np
 from .._shared import common
 from .claims import EV, MIN_PAIRS_FOR_TEST, POSTHOC, fmt, fmt_paired, paired_comparison, sweep_matrix
 from .model import LATENT_CLASSES, QUERIES
+from .paper import PAPER_SETTING
 from .training import METRICS
 
 COLORS = {"softmax": "tab:orange", "sparsemax": "tab:red", "entmax15": "tab:blue",
@@ -126,18 +127,6 @@ def figures(out: Path, records: List[Dict[str, Any]], summary: Dict[str, Any]) -
     if len(summary["results"]) > 1:
         found["sweep"] = plot_sweep(records, summary, out / "sweep.png")
     return found
-
-
-PAPER_SETTING = {
-    "data": "MNIST (torchvision, 60k training images)",
-    "epochs": "20 (Appendix E.1; the authors' script defaults to 10)",
-    "seeds": "10",
-    "batch": "64",
-    "optimizer": "SGD, learning rate 1e-3",
-    "Gumbel-Softmax temperature": "not stated (0.67 in the authors' code)",
-    "KL weight": "'standard ELBO' in the text; 0.01 x batch mean (= 0.01/64 per example) in the authors' code",
-    "classifier Q": "not described (a CNN trained for 1 epoch in the authors' code)",
-}
 
 
 def _setting_tables(summary: Dict[str, Any], setting: str) -> List[str]:

@@ -7,12 +7,11 @@ from typing import Any, Dict, List
 
 from .._shared import verdict
 from .._shared.verdict import NEW, NOT_TESTABLE, Claim
-from .estimators import PAPER_ACCURACY
+from .paper import PAPER_ACCURACY, SOURCE
 from .train import Settings, normalizer
 
 CALL_BOUND = 2.0
 """At least 80 % fewer decoder calls than softmax's 10 (the paper's cuts are 84-90 %): at most 2 per example."""
-SOURCE = "Sec. 4.2, Table 2"
 
 
 def _fmt_acc(s: Dict[str, Any]) -> str:

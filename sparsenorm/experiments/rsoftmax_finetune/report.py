@@ -9,7 +9,7 @@ import numpy as np
 
 from .._shared.common import headless_pyplot, markdown_table, save_figure
 from .._shared.runner import Report
-from .experiment import MAP_NORMALIZERS, PAPER_BEST_R_SST2, PAPER_TABLE2
+from .paper import MAP_NORMALIZERS, PAPER_BEST_R_SST2, PAPER_TABLE2
 
 
 def _pct(x) -> str:

@@ -43,8 +43,6 @@ from .._shared.debian import download_deb, extract_deb
 SYNTHETIC_SAMPLES = 5000
 SYNTHETIC_FEATURES = 128
 SYNTHETIC_VALIDATION_FRACTION = 0.2
-FIXED_DOCUMENT_LENGTH = 2000
-CLASS_COUNTS = (10, 20, 30)
 
 MLR_PACKAGE = "r-cran-mlr"
 YEAST_OBJECT = "yeast.task"
