@@ -18,16 +18,15 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Callable, Dict, Optional
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-
-from ._validation import mark_not_there
 
 from . import evidential, hourglass, rsoftmax
 from .entmax import entmax15, entmax_bisect, sparsemax
 from .losses import evidential as ev_losses
 from .losses import fenchel_young, hourglass as hourglass_losses, rsoftmax as r_losses
+from .losses.softmax import softmax_multilabel_loss
+from .softmax import masked_log_softmax, masked_softmax
 
 
 @dataclass(frozen=True)
@@ -94,28 +93,6 @@ class Normalizer:
         return self.forward(layer(features), dim=-1)
 
 
-def _masked_softmax(x: Tensor, dim: int = -1, mask: Optional[Tensor] = None) -> Tensor:
-    """``torch.softmax`` with sparsenorm's "not there" rule (``mask``, ``-inf``, ``<= finfo.min / 2``):
-    such entries get exactly 0, and a row with none there gives zeros (not NaN)."""
-    z = mark_not_there(x, mask)
-    out = torch.softmax(z, dim).masked_fill(~(z > float("-inf")).any(dim, keepdim=True), 0.0)
-    return out.to(x.dtype)
-
-
-def _masked_log_softmax(x: Tensor, dim: int = -1, mask: Optional[Tensor] = None) -> Tensor:
-    """``torch.log_softmax`` with the "not there" rule (log 0 = ``-inf``)."""
-    z = mark_not_there(x, mask)
-    empty = ~(z > float("-inf")).any(dim, keepdim=True)
-    return torch.log_softmax(z.masked_fill(empty, 0.0), dim).masked_fill(empty | (z == float("-inf")),
-                                                                          float("-inf")).to(x.dtype)
-
-
-def _softmax_multilabel_loss(logits: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
-    """Cross-entropy to the normalized label vector ``y / |y|`` (rows with no label give 0)."""
-    dist = target / target.sum(dim=1, keepdim=True).clamp_min(1)
-    return F.cross_entropy(logits, dist, reduction=reduction)
-
-
 def _build() -> Dict[str, Normalizer]:
     def bind(fn, **params):
         return partial(fn, **params) if params else fn
@@ -123,8 +100,8 @@ def _build() -> Dict[str, Normalizer]:
     entries = [
         Normalizer(
             "softmax", "Softmax: dense, the baseline.",
-            _masked_softmax, _masked_softmax, _masked_log_softmax,
-            F.cross_entropy, _softmax_multilabel_loss, sparse=False,
+            masked_softmax, masked_softmax, masked_log_softmax,
+            F.cross_entropy, softmax_multilabel_loss, sparse=False,
         ),
         Normalizer(
             "ev_softmax", "Evidential softmax (Chen et al. 2021, Eq. 7); trained through Eq. 10.",
@@ -136,8 +113,8 @@ def _build() -> Dict[str, Normalizer]:
         Normalizer(
             "posthoc_evidential",
             "Post-hoc evidential sparsification (Itkina et al. 2020): softmax-trained, sparsified at test time.",
-            _masked_softmax, _masked_softmax, _masked_log_softmax,
-            F.cross_entropy, _softmax_multilabel_loss, sparse=True, posthoc=True, attention=False,
+            masked_softmax, masked_softmax, masked_log_softmax,
+            F.cross_entropy, softmax_multilabel_loss, sparse=True, posthoc=True, attention=False,
             trains_as="softmax", evaluates_as="ev_softmax",
         ),
         Normalizer(

@@ -8,16 +8,8 @@ import numpy as np
 
 from .._shared.common import headless_pyplot, markdown_table, save_figure
 from .._shared.runner import Report
+from .paper import PAPER_TABLE3
 
-# Table 3 (tinyImageNet, 200 classes, 16x16 grid of K = 512 codes): top-5 %, top-10 %, K (mean nonzero codes).
-PAPER_TABLE3 = {
-    "softmax": (38.4, 48.8, 512),
-    "sparsemax": (40.0, 52.0, 46),
-    "entmax15": (38.4, 49.2, 90),
-    "posthoc_evidential": (38.2, 48.4, 102),
-    "ev_softmax": (43.6, 55.6, 77),
-}
-PAPER_K_ORDER = ("sparsemax", "ev_softmax", "entmax15", "posthoc_evidential", "softmax")
 METRICS = ("top1", "top3", "nonzero_codes", "nll_bits", "nll_bits_eval_form", "nll_bits_train_form",
            "nll_bits_on_support", "off_support", "diversity", "distinct_codes_sampled", "sample_time_s")
 VQ_METRICS = ("test_mse", "test_codes_used", "test_perplexity", "classifier_top1_on_reconstructions",

@@ -27,10 +27,9 @@ from torch import Tensor, nn
 
 from ... import registry
 from ...losses import SparsityRatePredictor, sparsehourglass_multilabel_hinge_loss
-from ...losses.rsoftmax import _eq4_loss, label_count_loss, r_softmax_loss
+from ...losses.rsoftmax import eq4_loss, label_count_loss, r_softmax_loss
 from .paper import (COUNT_DECODES, COUNT_HEADS, DEFAULT_NORMALIZERS, HIDDEN, RATE_GRADS, SIGMOID_THRESHOLD,
                     SPARSEMAX_HINGE_Q, THRESHOLD_MULTIPLES)
-
 
 
 @dataclass(frozen=True)
@@ -255,7 +254,7 @@ def r_softmax_loss_for(count_logits: Tensor, logits: Tensor, y: Tensor, options:
     if options.rate_grad == "through":
         eq4 = r_softmax_loss(logits, y, r=r)
     elif options.rate_grad == "detached":
-        eq4 = _eq4_loss(lambda z, batch: r_softmax_detached_threshold(z, r), logits, y, "mean", -100)
+        eq4 = eq4_loss(logits, y, lambda z: r_softmax_detached_threshold(z, r))
     else:
         raise ValueError(f"rate_grad must be one of {', '.join(RATE_GRADS)}, got {options.rate_grad!r}")
     return eq4 + label_count_loss(count_logits, y)
