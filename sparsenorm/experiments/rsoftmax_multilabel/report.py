@@ -95,8 +95,8 @@ def _paper(variant: str, which: int) -> str:
     return f"{PAPER_TABLE1[variant][which]:.2f}" if variant in PAPER_TABLE1 else "—"
 
 
-def body(summary: Dict[str, Any], settings, context: Dict[str, Any], figs: Dict[str, Path], sweeps: Dict) -> str:
-    real = context.get("real_summary")
+def _setup(summary: Dict[str, Any], settings) -> List[str]:
+    """The network, the metrics, the softmax thresholds and r-softmax's count head."""
     lines = [
         f"Network: the paper's two-layer network (Linear-ReLU-Linear, hidden {settings.hidden}), Adam lr "
         f"{settings.learning_rate:g}, batch {settings.batch_size}, {settings.epochs} epochs"
@@ -122,6 +122,13 @@ def body(summary: Dict[str, Any], settings, context: Dict[str, Any], figs: Dict[
         f"**q = {settings.hourglass_q:g}** (the registry's default is 1; Laha et al.'s code defaults to 10).",
         "",
     ]
+    return lines
+
+
+def _real_section(summary: Dict[str, Any], settings, context: Dict[str, Any], figs: Dict[str, Path]) -> List[str]:
+    """The real data set, Table 1-style (empty without one)."""
+    real = context.get("real_summary")
+    lines: List[str] = []
     if summary["real"]:
         lines += [f"## {summary['real_name']}: Table 1-style", ""]
         if real:
@@ -142,6 +149,12 @@ def body(summary: Dict[str, Any], settings, context: Dict[str, Any], figs: Dict[
                                  "avg predicted set size", "paper VOC F1", "paper COCO F1"], rows), ""]
         if "curves" in figs:
             lines += [f"![learning curves]({figs['curves'].name})", ""]
+    return lines
+
+
+def _synthetic_section(summary: Dict[str, Any], settings, figs: Dict[str, Path], sweeps: Dict) -> List[str]:
+    """The synthetic sweeps, Fig. 2-style (empty without them)."""
+    lines: List[str] = []
     if summary["synthetic"]:
         lines += ["## Synthetic data: Fig. 2-style", "",
                   "scikit-learn `make_multilabel_classification`, 5,000 examples, 128 features, 80/20 train/validation, "
@@ -156,6 +169,11 @@ def body(summary: Dict[str, Any], settings, context: Dict[str, Any], figs: Dict[
                       markdown_table(header, rows), ""]
         header, rows = setting_table(summary, "known_count_topk_f1")
         lines += ["Known-count top-k F1 per setting (the ranking alone):", "", markdown_table(header, rows), ""]
+    return lines
+
+
+def _differences(summary: Dict[str, Any]) -> List[str]:
+    lines: List[str] = []
     lines += [
         "## What differs from the papers",
         "",
@@ -174,4 +192,10 @@ def body(summary: Dict[str, Any], settings, context: Dict[str, Any], figs: Dict[
         "trajectory), so a synthetic run's seconds are its stack's time divided by the stack size.",
         "",
     ]
+    return lines
+
+
+def body(summary: Dict[str, Any], settings, context: Dict[str, Any], figs: Dict[str, Path], sweeps: Dict) -> str:
+    lines = (_setup(summary, settings) + _real_section(summary, settings, context, figs)
+             + _synthetic_section(summary, settings, figs, sweeps) + _differences(summary))
     return "\n".join(lines)
