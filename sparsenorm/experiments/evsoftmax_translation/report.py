@@ -188,18 +188,8 @@ def _figure_loss(out: Path, records) -> Path:
     return save_figure(fig, out / "training_loss.png")
 
 
-def write_report(out: Path, summary: Dict[str, Any], records: List[Dict[str, Any]], settings, context) -> Report:
-    rows = summary["normalizers"]
-    order = ["softmax", "sparsemax", "entmax15", POSTHOC, "ev_softmax", "r_softmax"]
-    names = [n for n in order if n in rows] + [n for n in rows if n not in order]
-    figures = {"bleu_vs_attended": _figure_bleu_vs_attended(out, summary, names),
-               "training_loss": _figure_loss(out, records)}
-    maps = _figure_maps(out, records, names, context)
-    if maps is not None:
-        figures["cross_attention_maps"] = maps
-    data = context["data"] if context else {}
-    first = rows[names[0]]
-    params = ", ".join(f"{n}: {registry.get(n).params}" for n in names if registry.get(n).params)
+def _examples(records: List[Dict[str, Any]], context) -> str:
+    """The first two test sources, their references and every normalizer's beam output (first seed)."""
     examples = ""
     if context:
         ex_rows = []
@@ -211,7 +201,12 @@ def write_report(out: Path, summary: Dict[str, Any], records: List[Dict[str, Any
                     if rec["seed"] == records[0]["seed"]:
                         ex_rows.append([display_name(n), ev["beam"]["hypotheses"][i]])
         examples = markdown_table(["", "text"], ex_rows)
-    body = f"""
+    return examples
+
+
+def _setting_section(summary: Dict[str, Any], settings, data: Dict[str, Any], first: Dict[str, Any], params: str
+                     ) -> str:
+    return f"""
 ## Setting
 
 - **Data**: {data.get('source', 'see settings')}. Pairs: {data.get('pairs')}; used: {data.get('train_used')} training
@@ -232,7 +227,11 @@ def write_report(out: Path, summary: Dict[str, Any], records: List[Dict[str, Any
   (`sparsenorm.attention.record`), teacher-forced on the test references, mean ± std over queries (seed mean); "of N" is
   the mean number of valid keys per query.
 
-## Table 4, side by side
+"""
+
+
+def _results_section(summary: Dict[str, Any], settings, names: List[str]) -> str:
+    return f"""## Table 4, side by side
 
 {_table4(summary, names)}
 
@@ -248,7 +247,11 @@ so absolute counts are smaller; the ordering is what can be compared.
 
 {_significance(summary)}
 
-## Masks: where this run differs from the authors' code
+"""
+
+
+def _differences_section(rows: Dict[str, Any], settings, examples: str, maps) -> str:
+    return f"""## Masks: where this run differs from the authors' code
 
 The authors' OpenNMT fork filled masked scores with -1e18 *before* ev-softmax's mean, so the mean of every padded or
 causally masked row was dragged far below every real score and ev-softmax silently became softmax there: in decoder
@@ -278,4 +281,20 @@ first run of ev-softmax attention with correct masks.
 
 ![training loss](training_loss.png)
 """
+
+
+def write_report(out: Path, summary: Dict[str, Any], records: List[Dict[str, Any]], settings, context) -> Report:
+    rows = summary["normalizers"]
+    order = ["softmax", "sparsemax", "entmax15", POSTHOC, "ev_softmax", "r_softmax"]
+    names = [n for n in order if n in rows] + [n for n in rows if n not in order]
+    figures = {"bleu_vs_attended": _figure_bleu_vs_attended(out, summary, names),
+               "training_loss": _figure_loss(out, records)}
+    maps = _figure_maps(out, records, names, context)
+    if maps is not None:
+        figures["cross_attention_maps"] = maps
+    data = context["data"] if context else {}
+    params = ", ".join(f"{n}: {registry.get(n).params}" for n in names if registry.get(n).params)
+    body = (_setting_section(summary, settings, data, rows[names[0]], params)
+            + _results_section(summary, settings, names)
+            + _differences_section(rows, settings, _examples(records, context), maps))
     return Report(body=body, figures=figures, headline="bleu_vs_attended")
