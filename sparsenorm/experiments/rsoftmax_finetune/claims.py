@@ -31,11 +31,9 @@ def _paired(a: Dict[str, Any], b: Dict[str, Any]):
                                       {int(k): v for k, v in b["accuracy_by_seed"].items()})
 
 
-def _r_softmax_matches_softmax(summary: Dict[str, Any]) -> List[Claim]:
+def _r_softmax_matches_softmax(summary: Dict[str, Any], rows: Dict[str, Any], acc: Dict[str, float],
+                               soft: Optional[Dict[str, Any]]) -> List[Claim]:
     """Table 2: r-softmax attention is on par with softmax (non-inferiority)."""
-    rows = summary["normalizers"]
-    acc = {n: row["accuracy"] * 100 for n, row in rows.items()}
-    soft = rows.get("softmax")
     claims: List[Claim] = []
     paper_soft = PAPER_TABLE2["softmax"]["SST-2"]
     r = rows.get("r_softmax")
@@ -53,11 +51,9 @@ def _r_softmax_matches_softmax(summary: Dict[str, Any]) -> List[Claim]:
     return claims
 
 
-def _sparsemax_and_hourglass_break(summary: Dict[str, Any]) -> List[Claim]:
+def _sparsemax_and_hourglass_break(summary: Dict[str, Any], rows: Dict[str, Any], acc: Dict[str, float],
+                                   soft: Optional[Dict[str, Any]]) -> List[Claim]:
     """Table 2: sparsemax and sparsehourglass attention break the pretrained model."""
-    rows = summary["normalizers"]
-    acc = {n: row["accuracy"] * 100 for n, row in rows.items()}
-    soft = rows.get("softmax")
     claims: List[Claim] = []
     paper_soft = PAPER_TABLE2["softmax"]["SST-2"]
     for name, key in (("sparsemax", "r.finetune.sparsemax_breaks"), ("sparsehourglass", "r.finetune.sparsehourglass_breaks")):
@@ -74,7 +70,8 @@ def _sparsemax_and_hourglass_break(summary: Dict[str, Any]) -> List[Claim]:
     return claims
 
 
-def _small_r_better(summary: Dict[str, Any]) -> List[Claim]:
+def _small_r_better(summary: Dict[str, Any], rows: Dict[str, Any], acc: Dict[str, float],
+                    soft: Optional[Dict[str, Any]]) -> List[Claim]:
     """Sec. 4.2: a small final r works better than a large one."""
     claims: List[Claim] = []
     curve = summary.get("r_curve", [])
@@ -96,11 +93,9 @@ def _small_r_better(summary: Dict[str, Any]) -> List[Claim]:
     return claims
 
 
-def _new_findings(summary: Dict[str, Any]) -> List[Claim]:
+def _new_findings(summary: Dict[str, Any], rows: Dict[str, Any], acc: Dict[str, float],
+                  soft: Optional[Dict[str, Any]]) -> List[Claim]:
     """Not in the paper: measured sparsity, other fine-tuned normalizers, post-hoc, swaps."""
-    rows = summary["normalizers"]
-    acc = {n: row["accuracy"] * 100 for n, row in rows.items()}
-    soft = rows.get("softmax")
     claims: List[Claim] = []
     r = rows.get("r_softmax")
     if r is not None:
@@ -131,5 +126,7 @@ def _new_findings(summary: Dict[str, Any]) -> List[Claim]:
 
 
 def judge_claims(summary: Dict[str, Any]) -> List[Claim]:
+    rows = summary["normalizers"]
+    acc = {n: row["accuracy"] * 100 for n, row in rows.items()}  # test accuracy in %
     judges = (_r_softmax_matches_softmax, _sparsemax_and_hourglass_break, _small_r_better, _new_findings)
-    return [claim for judge in judges for claim in judge(summary)]
+    return [claim for judge in judges for claim in judge(summary, rows, acc, rows.get("softmax"))]
