@@ -55,12 +55,17 @@ def _rouge_test(rows: Dict[str, Any], baseline: str, metric: str) -> verdict.Tes
                               "paired bootstrap over test sentences, 2000 resamples")
 
 
+def _bleu_view(rows: Dict[str, Any]):
+    """ev-softmax's mean BLEU (None if it did not run), the baselines that ran, and the best mean BLEU."""
+    ev = rows["ev_softmax"]["bleu"]["mean"] if "ev_softmax" in rows else None
+    present = [b for b in BASELINES if b in rows]
+    return ev, present, max((row["bleu"]["mean"] for row in rows.values()), default=0.0)
+
+
 def _highest_bleu(summary: Dict[str, Any], rows: Dict[str, Any]) -> List[Claim]:
     """BLEU: ev-softmax above each baseline (paired over seeds)."""
     out: List[Claim] = []
-    ev = rows["ev_softmax"]["bleu"]["mean"] if "ev_softmax" in rows else None
-    present = [b for b in BASELINES if b in rows]
-    best = max((row["bleu"]["mean"] for row in rows.values()), default=0.0)
+    ev, present, best = _bleu_view(rows)
     text = "ev-softmax attention gives the highest BLEU of softmax, sparsemax, entmax-1.5 and post-hoc evidential"
     key = "ev.mt.highest_bleu"
     if ev is None or not present:
@@ -78,9 +83,7 @@ def _highest_bleu(summary: Dict[str, Any], rows: Dict[str, Any]) -> List[Claim]:
 def _highest_rouge(summary: Dict[str, Any], rows: Dict[str, Any]) -> List[Claim]:
     """ROUGE-1/2/L: ev-softmax above each baseline."""
     out: List[Claim] = []
-    ev = rows["ev_softmax"]["bleu"]["mean"] if "ev_softmax" in rows else None
-    present = [b for b in BASELINES if b in rows]
-    best = max((row["bleu"]["mean"] for row in rows.values()), default=0.0)
+    ev, present, best = _bleu_view(rows)
     text = "ev-softmax attention gives the highest ROUGE-1, ROUGE-2 and ROUGE-L (significantly above the sparse rivals)"
     key = "ev.mt.rouge"
     if ev is None or not present or "rouge_1" not in rows["ev_softmax"]:
