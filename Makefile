@@ -39,7 +39,7 @@ bench: venv
 	.venv/bin/python -m benchmarks.bench_attention
 
 # The documentation site into site/ (open site/index.html): strict, so a broken link, a page missing
-# from the navigation or an object mkdocstrings cannot find fails the build. tests/test_docs.py runs it too.
+# from the navigation or an object mkdocstrings cannot find fails the build. tests/unit/test_docs.py runs it too.
 docs: venv
 	NO_MKDOCS_2_WARNING=1 .venv/bin/python -m mkdocs build --strict
 

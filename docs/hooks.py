@@ -111,7 +111,7 @@ ANCHOR = re.compile(r'id="(sparsenorm(?:\.\w+)*)"')
 
 def resolve(path: str):
     """The object a dotted path names (the longest importable module prefix, then attributes);
-    ImportError or AttributeError where it names nothing. tests/test_docs.py uses it too."""
+    ImportError or AttributeError where it names nothing. tests/unit/test_docs.py uses it too."""
     parts = path.split(".")
     for cut in range(len(parts), 0, -1):
         try:

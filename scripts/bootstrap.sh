@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Create .venv at the repository root and install sparsenorm with its extras (docs: tests/test_docs.py builds the site).
+# Create .venv at the repository root and install sparsenorm with its extras (docs: tests/unit/test_docs.py builds the site).
 # Torch goes in first, pinned to the local CPU wheel, so that no later requirement pulls a CUDA build.
 set -euo pipefail
 cd "$(dirname "$0")/.."

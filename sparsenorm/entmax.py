@@ -27,7 +27,7 @@ Common conventions (every function here):
 """
 from __future__ import annotations
 
-from typing import Optional, Union
+from typing import Callable, Optional, Union
 
 import torch
 from torch import Tensor, nn
@@ -106,6 +106,27 @@ def entmax15(X: Tensor, dim: int = -1, k: Optional[int] = None, mask: Optional[T
 
 # ----------------------------------------------------------------------------- bisection
 
+def _bisect(zs: Tensor, tau_lo: Tensor, width: Tensor, n_iter: int, ensure_sum_one: bool,
+            p_of: Callable[[Tensor], Tensor]) -> Tensor:
+    """The one bisection loop of the family (as the ``entmax`` package's ``root_finding.py``): halve the
+    bracket ``[tau_lo, tau_lo + width]`` (per row, shape ``(..., 1)``; a negative ``width`` walks it the
+    other way) ``n_iter`` times, keeping the side where ``sum(p) >= 1`` for ``p = p_of([zs - tau]_+)``.
+
+    Variants differ only in their hook ``p_of`` and bracket: alpha-entmax ``u -> u^(1/(alpha - 1))`` on
+    ``zs = (alpha - 1) z``, sparsemax the identity on ``zs = z``. ``ensure_sum_one`` divides by the sum.
+    """
+    p = zs
+    for _ in range(n_iter):
+        width = width / 2
+        tau_m = tau_lo + width
+        p = p_of((zs - tau_m).clamp_min(0))
+        tau_lo = torch.where(p.sum(-1, keepdim=True) - 1 >= 0, tau_m, tau_lo)
+    if ensure_sum_one:
+        total = p.sum(-1, keepdim=True)
+        p = p / torch.where(total > 0, total, torch.ones_like(total))
+    return p
+
+
 class EntmaxBisectFunction(Function):
     """alpha-entmax by bisection on ``tau`` for ``p = [(alpha - 1) x - tau]_+^(1/(alpha-1))`` over
     the last dim; ``a`` is alpha per row (shape ``X.shape[:-1] + (1,)``)."""
@@ -159,17 +180,7 @@ def _entmax_bisect_forward(z: Tensor, a: Tensor, n_iter: int, ensure_sum_one: bo
     # tau lies between max - 1 and max - (1/d)^(alpha-1) (max = 0 here): p_max <= 1 and p_max >= 1/d.
     tau_lo = torch.full_like(a_b, -1.0)
     tau_hi = -((1.0 / d) ** (a_b - 1))
-    dm = tau_hi - tau_lo
-    p = None
-    for _ in range(n_iter):
-        dm = dm / 2
-        tau_m = tau_lo + dm
-        p = (zs - tau_m).clamp_min(0) ** inv
-        f_m = p.sum(-1, keepdim=True) - 1
-        tau_lo = torch.where(f_m >= 0, tau_m, tau_lo)
-    if ensure_sum_one:
-        total = p.sum(-1, keepdim=True)
-        p = p / torch.where(total > 0, total, torch.ones_like(total))
+    p = _bisect(zs, tau_lo, tau_hi - tau_lo, n_iter, ensure_sum_one, lambda u: u ** inv)
     if maybe_softmax:  # a static flag (alpha given as a tensor, or the number 1), not data
         soft = torch.softmax(z, dim=-1)
         empty_rows = torch.isneginf(z).all(-1, keepdim=True)
@@ -184,20 +195,10 @@ class SparsemaxBisectFunction(Function):
     @staticmethod
     def forward(ctx, X: Tensor, n_iter: int, ensure_sum_one: bool) -> Tensor:
         z = _shift_by_max(X, -1)
-        d = z.shape[-1]
         shape = z.shape[:-1] + (1,)
-        tau_lo = z.new_full(shape, -1.0)
-        dm = z.new_full(shape, 1.0 - 1.0 / d)
-        p = None
-        for _ in range(n_iter):
-            dm = dm / 2
-            tau_m = tau_lo + dm
-            p = (z - tau_m).clamp_min(0)
-            f_m = p.sum(-1, keepdim=True) - 1
-            tau_lo = torch.where(f_m >= 0, tau_m, tau_lo)
-        if ensure_sum_one:
-            total = p.sum(-1, keepdim=True)
-            p = p / torch.where(total > 0, total, torch.ones_like(total))
+        # alpha = 2: p = [z - tau]_+ (the identity hook); tau in [max - 1, max - 1/d]
+        p = _bisect(z, z.new_full(shape, -1.0), z.new_full(shape, 1.0 - 1.0 / z.shape[-1]), n_iter, ensure_sum_one,
+                    lambda u: u)
         ctx.save_for_backward(p)
         return p
 

@@ -18,16 +18,15 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Callable, Dict, Optional
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-
-from ._validation import check_floating, normalize
 
 from . import evidential, hourglass, rsoftmax
 from .entmax import entmax15, entmax_bisect, sparsemax
 from .losses import evidential as ev_losses
 from .losses import fenchel_young, hourglass as hourglass_losses, rsoftmax as r_losses
+from .losses.softmax import softmax_multilabel_loss
+from .softmax import masked_log_softmax, masked_softmax
 
 __all__ = ["Normalizer", "NORMALIZERS", "names", "get"]  # the public names (the API reference documents these)
 
@@ -96,47 +95,6 @@ class Normalizer:
         return self.forward(layer(features), dim=-1)
 
 
-def _softmax_rows(z: Tensor) -> Tensor:
-    empty = (z == float("-inf")).all(-1, keepdim=True)  # NaN is there: a NaN row stays NaN
-    return torch.softmax(z, -1).masked_fill(empty, 0.0)
-
-
-def _log_softmax_rows(z: Tensor) -> Tensor:
-    empty = (z == float("-inf")).all(-1, keepdim=True)
-    return torch.log_softmax(z.masked_fill(empty, 0.0), -1).masked_fill(empty | (z == float("-inf")),
-                                                                        float("-inf"))
-
-
-def _masked_softmax(x: Tensor, dim: int = -1, mask: Optional[Tensor] = None) -> Tensor:
-    """``torch.softmax`` with sparsenorm's "not there" rule (``mask``, ``-inf``, ``<= finfo.min / 2``):
-    such entries get exactly 0, and a row with none there gives zeros (not NaN); through the one
-    entry path (``_validation.normalize``), so argument checks and dtypes are those of every normalizer."""
-    return normalize(_softmax_rows, x, dim, mask)
-
-
-def _masked_log_softmax(x: Tensor, dim: int = -1, mask: Optional[Tensor] = None) -> Tensor:
-    """``torch.log_softmax`` with the "not there" rule (log 0 = ``-inf``)."""
-    return normalize(_log_softmax_rows, x, dim, mask)
-
-
-def _softmax_multilabel_loss(logits: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
-    """Cross-entropy to the normalized label vector ``y / |y|`` (rows with no label give 0), reduced
-    as ``F.cross_entropy`` with probability targets ('mean' divides by the number of rows).
-
-    Classes that are not there (``-inf``, ``<= finfo.min / 2``) have log-probability ``-inf``;
-    only labelled classes enter the sum, so an unlabelled class that is not there adds 0, not
-    ``0 * -inf = NaN`` as ``F.cross_entropy`` gives (found by the fuzz suite)."""
-    check_floating(logits, "logits")
-    if reduction not in ("mean", "sum", "none"):
-        raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
-    dist = target / target.sum(dim=1, keepdim=True).clamp_min(1)
-    log_p = _masked_log_softmax(logits, dim=1)
-    per_row = -torch.where(dist > 0, dist * log_p, torch.zeros((), dtype=log_p.dtype)).sum(1)
-    if reduction == "none":
-        return per_row
-    return per_row.sum() if reduction == "sum" else per_row.mean()
-
-
 def _build() -> Dict[str, Normalizer]:
     def bind(fn, **params):
         return partial(fn, **params) if params else fn
@@ -144,8 +102,8 @@ def _build() -> Dict[str, Normalizer]:
     entries = [
         Normalizer(
             "softmax", "Softmax: dense, the baseline.",
-            _masked_softmax, _masked_softmax, _masked_log_softmax,
-            F.cross_entropy, _softmax_multilabel_loss, sparse=False,
+            masked_softmax, masked_softmax, masked_log_softmax,
+            F.cross_entropy, softmax_multilabel_loss, sparse=False,
         ),
         Normalizer(
             "ev_softmax", "Evidential softmax (Chen et al. 2021, Eq. 7); trained through Eq. 10.",
@@ -157,8 +115,8 @@ def _build() -> Dict[str, Normalizer]:
         Normalizer(
             "posthoc_evidential",
             "Post-hoc evidential sparsification (Itkina et al. 2020): softmax-trained, sparsified at test time.",
-            _masked_softmax, _masked_softmax, _masked_log_softmax,
-            F.cross_entropy, _softmax_multilabel_loss, sparse=True, posthoc=True, attention=False,
+            masked_softmax, masked_softmax, masked_log_softmax,
+            F.cross_entropy, softmax_multilabel_loss, sparse=True, posthoc=True, attention=False,
             trains_as="softmax", evaluates_as="ev_softmax",
         ),
         Normalizer(

@@ -48,6 +48,51 @@ class MultiheadAttention(nn.MultiheadAttention):
         name = self.normalizer if isinstance(self.normalizer, str) else getattr(self.normalizer, "__name__", "callable")
         return f"normalizer={name}{extra}"
 
+    def _heads(self, query: Tensor, key: Tensor, value: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+        """The input projection of (L, N, E) / (S, N, E) inputs, split into heads (N, H, L or S', Dh), with the
+        ``bias_k``/``bias_v`` and zero-attention keys appended (S' = S + those)."""
+        L, N, E = query.shape
+        H, Dh = self.num_heads, self.head_dim
+        if self._qkv_same_embed_dim:
+            w_q, w_k, w_v = self.in_proj_weight.chunk(3)
+        else:
+            w_q, w_k, w_v = self.q_proj_weight, self.k_proj_weight, self.v_proj_weight
+        b_q = b_k = b_v = None
+        if self.in_proj_bias is not None:
+            b_q, b_k, b_v = self.in_proj_bias.chunk(3)
+        q, k, v = F.linear(query, w_q, b_q), F.linear(key, w_k, b_k), F.linear(value, w_v, b_v)
+        if self.bias_k is not None:
+            k = torch.cat([k, self.bias_k.expand(1, N, E)])
+            v = torch.cat([v, self.bias_v.expand(1, N, E)])
+        # (L, N, E) -> (N, H, L, Dh)
+        q = q.reshape(L, N, H, Dh).permute(1, 2, 0, 3)
+        k = k.reshape(k.shape[0], N, H, Dh).permute(1, 2, 0, 3)
+        v = v.reshape(v.shape[0], N, H, Dh).permute(1, 2, 0, 3)
+        if self.add_zero_attn:
+            k = torch.cat([k, k.new_zeros(N, H, 1, Dh)], dim=2)
+            v = torch.cat([v, v.new_zeros(N, H, 1, Dh)], dim=2)
+        return q, k, v
+
+    def _keep_and_bias(self, attn_mask: Optional[Tensor], key_padding_mask: Optional[Tensor],
+                       key_lengths: Optional[Tensor], N: int, L: int, S: int
+                       ) -> Tuple[Optional[Tensor], Optional[Tensor], Optional[Tensor]]:
+        """PyTorch's MHA masks (True = not allowed) over the ``S`` keys as one keep mask and one bias over the
+        keys with the extra ones (``bias_k``, zero attention: always attended), shaped for (N, H, L, S'); and
+        ``key_lengths`` where it still applies (with extra keys after the padding it becomes a mask)."""
+        mask = split_mask(attn_mask, "attn_mask", true_means_attend=False)
+        pad = split_mask(key_padding_mask, "key_padding_mask", true_means_attend=False)
+        extra_keys = int(self.bias_k is not None) + int(self.add_zero_attn)
+        if key_lengths is not None and extra_keys:  # the extra keys come after the padding: a mask
+            pad = merge(pad, (lengths_keep(key_lengths, S, 2), None))
+            key_lengths = None
+        S += extra_keys
+        mask, pad = (tuple(_extend(t, extra_keys) for t in m) for m in (mask, pad))
+        if mask[0] is not None and mask[0].dim() == 3:  # (N*H, L, S) -> (N, H, L, S)
+            mask = tuple(None if t is None else t.reshape(N, self.num_heads, L, S) for t in mask)
+        pad = tuple(None if t is None else t.reshape(N, 1, 1, S) for t in pad)
+        keep, bias = merge(mask, pad)
+        return keep, bias, key_lengths
+
     def forward(self, query: Tensor, key: Tensor, value: Tensor, key_padding_mask: Optional[Tensor] = None,
                 need_weights: bool = True, attn_mask: Optional[Tensor] = None,
                 average_attn_weights: bool = True, is_causal: bool = False, *,
@@ -65,39 +110,8 @@ class MultiheadAttention(nn.MultiheadAttention):
         elif self.batch_first:  # work in (L, N, E) as PyTorch does
             query, key, value = (t.transpose(0, 1) for t in (query, key, value))
         L, N, E = query.shape
-        H, Dh = self.num_heads, self.head_dim
-
-        if self._qkv_same_embed_dim:
-            w_q, w_k, w_v = self.in_proj_weight.chunk(3)
-        else:
-            w_q, w_k, w_v = self.q_proj_weight, self.k_proj_weight, self.v_proj_weight
-        b_q = b_k = b_v = None
-        if self.in_proj_bias is not None:
-            b_q, b_k, b_v = self.in_proj_bias.chunk(3)
-        q, k, v = F.linear(query, w_q, b_q), F.linear(key, w_k, b_k), F.linear(value, w_v, b_v)
-
-        mask = split_mask(attn_mask, "attn_mask", true_means_attend=False)
-        pad = split_mask(key_padding_mask, "key_padding_mask", true_means_attend=False)
-        extra_keys = int(self.bias_k is not None) + int(self.add_zero_attn)
-        if key_lengths is not None and extra_keys:  # the extra keys come after the padding: a mask
-            pad = merge(pad, (lengths_keep(key_lengths, k.shape[0], 2), None))
-            key_lengths = None
-        if self.bias_k is not None:
-            k = torch.cat([k, self.bias_k.expand(1, N, E)])
-            v = torch.cat([v, self.bias_v.expand(1, N, E)])
-        # (L, N, E) -> (N, H, L, Dh)
-        q = q.reshape(L, N, H, Dh).permute(1, 2, 0, 3)
-        k = k.reshape(k.shape[0], N, H, Dh).permute(1, 2, 0, 3)
-        v = v.reshape(v.shape[0], N, H, Dh).permute(1, 2, 0, 3)
-        if self.add_zero_attn:
-            k = torch.cat([k, k.new_zeros(N, H, 1, Dh)], dim=2)
-            v = torch.cat([v, v.new_zeros(N, H, 1, Dh)], dim=2)
-        S = k.shape[2]
-        mask, pad = (tuple(_extend(t, extra_keys) for t in m) for m in (mask, pad))
-        if mask[0] is not None and mask[0].dim() == 3:  # (N*H, L, S) -> (N, H, L, S)
-            mask = tuple(None if t is None else t.reshape(N, H, L, S) for t in mask)
-        pad = tuple(None if t is None else t.reshape(N, 1, 1, S) for t in pad)
-        keep, bias = merge(mask, pad)
+        q, k, v = self._heads(query, key, value)
+        keep, bias, key_lengths = self._keep_and_bias(attn_mask, key_padding_mask, key_lengths, N, L, key.shape[0])
         causal = is_causal and attn_mask is None
 
         result = attend(

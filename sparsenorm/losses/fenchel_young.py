@@ -278,67 +278,70 @@ def entmax_bisect_loss(
 # ----------------------------------------------------------------------------- modules
 
 class _FenchelYoungLoss(nn.Module):
-    def __init__(self, ignore_index: int = -100, reduction: str = "elementwise_mean", weight: Optional[Tensor] = None):
+    """The one module wrapper of the Fenchel–Young losses: CrossEntropyLoss's ``weight`` (a buffer),
+    ``ignore_index`` and ``reduction``, plus the map's own ``options`` (``k``, ``n_iter``, ``alpha``: kept as
+    attributes, an ``nn.Parameter`` ``alpha`` registered as a parameter), passed to ``loss_function``."""
+
+    loss_function: Callable[..., Tensor]
+
+    def __init__(self, ignore_index: int, reduction: str, weight: Optional[Tensor], **options):
         super().__init__()
         check_reduction(reduction)
         _check_weight(weight)
         self.ignore_index = ignore_index
         self.reduction = reduction
         self.register_buffer("weight", weight)
+        self._options = tuple(options)
+        for name, value in options.items():
+            setattr(self, name, value)
+
+    def forward(self, input: Tensor, target: Tensor, mask: Optional[Tensor] = None) -> Tensor:
+        options = {name: getattr(self, name) for name in self._options}
+        return type(self).loss_function(input, target, self.weight, self.ignore_index, self.reduction, mask=mask,
+                                        **options)
 
 
 class SparsemaxLoss(_FenchelYoungLoss):
     """Module form of :func:`sparsemax_loss`; arguments as ``entmax.SparsemaxLoss`` plus ``weight``."""
 
+    loss_function = staticmethod(sparsemax_loss)
+
     def __init__(self, k: Optional[int] = None, ignore_index: int = -100, reduction: str = "elementwise_mean",
                  weight: Optional[Tensor] = None):
         check_k(k)
-        super().__init__(ignore_index, reduction, weight)
-        self.k = k
-
-    def forward(self, input: Tensor, target: Tensor, mask: Optional[Tensor] = None) -> Tensor:
-        return sparsemax_loss(input, target, self.weight, self.ignore_index, self.reduction, k=self.k, mask=mask)
+        super().__init__(ignore_index, reduction, weight, k=k)
 
 
 class SparsemaxBisectLoss(_FenchelYoungLoss):
     """Module form of :func:`sparsemax_bisect_loss`; arguments as ``entmax.SparsemaxBisectLoss``."""
 
+    loss_function = staticmethod(sparsemax_bisect_loss)
+
     def __init__(self, n_iter: int = 50, ignore_index: int = -100, reduction: str = "elementwise_mean",
                  weight: Optional[Tensor] = None):
         check_n_iter(n_iter)
-        super().__init__(ignore_index, reduction, weight)
-        self.n_iter = n_iter
-
-    def forward(self, input: Tensor, target: Tensor, mask: Optional[Tensor] = None) -> Tensor:
-        return sparsemax_bisect_loss(input, target, self.weight, self.ignore_index, self.reduction, n_iter=self.n_iter,
-                                     mask=mask)
+        super().__init__(ignore_index, reduction, weight, n_iter=n_iter)
 
 
 class Entmax15Loss(_FenchelYoungLoss):
     """Module form of :func:`entmax15_loss`; arguments as ``entmax.Entmax15Loss`` (``k=100`` there
     too; ``k`` is only a speed hint, the loss is exact) plus ``weight``."""
 
+    loss_function = staticmethod(entmax15_loss)
+
     def __init__(self, k: Optional[int] = 100, ignore_index: int = -100, reduction: str = "elementwise_mean",
                  weight: Optional[Tensor] = None):
         check_k(k)
-        super().__init__(ignore_index, reduction, weight)
-        self.k = k
-
-    def forward(self, input: Tensor, target: Tensor, mask: Optional[Tensor] = None) -> Tensor:
-        return entmax15_loss(input, target, self.weight, self.ignore_index, self.reduction, k=self.k, mask=mask)
+        super().__init__(ignore_index, reduction, weight, k=k)
 
 
 class EntmaxBisectLoss(_FenchelYoungLoss):
     """Module form of :func:`entmax_bisect_loss`; arguments as ``entmax.EntmaxBisectLoss`` plus
     ``weight``. ``alpha`` may be an ``nn.Parameter`` (it then gets a gradient)."""
 
+    loss_function = staticmethod(entmax_bisect_loss)
+
     def __init__(self, alpha: Union[float, Tensor] = 1.5, n_iter: int = 50, ignore_index: int = -100,
                  reduction: str = "elementwise_mean", weight: Optional[Tensor] = None):
         check_n_iter(n_iter)
-        super().__init__(ignore_index, reduction, weight)
-        self.alpha = alpha
-        self.n_iter = n_iter
-
-    def forward(self, input: Tensor, target: Tensor, mask: Optional[Tensor] = None) -> Tensor:
-        return entmax_bisect_loss(input, target, self.weight, self.ignore_index, self.reduction,
-                                  alpha=self.alpha, n_iter=self.n_iter, mask=mask)
+        super().__init__(ignore_index, reduction, weight, alpha=alpha, n_iter=n_iter)

@@ -22,6 +22,7 @@ from torch import Tensor, nn
 from .._validation import check_param, value_checks_enabled
 from ..hourglass import hourglass_scale
 from ._common import (
+    FlatBatch,
     check_reduction,
     class_weight_per_row,
     flatten_logits_and_target,
@@ -75,20 +76,25 @@ def sparsehourglass_hinge_loss(
     return loss.to(input.dtype)
 
 
-def _multilabel_rows(input: Tensor, target: Tensor, ignore_index: int, mask: Optional[Tensor] = None):
-    """Flatten, and return ``(batch, z, positive (M, C) bool, eta (M, C))``.
+def multilabel_positives(batch: FlatBatch) -> Tuple[Tensor, Tensor]:
+    """``(positive (M, C) bool, eta (M, C))`` of a flattened batch (class indices read as one-hot rows).
 
     ``eta = y / |y|_1`` over the positive labels (``target > 0``; for a 0/1 multi-hot target
     this is the paper's ``eta``); a row without a positive label has ``eta = 0``.
     """
-    batch = flatten_logits_and_target(input, target, ignore_index=ignore_index, mask=mask)
     z = batch.logits
     y = one_hot_like(batch).to(z.dtype)
     if value_checks_enabled(y) and bool((y < 0).any()):
         raise ValueError("target must be non-negative (a multi-hot vector or a distribution)")
     positive = y > 0
     eta = y / y.sum(1, keepdim=True).clamp_min(torch.finfo(z.dtype).tiny)
-    return batch, z, positive, eta
+    return positive, eta
+
+
+def _multilabel_rows(input: Tensor, target: Tensor, ignore_index: int, mask: Optional[Tensor] = None):
+    """Flatten, and return ``(batch, z, positive (M, C) bool, eta (M, C))`` (see :func:`multilabel_positives`)."""
+    batch = flatten_logits_and_target(input, target, ignore_index=ignore_index, mask=mask)
+    return (batch, batch.logits, *multilabel_positives(batch))
 
 
 def pair_classes(z: Tensor, positive: Tensor) -> Tuple[Tensor, Tensor, Tensor]:

@@ -18,8 +18,8 @@ from torch import Tensor, nn
 
 from .._validation import check_param
 from ..rsoftmax import r_softmax, t_softmax
-from ._common import FlatBatch, check_reduction, reduce_loss
-from .hourglass import _multilabel_rows, pair_classes, positive_negative_hinge
+from ._common import FlatBatch, check_reduction, flatten_logits_and_target, reduce_loss
+from .hourglass import multilabel_positives, pair_classes, positive_negative_hinge
 
 Param = Union[float, Tensor]
 
@@ -37,22 +37,62 @@ def _per_row_param(value: Param, batch: FlatBatch, name: str) -> Param:
     return value.reshape(rows, 1)
 
 
+def _eq4_single_label_rows(p: Tensor, z: Tensor, k: Tensor) -> Tensor:
+    """Eq. 4 per row for one positive class ``k`` per row (``eta = e_k``), in O(C) time and memory.
+
+    With ``y = e_k`` the fit term is ``(p_k - 1)^2`` and the pairs are ``(k, j)`` for every ``j != k``
+    with margin ``eta_k = 1``: ``sum_{j != k} max(0, 1 - (z_k - z_j))``, one pass over the row instead
+    of the multi-label form's sort. A ``-inf`` ``z_j`` (not there) gives 0; a row whose ``k`` is not
+    there gives ``+inf``, as in the multi-label form.
+    """
+    k = k.unsqueeze(1)
+    z_k = z.gather(1, k)
+    fit = (p.gather(1, k).squeeze(1) - 1).pow(2)
+    hinge = (1 - (z_k - z)).clamp_min(0).scatter(1, k, 0.0)
+    return (fit + hinge.sum(1)).masked_fill(z_k.squeeze(1) == float("-inf"), float("inf"))
+
+
 def _eq4_loss(
-    normalizer: Callable[[Tensor], Tensor],
+    normalizer: Callable[[Tensor, FlatBatch], Tensor],
     input: Tensor,
     target: Tensor,
     reduction: str,
     ignore_index: int,
     mask: Optional[Tensor] = None,
 ) -> Tensor:
+    """Eq. 4 with the normalizer ``f(z, batch)`` on the flattened rows: O(C) per row for class-index
+    targets, O(C log C) for multi-hot ones (the same value for one-hot rows)."""
     check_reduction(reduction)
-    batch, z, positive, eta = _multilabel_rows(input, target, ignore_index, mask)
+    batch = flatten_logits_and_target(input, target, ignore_index=ignore_index, mask=mask)
+    z = batch.logits
+    if batch.target_index is not None:
+        per_row = _eq4_single_label_rows(normalizer(z, batch), z, batch.target_index)
+        return reduce_loss(per_row, batch, reduction).to(input.dtype)
+    positive, eta = multilabel_positives(batch)
     p = normalizer(z, batch)
     y = positive.to(z.dtype)
     fit = (y * (p - eta)).pow(2).sum(1)
     pos, neg, bad_rows = pair_classes(z, positive)
     per_row = (fit + positive_negative_hinge(z, pos, neg, eta)).masked_fill(bad_rows, float("inf"))
     return reduce_loss(per_row, batch, reduction).to(input.dtype)
+
+
+def eq4_loss(
+    input: Tensor,
+    target: Tensor,
+    normalizer: Callable[[Tensor], Tensor],
+    reduction: str = "mean",
+    ignore_index: int = -100,
+    mask: Optional[Tensor] = None,
+) -> Tensor:
+    r"""The r-softmax paper's Eq. 4 with any normalizer ``f``: :func:`r_softmax_loss` with ``f(rows)`` in place
+    of r-softmax, for a variant of it (e.g. one whose threshold is computed without a gradient).
+
+    ``normalizer`` maps the flattened logits ``(M, C)`` (classes on dim 1, "not there" classes as
+    ``-inf``, in the compute dtype) to probabilities of that shape; its parameters must be fixed or
+    given per row ``(M, 1)``. Shapes, targets, masks and reductions as :func:`r_softmax_loss`.
+    """
+    return _eq4_loss(lambda z, batch: normalizer(z), input, target, reduction, ignore_index, mask)
 
 
 def r_softmax_loss(
@@ -85,7 +125,8 @@ def r_softmax_loss(
 
     Classes that are "not there" (``mask == False``, ``-inf`` logits or logits ``<= finfo(dtype).min
     / 2``) are excluded from the quantile and from every pair; a positive label on one gives ``+inf``.
-    The pair term takes O(C log C) time and O(C) memory per row.
+    The pair term takes O(C) time and memory per row for class indices (one positive: a single pass) and
+    O(C log C) time, O(C) memory for multi-hot targets.
     """
     check_param(r, "r", low=0.0, high=1.0)
 

@@ -13,7 +13,7 @@ from sklearn.metrics import f1_score
 from sparsenorm import cli
 from sparsenorm.experiments._shared import metrics, runner
 from sparsenorm.experiments._shared.common import RunConfig
-from sparsenorm.experiments.rsoftmax_multilabel import claims, experiment, methods as ml, training
+from sparsenorm.experiments.rsoftmax_multilabel import claims, experiment, methods as ml, paper, training
 
 # ------------------------------------------------------------------ metrics vs scikit-learn
 
@@ -83,7 +83,7 @@ def test_experiment_satisfies_the_protocol():
 
 
 def test_default_methods_and_restriction():
-    keys = [m.key for m in ml.methods_for(None, ml.COUNT_HEADS)]
+    keys = [m.key for m in ml.methods_for(None, paper.COUNT_HEADS)]
     assert keys == ["softmax", "sparsemax+huber", "sparsemax+hinge", "sparsehourglass", "r_softmax (linear count)",
                     "r_softmax (mlp count)", "ev_softmax", "sigmoid"]
     assert [m.key for m in ml.methods_for(["ev_softmax", "entmax15"])] == ["ev_softmax", "entmax15"]
@@ -166,11 +166,11 @@ def _tiny_problem(n=64, d=8, labels=5, seed=0):
     return torch.from_numpy(x), torch.from_numpy(y)
 
 
-R_OPTIONS = [ml.RSoftmaxOptions(count_decode=d, rate_grad=g) for d in ml.COUNT_DECODES for g in ml.RATE_GRADS]
+R_OPTIONS = [ml.RSoftmaxOptions(count_decode=d, rate_grad=g) for d in paper.COUNT_DECODES for g in paper.RATE_GRADS]
 
 
 @pytest.mark.parametrize("method,options", [(m, ml.RSoftmaxOptions()) for m in
-                                            ml.methods_for(None, ml.COUNT_HEADS) + ml.methods_for(["entmax15", "posthoc_evidential"])]
+                                            ml.methods_for(None, paper.COUNT_HEADS) + ml.methods_for(["entmax15", "posthoc_evidential"])]
                          + [(ml.methods_for(["r_softmax"])[0], o) for o in R_OPTIONS],
                          ids=lambda v: v.key if isinstance(v, ml.Method) else f"{v.count_decode}-{v.rate_grad}")
 def test_training_steps_reduce_each_methods_loss(method, options):
@@ -220,8 +220,8 @@ def test_topk_sets_and_train_method_picks_the_best_selection_epoch():
         assert 0 <= entry["known_count_topk_f1"] <= 1 and "count_accuracy" not in entry
     scores = dict(result)
     training.add_chosen(scores)
-    assert scores[ml.BEST_SOFTMAX]["select_f1"] == max(result[v]["select_f1"] for v in result)
-    rs = training.train_method(ml.methods_for(["r_softmax"], ml.COUNT_HEADS)[1], split, 0, 2, torch.device("cpu"))
+    assert scores[paper.BEST_SOFTMAX]["select_f1"] == max(result[v]["select_f1"] for v in result)
+    rs = training.train_method(ml.methods_for(["r_softmax"], paper.COUNT_HEADS)[1], split, 0, 2, torch.device("cpu"))
     assert 0 <= rs["r_softmax (mlp count)"]["count_accuracy"] <= 1
 
 
@@ -229,7 +229,7 @@ def test_topk_sets_and_train_method_picks_the_best_selection_epoch():
                                  "sigmoid"])
 def test_stacked_training_equals_separate_runs(key):
     """Networks trained side by side (different data, different seeds) follow their own trajectories."""
-    method = next(m for m in ml.methods_for(None, ml.COUNT_HEADS) if m.key == key)
+    method = next(m for m in ml.methods_for(None, paper.COUNT_HEADS) if m.key == key)
     splits, seeds = [], [0, 5]
     for seed in seeds:
         x, y = _tiny_problem(n=150, seed=seed)
@@ -284,7 +284,7 @@ def _summary(real, synthetic, seeds=8):
 
 
 def test_verdicts_follow_the_paired_tests_under_each_f1():
-    real = {ml.BEST_SOFTMAX: 0.6, "sparsemax+huber": 0.5, "sparsemax+hinge": 0.52, "sparsehourglass": 0.51,
+    real = {paper.BEST_SOFTMAX: 0.6, "sparsemax+huber": 0.5, "sparsemax+hinge": 0.52, "sparsehourglass": 0.51,
             "r_softmax": 0.59, "sigmoid": 0.55, "ev_softmax": 0.57}
     judged = claims.claims(_summary(real, [real, real, real]))
     # beats the sparse rivals; on par with the best softmax; sparsemax not competitive; no sweep subsets in this
@@ -341,8 +341,8 @@ def test_smoke_run_writes_results_report_figures_and_resumes(tmp_path, monkeypat
     synthetic = [r for r in records if r["dataset"] == "synthetic"]
     assert [r["data"]["n_classes"] for r in synthetic] == [10, 30]
     assert synthetic[0]["data"]["n_train"] == 160
-    expected = [ml.softmax_variant(m) for m in ml.THRESHOLD_MULTIPLES] + [
-        ml.BEST_SOFTMAX, "sparsemax+huber", "sparsemax+hinge", "sparsehourglass", "r_softmax (linear count)",
+    expected = [ml.softmax_variant(m) for m in paper.THRESHOLD_MULTIPLES] + [
+        paper.BEST_SOFTMAX, "sparsemax+huber", "sparsemax+hinge", "sparsehourglass", "r_softmax (linear count)",
         "r_softmax (mlp count)", "ev_softmax", "sigmoid", "r_softmax"]
     assert results["summary"]["variants"] == expected
     for record in records:

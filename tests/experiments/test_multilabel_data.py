@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sparsenorm.experiments.rsoftmax_multilabel import data as md
+from sparsenorm.experiments._shared import r_lazyload
+from sparsenorm.experiments.rsoftmax_multilabel import data as md, paper
 from sparsenorm.experiments._shared.common import UserFacingError
 
 # ------------------------------------------------------------------ a minimal R serializer (XDR)
@@ -156,11 +157,11 @@ def test_synthetic_rejects_bad_parameters():
 
 def test_sweeps():
     for quick in (True, False):
-        for n_classes in md.CLASS_COUNTS:
+        for n_classes in paper.CLASS_COUNTS:
             values = md.average_label_sweep(n_classes, quick)
             assert values == sorted(values) and 1 <= values[0] and values[-1] < n_classes
         lengths = md.document_length_sweep(quick)
-        assert md.FIXED_DOCUMENT_LENGTH in lengths
+        assert paper.FIXED_DOCUMENT_LENGTH in lengths
     assert len(md.average_label_sweep(10, True)) < len(md.average_label_sweep(30, False))
 
 
@@ -251,12 +252,12 @@ def test_mlr_parser_on_a_fixture(tmp_path):
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=(6, 3)), (rng.random((6, 4)) < 0.5)
     write_mlr_fixture(tmp_path, x, y)
-    got_x, got_y, features, labels = md.read_mlr_multilabel_task(tmp_path / "Rdata.rdb", tmp_path / "Rdata.rdx")
+    got_x, got_y, features, labels = r_lazyload.read_mlr_multilabel_task(tmp_path / "Rdata.rdb", tmp_path / "Rdata.rdx", "yeast.task")
     np.testing.assert_array_equal(got_x, x)
     np.testing.assert_array_equal(got_y, y.astype(np.int8))
     assert features == ["x1", "x2", "x3"] and labels == ["label1", "label2", "label3", "label4"]
     with pytest.raises(KeyError, match="yeast.task"):
-        md.read_mlr_multilabel_task(tmp_path / "Rdata.rdb", tmp_path / "Rdata.rdx", "other.task")
+        r_lazyload.read_mlr_multilabel_task(tmp_path / "Rdata.rdb", tmp_path / "Rdata.rdx", "other.task")
 
 
 def test_yeast_cache_from_rdata_files_checks_the_shape(tmp_path):

@@ -36,20 +36,20 @@ CLAIMS: Tuple[PaperClaim, ...] = (
     # ---------------------------------------------------------------- ev-softmax: theory (tests)
     PaperClaim("ev.fig1_example", EV, "Fig. 1, slides", "worked examples: ev-softmax((0.4, 1.4, -0.8)) ≈ (0.27, 0.73, 0) "
                "is bimodal where sparsemax gives (0, 1, 0)", "(0.27, 0.73, 0)",
-               tests="tests/test_evidential.py::test_fig1_values_to_three_decimals, "
+               tests="tests/unit/test_evidential.py::test_fig1_values_to_three_decimals, "
                      "::test_worked_examples_match_literal_formula_and_printed_numbers; `sparsenorm demo`"),
     PaperClaim("ev.table1_properties", EV, "Table 1, App. C", "ev-softmax is monotonic, translation- and "
                "permutation-invariant, full-domain, and neither idempotent nor scale-invariant (as softmax)",
-               "Table 1 check marks", tests="tests/test_evidential.py::test_monotonic, ::test_translation_invariant, "
+               "Table 1 check marks", tests="tests/unit/test_evidential.py::test_monotonic, ::test_translation_invariant, "
                "::test_permutation_invariant, ::test_full_domain, ::test_not_idempotent_and_not_scale_invariant; "
                "`sparsenorm demo` checks the whole table numerically"),
     PaperClaim("ev.gradient", EV, "Eq. 9, Eq. 12, App. D", "closed-form Jacobian of ev-softmax; the gradient of the "
                "log of the training form tends to delta - ev-softmax", "Eqs. 9, 12",
-               tests="tests/test_evidential.py::test_eq9_jacobian, ::test_eq12_gradient_of_log_train_tends_to_delta_"
+               tests="tests/unit/test_evidential.py::test_eq9_jacobian, ::test_eq12_gradient_of_log_train_tends_to_delta_"
                      "minus_ev_softmax, ::test_gradcheck_and_gradgradcheck"),
     PaperClaim("ev.posthoc_equivalence", EV, "Theorem 3.1, App. B", "post-hoc evidential sparsification of a linear "
                "layer's output equals ev-softmax", "Theorem 3.1",
-               tests="tests/test_evidential.py::test_theorem_3_1_posthoc_equals_ev_softmax, "
+               tests="tests/unit/test_evidential.py::test_theorem_3_1_posthoc_equals_ev_softmax, "
                      "::test_singleton_masses_match_dempsters_rule_by_brute_force"),
     # ---------------------------------------------------------------- ev-softmax Sec. 4.1: CVAE
     PaperClaim("ev.cvae.fastest_lowest", EV, "Sec. 4.1, Fig. 3", "ev-softmax converges the fastest and to the lowest "
@@ -121,9 +121,9 @@ CLAIMS: Tuple[PaperClaim, ...] = (
     # ---------------------------------------------------------------- r-softmax: theory (tests)
     PaperClaim("r.rate_exact", RS, "Sec. 3, Eq. 2-3", "r-softmax gives a fraction r of zeros (the sparsity rate) and "
                "is a probability distribution; t-softmax with a learnable t", "definition",
-               tests="tests/test_rsoftmax.py::test_properties and the rest of tests/test_rsoftmax.py"),
+               tests="tests/unit/test_rsoftmax.py::test_properties and the rest of tests/unit/test_rsoftmax.py"),
     PaperClaim("r.loss", RS, "Sec. 3, Eq. 4", "the multi-label loss of Eq. 4 trains r-softmax", "Eq. 4",
-               tests="tests/test_rsoftmax_losses.py"),
+               tests="tests/unit/test_rsoftmax_losses.py"),
     # ---------------------------------------------------------------- r-softmax Sec. 4.1: multi-label
     PaperClaim("r.multilabel.beats_sparse", RS, "Sec. 4.1, Table 1, Fig. 2", "r-softmax beats sparsemax (huber and "
                "hinge) and sparsehourglass", "VOC 77.90 vs 66.84, 71.91, 71.35; COCO 72.56 vs 52.30, 65.67, 64.85",
@@ -166,13 +166,13 @@ CLAIMS: Tuple[PaperClaim, ...] = (
     # ---------------------------------------------------------------- sparsemax paper
     PaperClaim("sm.properties", SM, "Sec. 2, Prop. 1-2", "sparsemax is the Euclidean projection onto the simplex, "
                "translation-invariant, permutation-equivariant, monotonic, idempotent; closed-form threshold",
-               "Prop. 1-2", tests="tests/test_sparsemax.py::test_property_* (hypothesis), checked against the entmax "
+               "Prop. 1-2", tests="tests/unit/test_sparsemax.py::test_property_* (hypothesis), checked against the entmax "
                                   "package"),
     PaperClaim("sm.jacobian", SM, "Sec. 2.5", "the Jacobian is diag(s) - s s^T / |S|", "closed form",
-               tests="tests/test_sparsemax.py::test_gradients_match_entmax_package, ::test_gradcheck_exact"),
+               tests="tests/unit/test_sparsemax.py::test_gradients_match_entmax_package, ::test_gradcheck_exact"),
     PaperClaim("sm.loss", SM, "Sec. 3", "the sparsemax loss is convex, differentiable, zero iff sparsemax(z) = "
                "delta_k; its binary case is the modified Huber loss", "Prop. 3-4",
-               tests="tests/test_fenchel_young.py::test_sparsemax_loss_binary_is_modified_huber and the rest of that "
+               tests="tests/unit/test_fenchel_young.py::test_sparsemax_loss_binary_is_modified_huber and the rest of that "
                      "file"),
     PaperClaim("sm.multilabel.competitive", SM, "Sec. 4 (simulation)", "with its own loss, sparsemax is competitive "
                "with softmax + threshold and per-label logistic regression on scikit-learn's simulated data",

@@ -23,7 +23,7 @@ import multiprocessing
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field, is_dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Protocol, Sequence, runtime_checkable
+from typing import Any, Dict, List, Optional, Protocol, Sequence, Tuple, runtime_checkable
 
 import torch
 
@@ -183,6 +183,33 @@ def _execute(experiment: Experiment, pending: List[Job], context: Any, settings:
             on_done(futures[future], future.result())
 
 
+def _run_jobs(experiment: Experiment, jobs: List[Job], config: RunConfig, settings, context, device: torch.device,
+              options: RunOptions, out: Path) -> Tuple[Dict[str, Dict[str, Any]], List[str]]:
+    """The record of every job: from the cache in ``out`` where its fingerprint matches, else run now (and
+    cached as it finishes); with ``--report-only`` the cached ones only. Returns the records and the reused keys."""
+    cache = JobCache(out)
+    exclude = ("seeds", *getattr(experiment, "fingerprint_exclude", ()))
+    stamps = {job.key: fingerprint(settings, job, config, exclude) for job in jobs}
+    records: Dict[str, Dict[str, Any]] = {}
+    for job in jobs:
+        cached = cache.load(job, stamps[job.key])
+        if cached is not None:
+            records[job.key] = cached
+    reused = sorted(records)
+
+    def on_done(job: Job, record: Dict[str, Any]) -> None:
+        cache.save(job, stamps[job.key], record)
+        records[job.key] = record
+
+    pending = [j for j in jobs if j.key not in records]
+    if config.report_only:
+        if not records:
+            raise UserFacingError(f"--report-only: no finished job of this configuration in {cache.folder}")
+    else:
+        _execute(experiment, pending, context, settings, device, options, on_done)
+    return records, reused
+
+
 def run_experiment(experiment: Experiment, config: RunConfig) -> Path:
     """Run ``experiment`` under ``config``; write ``results.json`` and ``report.md`` into ``config.out``."""
     clock = Stopwatch()
@@ -201,26 +228,7 @@ def run_experiment(experiment: Experiment, config: RunConfig) -> Path:
         keys = [job.key for job in jobs]
         if len(set(keys)) != len(keys):
             raise ValueError(f"{experiment.name}: job keys must be unique, got {keys}")
-        cache = JobCache(out)
-        exclude = ("seeds", *getattr(experiment, "fingerprint_exclude", ()))
-        stamps = {job.key: fingerprint(settings, job, config, exclude) for job in jobs}
-        records: Dict[str, Dict[str, Any]] = {}
-        for job in jobs:
-            cached = cache.load(job, stamps[job.key])
-            if cached is not None:
-                records[job.key] = cached
-        reused = sorted(records)
-
-        def on_done(job: Job, record: Dict[str, Any]) -> None:
-            cache.save(job, stamps[job.key], record)
-            records[job.key] = record
-
-        pending = [j for j in jobs if j.key not in records]
-        if config.report_only:
-            if not records:
-                raise UserFacingError(f"--report-only: no finished job of this configuration in {cache.folder}")
-        else:
-            _execute(experiment, pending, context, settings, device, options, on_done)
+        records, reused = _run_jobs(experiment, jobs, config, settings, context, device, options, out)
         jobs_s = clock.elapsed - prepare_s
     finally:
         torch.set_num_threads(threads)

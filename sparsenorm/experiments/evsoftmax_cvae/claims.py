@@ -19,12 +19,12 @@ from scipy import stats as scipy_stats
 from .._shared import verdict
 from .._shared.verdict import NOT_TESTABLE, Claim
 from .model import QUERIES
+from .paper import SOURCE
 from .training import LOWER_IS_BETTER, METRICS
 
 METRIC_NAMES = {"w_digits": "W, digit positions (ours)", "w_authors": "W, authors' metric (probabilities as values)",
                 "parity_mass": "prior mass on the query's parity (direct test)"}
 EV, POSTHOC = "ev_softmax", "posthoc_evidential"
-SOURCE = "Sec. 4.1, Fig. 3"
 MIN_PAIRS_FOR_TEST = verdict.min_pairs()  # below it no two-sided signed-rank p reaches the rule's level
 
 

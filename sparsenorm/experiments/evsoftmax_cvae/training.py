@@ -101,6 +101,34 @@ def _support(row: np.ndarray) -> List[int]:
     return [int(k) for k in np.flatnonzero(row > 0)]
 
 
+def _results_per_normalizer(model: CVAE, norms: Dict[str, Any], trained_with: str, classifier,
+                            initial: Dict[str, Dict[str, Any]], curves: Dict[str, Dict[str, Any]],
+                            data: Dict[str, Tensor], keep_images: bool) -> Dict[str, Dict[str, Any]]:
+    """The trained model read with each normalizer: its final prior against the one at initialisation,
+    the decoded digits, posterior statistics on the validation images, and the curves."""
+    model.eval()
+    out: Dict[str, Dict[str, Any]] = {}
+    for name, norm in norms.items():
+        final, init = evaluate_prior(model, norm, classifier), initial[name]
+        out[name] = {
+            "trained_with": trained_with,
+            "prior": {q: final["prior"][i].tolist() for i, q in enumerate(QUERIES)},
+            "initial_prior": {q: init["prior"][i].tolist() for i, q in enumerate(QUERIES)},
+            "support": {q: _support(final["prior"][i]) for i, q in enumerate(QUERIES)},
+            "initial_support": {q: _support(init["prior"][i]) for i, q in enumerate(QUERIES)},
+            "modes_above_1pct": {q: int(metrics.nonzero_count(final["prior"][i], 0.01)) for i, q in enumerate(QUERIES)},
+            # Total variation between the evaluation-time prior at the end and at initialisation.
+            "prior_change_since_init": float(0.5 * np.abs(final["prior"] - init["prior"]).sum(-1).mean()),
+            "decoded_digit": final["decoded"].tolist(),
+            "predicted_digit_distribution": {q: final["marginal"][i].tolist() for i, q in enumerate(QUERIES)},
+            **posterior_statistics(model, norm, data["x_val"], data["y_val"]),
+            "curve": curves[name],
+        }
+        if keep_images:  # for Fig. 2
+            out[name]["images"] = np.round(final["images"], 3).tolist()
+    return out
+
+
 def train_group(names: List[str], seed: int, setting: TrainingSetting, data: Dict[str, Tensor], classifier, *,
                 epochs: int, batch_size: int, temperature: float, smoothing: float, eval_every: int,
                 device: torch.device, max_steps=None, keep_images: bool = False) -> Dict[str, Dict[str, Any]]:
@@ -164,24 +192,5 @@ def train_group(names: List[str], seed: int, setting: TrainingSetting, data: Dic
             running, running_count = running.new_zeros(()), 0
     train_time = clock.elapsed
 
-    model.eval()
-    out: Dict[str, Dict[str, Any]] = {}
-    for name, norm in norms.items():
-        final, init = evaluate_prior(model, norm, classifier), initial[name]
-        out[name] = {
-            "trained_with": train_norm.name,
-            "prior": {q: final["prior"][i].tolist() for i, q in enumerate(QUERIES)},
-            "initial_prior": {q: init["prior"][i].tolist() for i, q in enumerate(QUERIES)},
-            "support": {q: _support(final["prior"][i]) for i, q in enumerate(QUERIES)},
-            "initial_support": {q: _support(init["prior"][i]) for i, q in enumerate(QUERIES)},
-            "modes_above_1pct": {q: int(metrics.nonzero_count(final["prior"][i], 0.01)) for i, q in enumerate(QUERIES)},
-            # Total variation between the evaluation-time prior at the end and at initialisation.
-            "prior_change_since_init": float(0.5 * np.abs(final["prior"] - init["prior"]).sum(-1).mean()),
-            "decoded_digit": final["decoded"].tolist(),
-            "predicted_digit_distribution": {q: final["marginal"][i].tolist() for i, q in enumerate(QUERIES)},
-            **posterior_statistics(model, norm, data["x_val"], data["y_val"]),
-            "curve": curves[name],
-        }
-        if keep_images:  # for Fig. 2
-            out[name]["images"] = np.round(final["images"], 3).tolist()
+    out = _results_per_normalizer(model, norms, train_norm.name, classifier, initial, curves, data, keep_images)
     return {"steps": total, "train_time_s": round(train_time, 1), "loss_curve": loss_curve, "normalizers": out}

@@ -7,12 +7,11 @@ from typing import Any, Dict, List
 
 from .._shared import verdict
 from .._shared.verdict import NEW, NOT_TESTABLE, Claim
-from .estimators import PAPER_ACCURACY
+from .paper import PAPER_ACCURACY, SOURCE
 from .train import Settings, normalizer
 
 CALL_BOUND = 2.0
 """At least 80 % fewer decoder calls than softmax's 10 (the paper's cuts are 84-90 %): at most 2 per example."""
-SOURCE = "Sec. 4.2, Table 2"
 
 
 def _fmt_acc(s: Dict[str, Any]) -> str:
@@ -38,11 +37,9 @@ def _paired(per, a: str, b: str, key: str, higher_is_better: bool, label: str) -
     return verdict.direction(d, label)
 
 
-def judge_claims(per: Dict[str, Dict[str, Any]], settings: Settings) -> List[Claim]:
-    have = lambda *names: all(n in per and per[n]["seeds"] for n in names)  # noqa: E731
+def _most_accurate(per: Dict[str, Dict[str, Any]], settings: Settings, have) -> List[Claim]:
+    """ev-softmax is the most accurate of the marginalisation methods."""
     claims: List[Claim] = []
-
-    # 1. ev-softmax is the most accurate of the marginalisation methods.
     rivals = [n for n in ("softmax", "sparsemax", "entmax15", "posthoc_evidential") if have(n)]
     text = ("ev-softmax gives the highest test accuracy of the marginalisation methods (softmax, sparsemax, "
             "entmax-1.5, post-hoc evidential)")
@@ -54,8 +51,12 @@ def judge_claims(per: Dict[str, Dict[str, Any]], settings: Settings) -> List[Cla
             "97.20 (entmax-1.5)"))
     else:
         claims.append(Claim(text, NOT_TESTABLE, "needs ev_softmax and at least one of the others", SOURCE, key))
+    return claims
 
-    # 1b. ... and more accurate than the Monte-Carlo estimators (Table 2's upper rows, Correia et al.'s numbers).
+
+def _beats_monte_carlo(per: Dict[str, Dict[str, Any]], settings: Settings, have) -> List[Claim]:
+    """ev-softmax is more accurate than the Monte-Carlo estimators (Table 2's upper rows, Correia et al.'s numbers)."""
+    claims: List[Claim] = []
     estimators = [e for e in settings.estimators if have(e)]
     text = ("ev-softmax is more accurate than the Monte-Carlo gradient estimators (score function, NVIL, "
             "Gumbel-softmax)")
@@ -68,8 +69,12 @@ def judge_claims(per: Dict[str, Dict[str, Any]], settings: Settings) -> List[Cla
     else:
         claims.append(Claim(text, NOT_TESTABLE, "needs ev_softmax and a Monte-Carlo estimator (--estimators)", SOURCE,
                             key))
+    return claims
 
-    # 2. Sparse normalizers cut decoder calls by ~84-90 %.
+
+def _fewer_calls(per: Dict[str, Dict[str, Any]], settings: Settings, have) -> List[Claim]:
+    """Sparse normalizers cut decoder calls by ~84-90 %."""
+    claims: List[Claim] = []
     sparse = [n for n in ("sparsemax", "entmax15", "ev_softmax") if have(n)]
     text = ("sparse normalizers cut decoder calls per example by about 84-90 % (sparsemax 1.01, entmax-1.5 1.01, "
             f"ev-softmax 1.64 of 10); judged: at most {CALL_BOUND:g} calls (80 % fewer than softmax's 10) for each")
@@ -81,8 +86,12 @@ def judge_claims(per: Dict[str, Dict[str, Any]], settings: Settings) -> List[Cla
             f"{n} {_fmt_calls(per[n])} calls" for n in sparse) + " on the test set, mean ± SE over seeds"))
     else:
         claims.append(Claim(text, NOT_TESTABLE, "needs sparsemax, entmax15 or ev_softmax", SOURCE, key))
+    return claims
 
-    # 3. ev-softmax keeps more than one mode where sparsemax / entmax keep about one.
+
+def _more_modes(per: Dict[str, Dict[str, Any]], settings: Settings, have) -> List[Claim]:
+    """ev-softmax keeps more than one mode where sparsemax / entmax keep about one."""
+    claims: List[Claim] = []
     text = "ev-softmax keeps more latent classes than sparsemax and entmax-1.5, which keep about one"
     key = "ev.ssvae.more_modes"
     others = [n for n in ("sparsemax", "entmax15") if have(n)]
@@ -94,8 +103,12 @@ def judge_claims(per: Dict[str, Dict[str, Any]], settings: Settings) -> List[Cla
                                     + " (paper: 1.64 vs 1.01, 1.01)"))
     else:
         claims.append(Claim(text, NOT_TESTABLE, "needs ev_softmax and sparsemax or entmax15", SOURCE, key))
+    return claims
 
-    # 4. Post-hoc evidential: more classes than ev-softmax, more variance, lower accuracy.
+
+def _posthoc_worse(per: Dict[str, Dict[str, Any]], settings: Settings, have) -> List[Claim]:
+    """Post-hoc evidential: more classes than ev-softmax, more variance, lower accuracy."""
+    claims: List[Claim] = []
     text = ("post-hoc evidential sparsification keeps more latent classes than ev-softmax, with a higher variance "
             "(over seeds), and is less accurate")
     key = "ev.ssvae.posthoc_worse"
@@ -111,8 +124,12 @@ def judge_claims(per: Dict[str, Dict[str, Any]], settings: Settings) -> List[Cla
             "(paper: 1.72 ± 0.05 vs 1.64 ± 0.01 calls, 96.90 vs 97.30 %)")))
     else:
         claims.append(Claim(text, NOT_TESTABLE, "needs posthoc_evidential and ev_softmax", SOURCE, key))
+    return claims
 
-    # 5. The compute saving shows in training time.
+
+def _cheaper(per: Dict[str, Dict[str, Any]], settings: Settings, have) -> List[Claim]:
+    """The compute saving shows in training time."""
+    claims: List[Claim] = []
     text = ("sparse marginalisation reduces the cost of training: CPU time per semi-supervised epoch below "
             "softmax's for every sparse trained normalizer")
     key = "ev.ssvae.cheaper"
@@ -127,8 +144,12 @@ def judge_claims(per: Dict[str, Dict[str, Any]], settings: Settings) -> List[Cla
                 for n in trained_sparse) + f" ({settings.steps_per_epoch or 'all'} steps/epoch, one thread per job)")))
     else:
         claims.append(Claim(text, NOT_TESTABLE, "needs softmax and a sparse normalizer", "Sec. 1, Sec. 6", key))
+    return claims
 
-    # 6. New: per-example packing vs the authors' batch-level skipping.
+
+def _new_findings(per: Dict[str, Dict[str, Any]], settings: Settings, have) -> List[Claim]:
+    """New: per-example packing vs the authors' batch-level skipping, and r-softmax as the latent distribution."""
+    claims: List[Claim] = []
     packed = [n for n in settings.normalizers if have(n) and not normalizer(n, settings).posthoc]
     if packed:
         evidence = ", ".join(f"{n}: {per[n]['decoder_rows_evaluated']:.2f} vs {per[n]['batch_level_rows']:.2f}"
@@ -142,3 +163,9 @@ def judge_claims(per: Dict[str, Dict[str, Any]], settings: Settings) -> List[Cla
                             f"{_fmt_acc(rs)}, {_fmt_calls(rs)} decoder calls, {rs['decoder_rows_evaluated']:.2f} rows "
                             f"per training example"))
     return claims
+
+
+def judge_claims(per: Dict[str, Dict[str, Any]], settings: Settings) -> List[Claim]:
+    have = lambda *names: all(n in per and per[n]["seeds"] for n in names)  # noqa: E731
+    judges = (_most_accurate, _beats_monte_carlo, _fewer_calls, _more_modes, _posthoc_worse, _cheaper, _new_findings)
+    return [claim for judge in judges for claim in judge(per, settings, have)]

@@ -19,7 +19,7 @@ Evaluation (accuracy, the -ELBO bound) uses the trained softmax classifier exact
 """
 from __future__ import annotations
 
-from typing import Dict, Optional, Tuple
+from typing import Dict, Optional
 
 import torch
 import torch.nn.functional as F
@@ -110,8 +110,3 @@ ESTIMATORS: Dict[str, str] = {
 }
 """Name -> what it is; one decoder call per unlabelled example each."""
 CALLS_PER_EXAMPLE = 1.0
-
-# Table 2 (Monte Carlo rows, from Correia et al.): accuracy in %; decoder calls 1.
-PAPER_ACCURACY: Dict[str, Tuple[float, float]] = {"sfe": (94.75, 0.2), "nvil": (96.01, 0.2), "gumbel": (95.46, 0.1),
-                                                  "st_gumbel": (86.35, 0.6)}
-"""Mean and standard error in % (the paper prints "± .002" etc. as fractions)."""

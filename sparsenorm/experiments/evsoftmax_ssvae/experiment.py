@@ -13,31 +13,14 @@ import torch
 from .._shared.common import RunConfig, UserFacingError
 from .._shared.runner import Claim, Job, Report, RunOptions
 from .claims import judge_claims
-from .estimators import ESTIMATORS, PAPER_ACCURACY
+from .estimators import ESTIMATORS
 from .data import DataRef
+from .paper import DECISIVE, DEFAULT_NORMALIZERS, FULL, PAPER, PAPER_NORMALIZERS, PAPER_TABLE2, QUICK
 from .report import write_report
 from .train import Settings, normalizer, run_group, training_groups
 
-PAPER = "ev-softmax (Chen et al. 2021), Sec. 4.2, Table 2, App. E.2"
-DEFAULT_NORMALIZERS = ["softmax", "sparsemax", "entmax15", "posthoc_evidential", "ev_softmax", "r_softmax"]
-
-# Table 2 (marginalisation rows): accuracy in %, decoder calls per example.
-PAPER_TABLE2 = {
-    "softmax": {"accuracy": 96.93, "accuracy_se": 0.1, "decoder_calls": 10.0, "decoder_calls_se": 0.0},
-    "sparsemax": {"accuracy": 96.87, "accuracy_se": 0.1, "decoder_calls": 1.01, "decoder_calls_se": 0.01},
-    "entmax15": {"accuracy": 97.20, "accuracy_se": 0.1, "decoder_calls": 1.01, "decoder_calls_se": 0.01},
-    "posthoc_evidential": {"accuracy": 96.90, "accuracy_se": 0.1, "decoder_calls": 1.72, "decoder_calls_se": 0.05},
-    "ev_softmax": {"accuracy": 97.30, "accuracy_se": 0.1, "decoder_calls": 1.64, "decoder_calls_se": 0.01},
-}
-PAPER_TABLE2.update({name: {"accuracy": acc, "accuracy_se": se, "decoder_calls": 1.0, "decoder_calls_se": 0.0}
-                     for name, (acc, se) in PAPER_ACCURACY.items()})  # its Monte-Carlo rows
-
-FULL = dict(epochs=200, seeds=10, pretrain_epochs=100, steps_per_epoch=None, selection_examples=None)
-QUICK = dict(epochs=3, seeds=2, pretrain_epochs=10, steps_per_epoch=100, selection_examples=2000)
-DECISIVE = dict(epochs=10, seeds=6, pretrain_epochs=20, steps_per_epoch=200, selection_examples=2000)
 # Table 2's Monte-Carlo rows the issue asks for (score function, NVIL, straight-through Gumbel); quick mode runs none.
 MODE_ESTIMATORS = {"quick": (), "decisive": ("sfe", "nvil", "st_gumbel"), "full": tuple(ESTIMATORS)}
-PAPER_NORMALIZERS = ["softmax", "sparsemax", "entmax15", "posthoc_evidential", "ev_softmax"]
 
 
 def _estimator_list(text: str):

@@ -42,10 +42,8 @@ def full_mode_estimate(per: Dict[str, Dict[str, Any]], records: List[Dict[str, A
     return {"cpu_hours": hours, "days_on_2_cores": hours / 2 / 24}
 
 
-def write_report(out: Path, summary: Dict[str, Any], records: List[Dict[str, Any]], settings: Settings,
-                 paper: Dict[str, Dict[str, float]]) -> Report:
-    per = summary["per_normalizer"]
-    names = [n for n in [*settings.normalizers, *settings.estimators] if per[n]["seeds"]]
+def _table2(per: Dict[str, Any], names: List[str], paper: Dict[str, Dict[str, float]]) -> str:
+    """Table 2 side by side: the paper's accuracy and decoder calls next to this run's, with its costs."""
     rows = []
     for n in names:
         s, p = per[n], paper.get(n)
@@ -63,21 +61,21 @@ def write_report(out: Path, summary: Dict[str, Any], records: List[Dict[str, Any
             f"{s['epoch_seconds']:.1f}",
             ", ".join(str(e) for e in s["selected_epochs"]),
         ])
-    table = markdown_table(
+    return markdown_table(
         ["normalizer", "accuracy % (paper)", "accuracy % (this run)", "after warm start (epoch 0)",
          "decoder calls (paper)",
          "decoder calls, test (this run) [per-example std]", "decoder rows / training example (marginalize)",
          "rows / example, authors' batch-level skipping", "test -ELBO (nats)", "CPU s / epoch", "wall s / epoch",
          "selected epochs"], rows)
+
+
+def _setup_section(settings: Settings, per: Dict[str, Any], names: List[str]) -> str:
     forms = markdown_table(["normalizer", "unlabelled marginal while training", "labelled classification loss",
                             "evaluation (test)"], [_forms(n, settings) for n in names])
-    estimate = full_mode_estimate(per, records)
-    figures = {"accuracy_vs_calls": plot_accuracy_vs_calls(per, names, paper, out / "fig_accuracy_vs_calls.png"),
-               "accuracy_curve": plot_accuracy_curves(per, names, out / "fig_test_accuracy_curve.png")}
     selection = ("lowest marginal -ELBO" if settings.select_on == "elbo" else "highest accuracy") + (
         f" on the first {settings.selection_examples} validation images" if settings.selection_examples
         else " on the 10,000 validation images")
-    body = f"""
+    return f"""
 ## Setup
 
 M2 (Kingma et al. 2014) as in App. E.2 and the authors' code: classifier q(z|x) 784-256-256-256-10, Gaussian
@@ -101,7 +99,11 @@ does the same in effect: `sparse_softmax` subtracts 1e6 off the support, which u
 marginal, and its NLL is Eq. 10 with eps = e^-1e6. Post-hoc evidential is the softmax-trained model (the same
 runs as the softmax row), filtered at evaluation only.
 
-## Table 2, side by side
+"""
+
+
+def _table_section(table: str, estimate: Dict[str, float]) -> str:
+    return f"""## Table 2, side by side
 
 {table}
 
@@ -122,6 +124,16 @@ measured CPU time per step and per evaluation: about {estimate['cpu_hours']:.0f}
 
 ![test accuracy over epochs](fig_test_accuracy_curve.png)
 """
+
+
+def write_report(out: Path, summary: Dict[str, Any], records: List[Dict[str, Any]], settings: Settings,
+                 paper: Dict[str, Dict[str, float]]) -> Report:
+    per = summary["per_normalizer"]
+    names = [n for n in [*settings.normalizers, *settings.estimators] if per[n]["seeds"]]
+    figures = {"accuracy_vs_calls": plot_accuracy_vs_calls(per, names, paper, out / "fig_accuracy_vs_calls.png"),
+               "accuracy_curve": plot_accuracy_curves(per, names, out / "fig_test_accuracy_curve.png")}
+    body = (_setup_section(settings, per, names)
+            + _table_section(_table2(per, names, paper), full_mode_estimate(per, records)))
     return Report(body=body, figures=figures, headline="accuracy_vs_calls")
 
 

@@ -126,6 +126,125 @@ def evaluate(model: M2, probs_fn: ProbsFn, images: Tensor, labels: Tensor, batch
     return out
 
 
+@dataclass
+class _Run:
+    """What one training run shares between its stages: the data, the model and its generators."""
+
+    names: List[str]
+    seed: int
+    settings: Settings
+    data: Any  # .data.Split
+    model: M2
+    train_norm: Any  # the registry entry the group trains with
+    gen: torch.Generator  # binarisation and the h samples
+    labelled: Any  # an endless iterator of labelled batch indices
+
+    @property
+    def label(self) -> str:
+        return "+".join(self.names)
+
+    def cap(self, steps: int) -> int:
+        return min(steps, self.settings.max_steps) if self.settings.max_steps else steps
+
+
+def _pretrain(run: _Run) -> Dict[str, Any]:
+    """The authors' warm start: the labelled term alone, ``pretrain_epochs`` passes over the labelled images."""
+    s, data = run.settings, run.data
+    steps = run.cap(-(-len(data.labelled_labels) // s.batch_size))
+    optimizer = torch.optim.Adam(run.model.parameters(), lr=s.pretrain_learning_rate, weight_decay=s.weight_decay)
+    clock = Clock()
+    total = s.pretrain_epochs * steps
+    for _ in common.progress(range(total), total=total, desc=f"ssvae {run.label} seed {run.seed}: pretraining"):
+        idx = next(run.labelled)
+        loss = supervised_loss(run.model, run.train_norm, binarise(data.labelled_images[idx], run.gen),
+                               data.labelled_labels[idx], run.gen)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+    seconds, cpu_seconds = clock.elapsed()
+    return {"pretrain_steps": total, "pretrain_seconds": seconds, "pretrain_cpu_seconds": cpu_seconds}
+
+
+class _Selection:
+    """Validation after every epoch: the learning curves, and the state with the best validation score
+    (lowest marginal -ELBO, or highest accuracy) among epochs >= 1."""
+
+    def __init__(self, run: _Run, member_probs: Dict[str, ProbsFn]):
+        self.run, self.member_probs = run, member_probs
+        self.curve: Dict[str, List[float]] = {k: [] for k in (
+            "epoch", "val_neg_elbo", "epoch_seconds", "epoch_cpu_seconds", "eval_seconds", "eval_cpu_seconds",
+            "rows_per_example",
+            "batch_level_rows_per_example")}
+        self.member_curves = {name: {"val_accuracy": [], "test_accuracy": []} for name in run.names}
+        self.best_score, self.best_state, self.best_epoch = None, None, 0
+
+    def record(self, epoch: int) -> None:
+        run, s, data = self.run, self.run.settings, self.run.data
+        clock = Clock()
+        n_val = s.selection_examples or len(data.val_labels)
+        selection_probs: ProbsFn = lambda f, head: run.train_norm.forward(head(f), dim=-1)  # noqa: E731
+        val = evaluate(run.model, selection_probs, data.val_images[:n_val], data.val_labels[:n_val],
+                       s.eval_batch, with_elbo=s.select_on == "elbo")
+        self.curve["epoch"].append(epoch)
+        self.curve["val_neg_elbo"].append(val.get("neg_elbo"))
+        for name in run.names:
+            for split_name, images, labels in (("val", data.val_images, data.val_labels),
+                                               ("test", data.test_images, data.test_labels)):
+                acc = evaluate(run.model, self.member_probs[name], images, labels, s.eval_batch, with_elbo=False)
+                self.member_curves[name][f"{split_name}_accuracy"].append(acc["accuracy"])
+        wall, cpu = clock.elapsed()
+        self.curve["eval_seconds"].append(wall)
+        self.curve["eval_cpu_seconds"].append(cpu)
+        score = val["neg_elbo"] if s.select_on == "elbo" else -val["accuracy"]
+        if epoch > 0 and (self.best_score is None or score < self.best_score):
+            self.best_score, self.best_state, self.best_epoch = score, copy.deepcopy(run.model.state_dict()), epoch
+
+
+def _semi_supervised_epoch(run: _Run, estimator, unlabelled, optimizer, steps: int, epoch: int) -> Dict[str, float]:
+    """One epoch of ``steps`` steps of labelled + (U / L) x unlabelled loss; the decoder rows it evaluated
+    (marginalised: each example's support; Monte Carlo: one per example) and its wall and CPU time."""
+    s, data, model, gen = run.settings, run.data, run.model, run.gen
+    ratio = len(data.unlabelled_labels) / len(data.labelled_labels)
+    rows = batch_rows = examples = 0
+    clock = Clock()
+    for _ in common.progress(range(steps), total=steps, desc=f"ssvae {run.label} seed {run.seed}: epoch {epoch}"):
+        lab, unl = next(run.labelled), next(unlabelled)
+        x_u = binarise(data.unlabelled_images[unl], gen)
+        sup = supervised_loss(model, run.train_norm, binarise(data.labelled_images[lab], gen),
+                              data.labelled_labels[lab], gen)
+        if estimator is None:
+            unsup, step_rows, step_batch_rows = unsupervised_loss(model, run.train_norm, x_u, gen, s.entropy_weight)
+        else:  # one sampled class per example: one decoder row each
+            unsup = estimator(model, model.scores(x_u), x_u, gen, s.entropy_weight)
+            step_rows = step_batch_rows = len(unl)
+        loss = sup + ratio * unsup
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        rows, batch_rows, examples = rows + step_rows, batch_rows + step_batch_rows, examples + len(unl)
+    wall, cpu = clock.elapsed()
+    return {"rows": rows, "batch_rows": batch_rows, "examples": examples, "wall": wall, "cpu": cpu}
+
+
+def _test_evaluations(run: _Run, selection: _Selection, monte_carlo: bool) -> Dict[str, Dict[str, Any]]:
+    """Each member of the group on the test set, with the selected state."""
+    s, data = run.settings, run.data
+    evaluations = {}
+    for name in run.names:
+        test = evaluate(run.model, selection.member_probs[name], data.test_images, data.test_labels, s.eval_batch,
+                        with_elbo=True)
+        evaluations[name] = {
+            "test_accuracy": test["accuracy"],
+            # a Monte-Carlo estimator calls the decoder once per sample, whatever q's support
+            "decoder_calls_mean": mc.CALLS_PER_EXAMPLE if monte_carlo else test["support_mean"],
+            "decoder_calls_std": 0.0 if monte_carlo else test["support_std"],
+            "test_neg_elbo": test["neg_elbo"],
+            "val_accuracy": selection.member_curves[name]["val_accuracy"][selection.best_epoch],
+            "curve": selection.member_curves[name],
+        }
+    return evaluations
+
+
 def run_group(names: List[str], seed: int, mnist, settings: Settings, device: torch.device) -> Dict[str, Any]:
     """Train one model for the normalizers ``names`` (one training group) and evaluate it with each; or, when
     ``names`` is one Monte-Carlo estimator of :mod:`.estimators`, a softmax model whose unlabelled term that
@@ -134,127 +253,47 @@ def run_group(names: List[str], seed: int, mnist, settings: Settings, device: to
     if estimator is not None and len(names) != 1:
         raise ValueError(f"a Monte-Carlo estimator trains alone, got the group {names}")
     norms = {name: registry.get("softmax") if estimator is not None else normalizer(name, settings) for name in names}
-    train_norm = norms[names[0]]  # the group shares forward and loss
     data = split(mnist, settings.labelled_fraction, settings.split_seed, device)
     gen = torch.Generator(device=device).manual_seed(seed)  # binarisation and the h samples
     batch_gen = torch.Generator().manual_seed(seed)  # batch order
     model = M2().to(device)
     if estimator is not None:
         estimator = estimator.to(device)
-    label = "+".join(names)
-
-    def cap(steps: int) -> int:
-        return min(steps, settings.max_steps) if settings.max_steps else steps
-
-    # ---- pretraining on the labelled images only
     labelled = shuffled_batches(len(data.labelled_labels), settings.batch_size, batch_gen, device)
-    pretrain_steps = cap(-(-len(data.labelled_labels) // settings.batch_size))
-    optimizer = torch.optim.Adam(model.parameters(), lr=settings.pretrain_learning_rate,
-                                 weight_decay=settings.weight_decay)
-    clock = Clock()
-    total = settings.pretrain_epochs * pretrain_steps
-    for _ in common.progress(range(total), total=total, desc=f"ssvae {label} seed {seed}: pretraining"):
-        idx = next(labelled)
-        loss = supervised_loss(model, train_norm, binarise(data.labelled_images[idx], gen),
-                               data.labelled_labels[idx], gen)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-    pretrain_seconds, pretrain_cpu_seconds = clock.elapsed()
+    # the group shares forward and loss: it trains with its first member's
+    run = _Run(names, seed, settings, data, model, norms[names[0]], gen, labelled)
+    pretraining = _pretrain(run)
 
-    # ---- semi-supervised training
     n_unlabelled = len(data.unlabelled_labels)
-    ratio = n_unlabelled / len(data.labelled_labels)
-    steps = cap(settings.steps_per_epoch or -(-n_unlabelled // settings.batch_size))
+    steps = run.cap(settings.steps_per_epoch or -(-n_unlabelled // settings.batch_size))
     unlabelled = shuffled_batches(n_unlabelled, settings.batch_size, batch_gen, device)
     params = list(model.parameters()) + (list(estimator.parameters()) if estimator is not None else [])
     optimizer = torch.optim.Adam(params, lr=settings.learning_rate, weight_decay=settings.weight_decay)
-    selection_probs: ProbsFn = lambda f, head: train_norm.forward(head(f), dim=-1)  # noqa: E731
-    member_probs = {name: norm.probs_from_linear for name, norm in norms.items()}
-
-    curve: Dict[str, List[float]] = {k: [] for k in (
-        "epoch", "val_neg_elbo", "epoch_seconds", "epoch_cpu_seconds", "eval_seconds", "eval_cpu_seconds",
-        "rows_per_example",
-        "batch_level_rows_per_example")}
-    member_curves = {name: {"val_accuracy": [], "test_accuracy": []} for name in names}
-    best_score, best_state, best_epoch = None, None, 0
-
-    def record(epoch: int) -> None:
-        nonlocal best_score, best_state, best_epoch
-        clock = Clock()
-        n_val = settings.selection_examples or len(data.val_labels)
-        val = evaluate(model, selection_probs, data.val_images[:n_val], data.val_labels[:n_val],
-                       settings.eval_batch, with_elbo=settings.select_on == "elbo")
-        curve["epoch"].append(epoch)
-        curve["val_neg_elbo"].append(val.get("neg_elbo"))
-        for name in names:
-            for split_name, images, labels in (("val", data.val_images, data.val_labels),
-                                               ("test", data.test_images, data.test_labels)):
-                acc = evaluate(model, member_probs[name], images, labels, settings.eval_batch, with_elbo=False)
-                member_curves[name][f"{split_name}_accuracy"].append(acc["accuracy"])
-        wall, cpu = clock.elapsed()
-        curve["eval_seconds"].append(wall)
-        curve["eval_cpu_seconds"].append(cpu)
-        score = val["neg_elbo"] if settings.select_on == "elbo" else -val["accuracy"]
-        if epoch > 0 and (best_score is None or score < best_score):
-            best_score, best_state, best_epoch = score, copy.deepcopy(model.state_dict()), epoch
-
-    record(0)  # after pretraining (shown in the curves; not a candidate for selection)
+    selection = _Selection(run, {name: norm.probs_from_linear for name, norm in norms.items()})
+    curve = selection.curve
+    selection.record(0)  # after pretraining (shown in the curves; not a candidate for selection)
     total_rows = total_batch_rows = total_examples = 0
     for epoch in range(1, settings.epochs + 1):
-        rows = batch_rows = examples = 0
-        clock = Clock()
-        for _ in common.progress(range(steps), total=steps, desc=f"ssvae {label} seed {seed}: epoch {epoch}"):
-            lab, unl = next(labelled), next(unlabelled)
-            x_u = binarise(data.unlabelled_images[unl], gen)
-            sup = supervised_loss(model, train_norm, binarise(data.labelled_images[lab], gen),
-                                  data.labelled_labels[lab], gen)
-            if estimator is None:
-                unsup, step_rows, step_batch_rows = unsupervised_loss(model, train_norm, x_u, gen,
-                                                                      settings.entropy_weight)
-            else:  # one sampled class per example: one decoder row each
-                unsup = estimator(model, model.scores(x_u), x_u, gen, settings.entropy_weight)
-                step_rows = step_batch_rows = len(unl)
-            loss = sup + ratio * unsup
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            rows, batch_rows, examples = rows + step_rows, batch_rows + step_batch_rows, examples + len(unl)
-        wall, cpu = clock.elapsed()
-        curve["epoch_seconds"].append(wall)
-        curve["epoch_cpu_seconds"].append(cpu)
-        curve["rows_per_example"].append(rows / examples)
-        curve["batch_level_rows_per_example"].append(batch_rows / examples)
-        total_rows, total_batch_rows, total_examples = (total_rows + rows, total_batch_rows + batch_rows,
-                                                        total_examples + examples)
-        record(epoch)
+        done = _semi_supervised_epoch(run, estimator, unlabelled, optimizer, steps, epoch)
+        curve["epoch_seconds"].append(done["wall"])
+        curve["epoch_cpu_seconds"].append(done["cpu"])
+        curve["rows_per_example"].append(done["rows"] / done["examples"])
+        curve["batch_level_rows_per_example"].append(done["batch_rows"] / done["examples"])
+        total_rows, total_batch_rows, total_examples = (total_rows + done["rows"], total_batch_rows + done["batch_rows"],
+                                                        total_examples + done["examples"])
+        selection.record(epoch)
 
-    model.load_state_dict(best_state)
-    evaluations = {}
-    for name in names:
-        test = evaluate(model, member_probs[name], data.test_images, data.test_labels, settings.eval_batch,
-                        with_elbo=True)
-        evaluations[name] = {
-            "test_accuracy": test["accuracy"],
-            # a Monte-Carlo estimator calls the decoder once per sample, whatever q's support
-            "decoder_calls_mean": mc.CALLS_PER_EXAMPLE if estimator is not None else test["support_mean"],
-            "decoder_calls_std": 0.0 if estimator is not None else test["support_std"],
-            "test_neg_elbo": test["neg_elbo"],
-            "val_accuracy": member_curves[name]["val_accuracy"][best_epoch],
-            "curve": member_curves[name],
-        }
+    model.load_state_dict(selection.best_state)
     return {
         "group": names,
         "seed": seed,
-        "selected_epoch": best_epoch,
+        "selected_epoch": selection.best_epoch,
         "steps_per_epoch": steps,
-        "pretrain_steps": total,
-        "pretrain_seconds": pretrain_seconds,
-        "pretrain_cpu_seconds": pretrain_cpu_seconds,
+        **pretraining,
         "epoch_seconds": sum(curve["epoch_seconds"]) / len(curve["epoch_seconds"]),
         "epoch_cpu_seconds": sum(curve["epoch_cpu_seconds"]) / len(curve["epoch_cpu_seconds"]),
         "decoder_rows_per_example": total_rows / total_examples,
         "batch_level_rows_per_example": total_batch_rows / total_examples,
         "curve": curve,
-        "evaluations": evaluations,
+        "evaluations": _test_evaluations(run, selection, estimator is not None),
     }

@@ -13,7 +13,7 @@ from typing import Any, Dict, List
 from ... import registry
 from .._shared import verdict
 from .._shared.verdict import NEW, NOT_TESTABLE, Claim
-from .report import ATTENDED_ORDER, BASELINES, MIN_BLEU, _label
+from .paper import ATTENDED_ORDER, BASELINES, MIN_BLEU, display_name
 
 SOURCE = "Sec. 4.4, Table 4"
 
@@ -25,7 +25,7 @@ def _by_seed(row: Dict[str, Any], values: List[float]) -> Dict[int, float]:
 def _bleu_test(summary: Dict[str, Any], baseline: str) -> verdict.Test:
     rows = summary["normalizers"]
     ev, base = rows["ev_softmax"], rows[baseline]
-    label = f"BLEU, ev-softmax vs {_label(baseline)}"
+    label = f"BLEU, ev-softmax vs {display_name(baseline)}"
     d = verdict.paired_differences(_by_seed(ev, ev["bleu"]["values"]), _by_seed(base, base["bleu"]["values"]))
     if len(d) >= verdict.min_pairs():
         return verdict.direction(d, label)
@@ -43,7 +43,7 @@ def _rouge_test(rows: Dict[str, Any], baseline: str, metric: str) -> verdict.Tes
     """ev-softmax against ``baseline`` in one ROUGE: paired over seeds when there are enough, else a paired
     bootstrap over the test sentences of the lowest seed (test-set variance only)."""
     ev, base = rows["ev_softmax"], rows[baseline]
-    label = f"{metric.replace('_', '-').upper()}, ev-softmax vs {_label(baseline)}"
+    label = f"{metric.replace('_', '-').upper()}, ev-softmax vs {display_name(baseline)}"
     d = verdict.paired_differences(_by_seed(ev, ev[metric]["values"]), _by_seed(base, base[metric]["values"]))
     if len(d) >= verdict.min_pairs():
         return verdict.direction(d, label)
@@ -55,14 +55,19 @@ def _rouge_test(rows: Dict[str, Any], baseline: str, metric: str) -> verdict.Tes
                               "paired bootstrap over test sentences, 2000 resamples")
 
 
-def claims(summary: Dict[str, Any], settings) -> List[Claim]:
-    out: List[Claim] = []
-    rows = summary["normalizers"]
+def _bleu_view(rows: Dict[str, Any]):
+    """ev-softmax's mean BLEU (None if it did not run), the baselines that ran, and the best mean BLEU."""
     ev = rows["ev_softmax"]["bleu"]["mean"] if "ev_softmax" in rows else None
     present = [b for b in BASELINES if b in rows]
+    return ev, present, max((row["bleu"]["mean"] for row in rows.values()), default=0.0)
+
+
+def _highest_bleu(summary: Dict[str, Any], rows: Dict[str, Any]) -> List[Claim]:
+    """BLEU: ev-softmax above each baseline (paired over seeds)."""
+    out: List[Claim] = []
+    ev, present, best = _bleu_view(rows)
     text = "ev-softmax attention gives the highest BLEU of softmax, sparsemax, entmax-1.5 and post-hoc evidential"
     key = "ev.mt.highest_bleu"
-    best = max((row["bleu"]["mean"] for row in rows.values()), default=0.0)
     if ev is None or not present:
         out.append(Claim(text, NOT_TESTABLE, "ev-softmax or every baseline was left out of this run", SOURCE, key))
     elif best < MIN_BLEU:
@@ -70,8 +75,15 @@ def claims(summary: Dict[str, Any], settings) -> List[Claim]:
                          "the models have not learned to translate yet, so their BLEU ranking is noise", SOURCE, key))
     else:
         note = "BLEU (beam), mean over seeds: " + ", ".join(
-            f"{_label(n)} {rows[n]['bleu']['mean']:.2f}" for n in ["ev_softmax", *present])
+            f"{display_name(n)} {rows[n]['bleu']['mean']:.2f}" for n in ["ev_softmax", *present])
         out.append(verdict.claim(text, [_bleu_test(summary, b) for b in present], SOURCE, key, note=note, digits=2))
+    return out
+
+
+def _highest_rouge(summary: Dict[str, Any], rows: Dict[str, Any]) -> List[Claim]:
+    """ROUGE-1/2/L: ev-softmax above each baseline."""
+    out: List[Claim] = []
+    ev, present, best = _bleu_view(rows)
     text = "ev-softmax attention gives the highest ROUGE-1, ROUGE-2 and ROUGE-L (significantly above the sparse rivals)"
     key = "ev.mt.rouge"
     if ev is None or not present or "rouge_1" not in rows["ev_softmax"]:
@@ -81,10 +93,16 @@ def claims(summary: Dict[str, Any], settings) -> List[Claim]:
                          SOURCE, key))
     else:
         tests = [_rouge_test(rows, b, metric) for b in present for metric in ROUGES]
-        note = "; ".join(f"{_label(n)} " + "/".join(f"{rows[n][m]['mean']:.2f}" for m in ROUGES)
+        note = "; ".join(f"{display_name(n)} " + "/".join(f"{rows[n][m]['mean']:.2f}" for m in ROUGES)
                          for n in ["ev_softmax", *present]) + " (ROUGE-1/2/L, mean over seeds; paper ROUGE-L 56.18 vs " \
             "56.09, 55.39, 55.75, 55.93)"
         out.append(verdict.claim(text, tests, SOURCE, key, note=note, digits=2))
+    return out
+
+
+def _attended_order(summary: Dict[str, Any], rows: Dict[str, Any]) -> List[Claim]:
+    """The order of the number of attended source keys (cross-attention)."""
+    out: List[Claim] = []
     pairs = [(a, b) for a, b in zip(ATTENDED_ORDER, ATTENDED_ORDER[1:]) if a in rows and b in rows]
     text = "# attended (cross-attention): sparsemax < entmax-1.5 < post-hoc evidential < ev-softmax < softmax"
     key = "ev.mt.attended_order"
@@ -95,12 +113,18 @@ def claims(summary: Dict[str, Any], settings) -> List[Claim]:
             return _by_seed(rows[n], rows[n]["attended"]["cross"]["mean"]["values"])
 
         tests = [verdict.direction(verdict.paired_differences(attended(a), attended(b), higher_is_better=False),
-                                   f"attended, {_label(a)} < {_label(b)}") for a, b in pairs]
-        values = ", ".join(f"{_label(n)} {rows[n]['attended']['cross']['mean']['mean']:.2f}"
+                                   f"attended, {display_name(a)} < {display_name(b)}") for a, b in pairs]
+        values = ", ".join(f"{display_name(n)} {rows[n]['attended']['cross']['mean']['mean']:.2f}"
                            for n in ATTENDED_ORDER if n in rows)
         out.append(verdict.claim(text, tests, SOURCE, key, digits=2, note=(
             f"mean attended keys per query: {values} (paper: 2.3, 4.1, 3.8, 8.2, 39.5, whose own post-hoc < entmax "
             "breaks its order)")))
+    return out
+
+
+def _fig4_maps(summary: Dict[str, Any], rows: Dict[str, Any]) -> List[Claim]:
+    """Fig. 4: source words attended at the first target step."""
+    out: List[Claim] = []
     text = ("Fig. 4: on short sentences sparsemax and entmax-1.5 attend to a few source words at the first target "
             "step, ev-softmax (like softmax) to more of the source")
     key = "ev.mt.fig4_maps"
@@ -112,14 +136,20 @@ def claims(summary: Dict[str, Any], settings) -> List[Claim]:
             return _by_seed(rows[n], rows[n]["first_step_support"]["values"])
 
         tests = [verdict.direction(verdict.paired_differences(support("ev_softmax"), support(n)),
-                                   f"source words attended at the first step, ev-softmax vs {_label(n)}") for n in rivals]
+                                   f"source words attended at the first step, ev-softmax vs {display_name(n)}") for n in rivals]
         shown = [n for n in ("softmax", "sparsemax", "entmax15", "ev_softmax") if n in rows]
         out.append(verdict.claim(text, tests, "Sec. 4.4, Fig. 4", key, digits=2, note=(
             "attended source words (share of the source) at the first target step, last decoder layer, mean over "
             "heads, on the report's short map sentences: " + ", ".join(
-                f"{_label(n)} {rows[n]['first_step_support']['mean']:.1f} ({100 * rows[n]['first_step_coverage']['mean']:.0f} %)"
+                f"{display_name(n)} {rows[n]['first_step_support']['mean']:.1f} ({100 * rows[n]['first_step_coverage']['mean']:.0f} %)"
                 for n in shown) + " (paper's example: sparsemax and entmax-1.5 two words, ev-softmax and softmax the "
             "whole source)")))
+    return out
+
+
+def _new_findings(summary: Dict[str, Any], rows: Dict[str, Any]) -> List[Claim]:
+    """Not in the paper: r-softmax attention, and padding invariance under correct masks."""
+    out: List[Claim] = []
     if "r_softmax" in rows:
         r = rows["r_softmax"]
         params = registry.get("r_softmax").params
@@ -132,3 +162,9 @@ def claims(summary: Dict[str, Any], settings) -> List[Claim]:
                          "not there; the authors' -1e18 fill before ev-softmax's mean made padded rows softmax)", NEW,
                          f"largest |difference| alone vs padded in a batch: {worst:.1e}"))
     return out
+
+
+def claims(summary: Dict[str, Any], settings) -> List[Claim]:
+    rows = summary["normalizers"]
+    judges = (_highest_bleu, _highest_rouge, _attended_order, _fig4_maps, _new_findings)
+    return [claim for judge in judges for claim in judge(summary, rows)]

@@ -11,18 +11,7 @@ from .._shared.common import headless_pyplot, markdown_table, save_figure
 from .._shared.runner import Report
 from .evaluate import paired_bootstrap
 from .model import SITES
-
-POSTHOC = "posthoc_evidential"
-BASELINES = ["softmax", "sparsemax", "entmax15", POSTHOC]
-ATTENDED_ORDER = ["sparsemax", "entmax15", POSTHOC, "ev_softmax", "softmax"]  # Table 4: increasing
-MIN_BLEU = 5.0
-"""Below this BLEU for every model, the BLEU ranking is not judged (the models do not translate yet)."""
-LABELS = {"softmax": "softmax", "sparsemax": "sparsemax", "entmax15": "entmax-1.5", POSTHOC: "post-hoc ev.",
-          "ev_softmax": "ev-softmax", "r_softmax": "r-softmax"}
-
-
-def _label(name: str) -> str:
-    return LABELS.get(name, name)
+from .paper import PAPER_TABLE, POSTHOC, display_name
 
 
 def _stats(values: List[float]) -> Dict[str, Any]:
@@ -89,7 +78,6 @@ def _fmt(stats: Dict[str, Any], digits: int = 2) -> str:
 
 
 def _table4(summary, names: List[str]) -> str:
-    from .experiment import PAPER_TABLE
 
     rows = summary["normalizers"]
 
@@ -114,7 +102,7 @@ def _table4(summary, names: List[str]) -> str:
             f"{rows[n]['attended'][site]['mean']['mean']:.2f} ± {rows[n]['attended'][site]['std_over_queries']:.2f} "
             f"(of {rows[n]['attended'][site]['valid']:.1f})" for n in names])
     body.append(["# attended, paper"] + paper("attended"))
-    return markdown_table(["metric"] + [_label(n) for n in names], body)
+    return markdown_table(["metric"] + [display_name(n) for n in names], body)
 
 
 def _layers_table(summary, names: List[str]) -> str:
@@ -123,14 +111,14 @@ def _layers_table(summary, names: List[str]) -> str:
     for site in SITES:
         for i in range(len(rows[names[0]]["attended"][site]["layers"])):
             body.append([f"{site} layer {i + 1}"] + [f"{rows[n]['attended'][site]['layers'][i]:.2f}" for n in names])
-    return markdown_table(["site, layer"] + [_label(n) for n in names], body)
+    return markdown_table(["site, layer"] + [display_name(n) for n in names], body)
 
 
 def _significance(summary) -> str:
     sig = summary.get("significance")
     if not sig:
         return "Paired bootstrap: not run (needs ev-softmax and another normalizer)."
-    body = [[_label(n), f"{v['BLEU']['score']:.2f}", "–" if v["BLEU"]["p_value"] is None else f"{v['BLEU']['p_value']:.4f}",
+    body = [[display_name(n), f"{v['BLEU']['score']:.2f}", "–" if v["BLEU"]["p_value"] is None else f"{v['BLEU']['p_value']:.4f}",
              f"{v['chrF']['score']:.2f}", "–" if v["chrF"]["p_value"] is None else f"{v['chrF']['p_value']:.4f}"]
             for n, v in sig["systems"].items()]
     return (f"Paired bootstrap resampling (sacrebleu, {sig['samples']} resamples) of each system against ev-softmax, "
@@ -144,8 +132,8 @@ def _figure_bleu_vs_attended(out: Path, summary, names: List[str]) -> Path:
     fig, ax = plt.subplots(figsize=(5.5, 4))
     for n in names:
         a, b = rows[n]["attended"]["cross"]["mean"], rows[n]["bleu"]
-        ax.errorbar(a["mean"], b["mean"], xerr=a["std"], yerr=b["std"], fmt="o", capsize=3, label=_label(n))
-        ax.annotate(_label(n), (a["mean"], b["mean"]), textcoords="offset points", xytext=(5, 5), fontsize=8)
+        ax.errorbar(a["mean"], b["mean"], xerr=a["std"], yerr=b["std"], fmt="o", capsize=3, label=display_name(n))
+        ax.annotate(display_name(n), (a["mean"], b["mean"]), textcoords="offset points", xytext=(5, 5), fontsize=8)
     ax.set_xscale("log")
     ax.set_xlabel("# attended source keys per query (cross-attention, mean)")
     ax.set_ylabel("test BLEU (beam)")
@@ -179,7 +167,7 @@ def _figure_maps(out: Path, records, names: List[str], context) -> Optional[Path
             ax.imshow(np.where(w > 0, w, np.nan), cmap="viridis", vmin=0, vmax=1, aspect="auto")
             ax.set_xticks(range(len(src)), src, rotation=90, fontsize=6)
             ax.set_yticks(range(len(tgt)), tgt, fontsize=6)
-            ax.set_title(f"{_label(n)} (zeros blank)", fontsize=8)
+            ax.set_title(f"{display_name(n)} (zeros blank)", fontsize=8)
     fig.suptitle("Cross-attention, last decoder layer, mean over heads (first seed; teacher-forced)", fontsize=9)
     fig.tight_layout()
     return save_figure(fig, out / "cross_attention_maps.png")
@@ -191,7 +179,7 @@ def _figure_loss(out: Path, records) -> Path:
     for rec in records:
         h = np.asarray(rec["history"], dtype=float)
         if len(h):
-            ax.plot(h[:, 0], h[:, 1], label=f"{_label(rec['train'])} s{rec['seed']}", lw=1)
+            ax.plot(h[:, 0], h[:, 1], label=f"{display_name(rec['train'])} s{rec['seed']}", lw=1)
     ax.set_xlabel("step")
     ax.set_ylabel("training loss per token")
     ax.set_yscale("log")
@@ -200,18 +188,8 @@ def _figure_loss(out: Path, records) -> Path:
     return save_figure(fig, out / "training_loss.png")
 
 
-def write_report(out: Path, summary: Dict[str, Any], records: List[Dict[str, Any]], settings, context) -> Report:
-    rows = summary["normalizers"]
-    order = ["softmax", "sparsemax", "entmax15", POSTHOC, "ev_softmax", "r_softmax"]
-    names = [n for n in order if n in rows] + [n for n in rows if n not in order]
-    figures = {"bleu_vs_attended": _figure_bleu_vs_attended(out, summary, names),
-               "training_loss": _figure_loss(out, records)}
-    maps = _figure_maps(out, records, names, context)
-    if maps is not None:
-        figures["cross_attention_maps"] = maps
-    data = context["data"] if context else {}
-    first = rows[names[0]]
-    params = ", ".join(f"{n}: {registry.get(n).params}" for n in names if registry.get(n).params)
+def _examples(records: List[Dict[str, Any]], context) -> str:
+    """The first two test sources, their references and every normalizer's beam output (first seed)."""
     examples = ""
     if context:
         ex_rows = []
@@ -221,9 +199,14 @@ def write_report(out: Path, summary: Dict[str, Any], records: List[Dict[str, Any
             for rec in records:
                 for n, ev in rec["evaluations"].items():
                     if rec["seed"] == records[0]["seed"]:
-                        ex_rows.append([_label(n), ev["beam"]["hypotheses"][i]])
+                        ex_rows.append([display_name(n), ev["beam"]["hypotheses"][i]])
         examples = markdown_table(["", "text"], ex_rows)
-    body = f"""
+    return examples
+
+
+def _setting_section(summary: Dict[str, Any], settings, data: Dict[str, Any], first: Dict[str, Any], params: str
+                     ) -> str:
+    return f"""
 ## Setting
 
 - **Data**: {data.get('source', 'see settings')}. Pairs: {data.get('pairs')}; used: {data.get('train_used')} training
@@ -244,7 +227,11 @@ def write_report(out: Path, summary: Dict[str, Any], records: List[Dict[str, Any
   (`sparsenorm.attention.record`), teacher-forced on the test references, mean ± std over queries (seed mean); "of N" is
   the mean number of valid keys per query.
 
-## Table 4, side by side
+"""
+
+
+def _results_section(summary: Dict[str, Any], settings, names: List[str]) -> str:
+    return f"""## Table 4, side by side
 
 {_table4(summary, names)}
 
@@ -260,7 +247,11 @@ so absolute counts are smaller; the ordering is what can be compared.
 
 {_significance(summary)}
 
-## Masks: where this run differs from the authors' code
+"""
+
+
+def _differences_section(rows: Dict[str, Any], settings, examples: str, maps) -> str:
+    return f"""## Masks: where this run differs from the authors' code
 
 The authors' OpenNMT fork filled masked scores with -1e18 *before* ev-softmax's mean, so the mean of every padded or
 causally masked row was dragged far below every real score and ev-softmax silently became softmax there: in decoder
@@ -290,4 +281,20 @@ first run of ev-softmax attention with correct masks.
 
 ![training loss](training_loss.png)
 """
+
+
+def write_report(out: Path, summary: Dict[str, Any], records: List[Dict[str, Any]], settings, context) -> Report:
+    rows = summary["normalizers"]
+    order = ["softmax", "sparsemax", "entmax15", POSTHOC, "ev_softmax", "r_softmax"]
+    names = [n for n in order if n in rows] + [n for n in rows if n not in order]
+    figures = {"bleu_vs_attended": _figure_bleu_vs_attended(out, summary, names),
+               "training_loss": _figure_loss(out, records)}
+    maps = _figure_maps(out, records, names, context)
+    if maps is not None:
+        figures["cross_attention_maps"] = maps
+    data = context["data"] if context else {}
+    params = ", ".join(f"{n}: {registry.get(n).params}" for n in names if registry.get(n).params)
+    body = (_setting_section(summary, settings, data, rows[names[0]], params)
+            + _results_section(summary, settings, names)
+            + _differences_section(rows, settings, _examples(records, context), maps))
     return Report(body=body, figures=figures, headline="bleu_vs_attended")

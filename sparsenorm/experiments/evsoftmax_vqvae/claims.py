@@ -9,9 +9,8 @@ from typing import Any, Dict, List, Optional
 
 from .._shared import verdict
 from .._shared.verdict import NEW, NOT_TESTABLE, Claim
-from .report import PAPER_K_ORDER, PAPER_TABLE3
+from .paper import PAPER_K_ORDER, PAPER_TABLE3, SOURCE
 
-SOURCE = "Sec. 4.3, Table 3"
 NO_GAIN_MARGIN = 0.02
 """Margin of "post-hoc does not beat softmax", in top-1 accuracy: 2 points. The paper's post-hoc and softmax
 rows differ by 0.2-0.4 points and ev-softmax's gain over softmax is 5.2 / 6.8 points, so a gain under 2 points

@@ -8,88 +8,28 @@ classified (top-1/top-3), K = mean nonzero codes per sampling step, diversity, a
 """
 from __future__ import annotations
 
-import copy
-import math
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Tuple
 
 import numpy as np
 import torch
 
 from ... import registry
-from ...losses import rsoftmax as r_losses
-from .._shared.common import RunConfig, Stopwatch, cache_dir, progress, seed_everything, to_device
+from .._shared.common import RunConfig, Stopwatch, cache_dir, seed_everything
 from .._shared.runner import Job, RunOptions
 from . import classifier as clf
 from .data import DATASETS, ImageSet, load_images
-from .pixelcnn import GatedPixelCNN
+from .evaluate import decode_all, evaluate_prior, mean_pairwise_distance
+from .paper import DEFAULT_NORMALIZERS, PAPER, QUICK, Settings
+from .train import SeedModels, train_prior
 from .vqvae import VQVAE, VQVAEConfig, codebook_stats, encode_all, reconstruction_mse, train_vqvae
-
-PAPER_NORMALIZERS = ("softmax", "sparsemax", "entmax15", "posthoc_evidential", "ev_softmax")
-DEFAULT_NORMALIZERS = PAPER_NORMALIZERS + ("r_softmax",)
-GRID_PER_CLASS = 8  # samples per class kept for the sample grid
-GRID_CLASSES = 10  # rows of the sample grid (the first classes)
-LN2 = math.log(2.0)
-
-
-@dataclass
-class Settings:
-    seeds: int = 3
-    normalizers: Tuple[str, ...] = DEFAULT_NORMALIZERS
-    dataset: str = "fashion-mnist"
-    image_size: Optional[int] = None
-    # Full mode: the paper's K, beta, batch sizes and learning rate for the VQ-VAE; widths and epochs cut so that
-    # it runs on CPU (the paper's widths cost ~50 CPU-ms per code grid per prior step: ~14 CPU-hours per epoch-set).
-    # stage 1: VQ-VAE (App. E.3: hidden 128, K = 512, beta = 1, Adam 2e-4, batch 128, 100 epochs)
-    codes: int = 512
-    vq_hidden: int = 64
-    vq_epochs: int = 10
-    vq_batch: int = 128
-    vq_lr: float = 2e-4
-    beta: float = 1.0
-    codebook: str = "loss"
-    restart_dead: bool = False
-    vq_train_images: Optional[int] = None  # None: the whole training split
-    # stage 2: gated PixelCNN priors (App. E.3: 10 layers, hidden 128, batch 32, 100 epochs, best validation loss)
-    prior_dim: int = 64
-    prior_layers: int = 6
-    prior_epochs: int = 10
-    prior_batch: int = 32
-    prior_lr: float = 1e-3
-    prior_train_grids: Optional[int] = None
-    eval_grids: Optional[int] = None  # validation/test grids for the prior's validation loss and test NLL
-    # evaluation
-    samples_per_class: int = 100
-    classifier_width: int = 32
-    classifier_epochs: int = 8
-    classifier_train_images: Optional[int] = None
-    max_steps: Optional[int] = None
-
-
-QUICK = dict(seeds=1, vq_hidden=32, vq_epochs=2, vq_lr=1e-3, vq_train_images=10_000, prior_dim=32, prior_layers=4,
-             prior_epochs=2, prior_batch=64, prior_train_grids=10_000, eval_grids=2_000, samples_per_class=100,
-             classifier_width=16, classifier_epochs=2, classifier_train_images=10_000)
 
 
 def trained_prior(normalizer: str) -> str:
     """The normalizer a prior is trained with: post-hoc evidential reuses the softmax prior."""
     return registry.get(normalizer).for_mode(training=True).name
-
-
-@dataclass
-class SeedModels:
-    """What one seed's VQ-VAE gives the priors: code grids (+ labels) per split and the decoder."""
-
-    vqvae: VQVAE
-    train_codes: np.ndarray
-    train_y: np.ndarray
-    val_codes: np.ndarray
-    val_y: np.ndarray
-    test_codes: np.ndarray
-    test_y: np.ndarray
-    stats: Dict[str, Any]
 
 
 @dataclass
@@ -109,7 +49,7 @@ class Context:
 class VQVAEExperiment:
     name = "vqvae"
     description = "VQ-VAE with sparse class-conditional PixelCNN priors (ev-softmax paper, Sec. 4.3, Table 3)"
-    paper = "ev-softmax (Chen et al. 2021), Sec. 4.3, Table 3, App. E.3"
+    paper = PAPER
     default_normalizers = DEFAULT_NORMALIZERS
     full_runtime = ("Full mode: 3 seeds, VQ-VAE of width 64 and priors of 6 gated layers of width 64 (paper: 128 and "
                     "10 x 128), 10 epochs each (paper: 100) on all 50,000 training images, classifier of width 32 "
@@ -242,7 +182,8 @@ class VQVAEExperiment:
         results = {}
         for name in job.params["normalizers"]:
             gen = torch.Generator().manual_seed(1000 + job.seed)  # the same sampling noise for every normalizer
-            metrics = evaluate_prior(name, prior, seed_models, context, settings, device, gen)
+            metrics = evaluate_prior(name, prior, seed_models, context.classifier, len(context.class_names), settings,
+                                     device, gen)
             grid_path = context.out / "samples" / f"seed{job.seed}-{name}.npy"
             grid_path.parent.mkdir(parents=True, exist_ok=True)
             np.save(grid_path, metrics.pop("grid"))
@@ -266,199 +207,7 @@ class VQVAEExperiment:
         return write_report(out, summary, records, settings, context)
 
 
-# ---------------------------------------------------------------------- the prior
-
-def _rows(prior: GatedPixelCNN, codes: torch.Tensor, y: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Features ``(M, hidden)`` and targets ``(M,)`` of every grid position (teacher forcing)."""
-    feats = prior.feature_map(codes, y)
-    return feats.reshape(-1, feats.shape[-1]), codes.reshape(-1)
-
-
-def eq4_single_label_loss(normalizer: registry.Normalizer, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """The r-softmax paper's Eq. 4 loss for one class index per row, in O(C) per row.
-
-    With one positive class k (eta = e_k) Eq. 4 is ``(p_k - 1)^2 + sum_{j != k} max(0, 1 - (z_k - z_j))``
-    with p the normalizer's output. The registry's ``r_softmax_loss`` computes the general multi-label
-    form, which sorts each row's negatives for the pair term: about 3x the time of this form per step of
-    64 x 49 rows at K = 512 (it was 26 CPU-seconds per step with the former (C x C) pair matrix). This
-    gives the same value (tests/experiments/test_vqvae.py) and gradient.
-    """
-    p = normalizer.train_forward(logits, dim=-1)
-    z_k = logits.gather(1, target[:, None])
-    fit = (p.gather(1, target[:, None]).squeeze(1) - 1).pow(2)
-    hinge = (1 - (z_k - logits)).clamp_min(0).scatter(1, target[:, None], 0.0)
-    return (fit + hinge.sum(1)).mean()
-
-
-# Registry losses whose single-label case needs an O(C) form at K = 512 (same value, see above).
-_SINGLE_LABEL_FAST = {r_losses.r_softmax_loss, r_losses.t_softmax_loss}
-
-
-def prior_loss(normalizer: registry.Normalizer, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """The normalizer's registry loss on ``(M, K)`` code scores and ``(M,)`` true codes (mean over rows)."""
-    if getattr(normalizer.single_label_loss, "func", None) in _SINGLE_LABEL_FAST:
-        return eq4_single_label_loss(normalizer, logits, target)
-    return normalizer.single_label_loss(logits, target)
-
-
-def _loss(normalizer: registry.Normalizer, prior: GatedPixelCNN, codes: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    feats, target = _rows(prior, codes, y)
-    return prior_loss(normalizer, prior.out(feats), target)
-
-
-@torch.no_grad()
-def _mean_loss(normalizer, prior, codes: np.ndarray, y: np.ndarray, device, batch: int = 500) -> float:
-    prior.eval()
-    total = 0.0
-    for i in range(0, len(codes), batch):
-        c, t = torch.from_numpy(codes[i:i + batch]).to(device), torch.from_numpy(y[i:i + batch]).to(device)
-        total += float(_loss(normalizer, prior, c, t)) * len(c)
-    return total / len(codes)
-
-
-def train_prior(name: str, seed_models: SeedModels, n_classes: int, s: Settings, device: torch.device,
-                gen: torch.Generator) -> Tuple[GatedPixelCNN, Dict[str, Any]]:
-    """A prior trained with ``name``'s registry loss; the epoch with the lowest validation loss is kept."""
-    normalizer = registry.get(name)
-    prior = GatedPixelCNN(s.codes, n_classes, s.prior_dim, s.prior_layers).to(device)
-    optimizer = torch.optim.Adam(prior.parameters(), lr=s.prior_lr)
-    codes, labels = torch.from_numpy(seed_models.train_codes), torch.from_numpy(seed_models.train_y)
-    clock, steps, history = Stopwatch(), 0, []
-    best, best_state = math.inf, None
-    for _ in progress(range(s.prior_epochs), desc=f"prior {name} (epochs)"):
-        prior.train()
-        order = torch.randperm(len(codes), generator=gen)
-        for start in range(0, len(codes), s.prior_batch):
-            idx = order[start:start + s.prior_batch]
-            loss = _loss(normalizer, prior, to_device(codes[idx], device), to_device(labels[idx], device))
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            steps += 1
-            if s.max_steps is not None and steps >= s.max_steps:
-                break
-        val = _mean_loss(normalizer, prior, seed_models.val_codes, seed_models.val_y, device)
-        history.append(val)
-        if val < best:
-            best, best_state = val, copy.deepcopy(prior.state_dict())
-        if s.max_steps is not None and steps >= s.max_steps:
-            break
-    prior.load_state_dict(best_state)
-    prior.eval()
-    return prior, {"steps": steps, "val_loss_per_epoch": history, "best_epoch": int(np.argmin(history)) + 1,
-                   "train_time_s": round(clock.elapsed, 1)}
-
-
-def eval_probs(normalizer: registry.Normalizer, prior: GatedPixelCNN, feats: torch.Tensor) -> torch.Tensor:
-    """Sampling distribution over the codes from last-layer features ``(M, hidden)``: the evaluation form
-    (exact zeros); post-hoc evidential reads the last layer's weights."""
-    return normalizer.probs_from_linear(feats, prior.out)
-
-
-@torch.no_grad()
-def test_nll(normalizer: registry.Normalizer, prior: GatedPixelCNN, seed_models: SeedModels,
-             device: torch.device, batch: int = 500) -> Dict[str, Any]:
-    """Per test code position: is the true code on the sampling support; NLL (bits) of both forms."""
-    p_true, log_train = [], []
-    for i in range(0, len(seed_models.test_codes), batch):
-        codes = torch.from_numpy(seed_models.test_codes[i:i + batch]).to(device)
-        y = torch.from_numpy(seed_models.test_y[i:i + batch]).to(device)
-        feats, target = _rows(prior, codes, y)
-        p_true.append(eval_probs(normalizer, prior, feats).gather(1, target[:, None]).squeeze(1).cpu())
-        logits = prior.out(feats)
-        if normalizer.log_prob is not None:
-            logp = normalizer.log_prob(logits, dim=-1)
-        else:
-            logp = normalizer.train_forward(logits, dim=-1).log()
-        log_train.append(logp.gather(1, target[:, None]).squeeze(1).cpu())
-    p = torch.cat(p_true).double()
-    lt = torch.cat(log_train).double()
-    on = p > 0
-    off = float(1 - on.double().mean())
-    nll_eval = float(-(p.log()).mean() / LN2)
-    nll_train = float(-lt.mean() / LN2)
-    return {
-        "off_support": off,
-        "nll_bits_eval_form": nll_eval if math.isfinite(nll_eval) else None,
-        "nll_bits_train_form": nll_train if math.isfinite(nll_train) else None,
-        "nll_bits_on_support": float(-(p[on].log()).mean() / LN2) if on.any() else None,
-        # the headline: the NLL of what the prior was trained to fit (finite for softmax, post-hoc's softmax and
-        # ev-softmax's Eq. 10; None = infinite, i.e. some true code has probability 0)
-        "nll_bits": nll_train if math.isfinite(nll_train) else None,
-    }
-
-
-@torch.no_grad()
-def sample_codes(normalizer: registry.Normalizer, prior: GatedPixelCNN, labels: torch.Tensor, grid: Tuple[int, int],
-                 gen: torch.Generator, device: torch.device) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Autoregressive sampling of code grids for ``labels`` (B,), all in one batch, in raster order.
-
-    Returns the codes ``(B, H, W)`` and the number of nonzero probabilities at every step ``(B, H, W)``.
-    The prior is causal in rows, so step (i, j) runs it on rows 0..i only.
-    """
-    height, width = grid
-    codes = torch.zeros(len(labels), height, width, dtype=torch.long, device=device)
-    nonzero = torch.zeros(len(labels), height, width, dtype=torch.long)
-    labels = labels.to(device)
-    for i in range(height):
-        for j in range(width):
-            feats = prior.feature_map(codes[:, :i + 1], labels)[:, i, j]
-            probs = eval_probs(normalizer, prior, feats).float()
-            nonzero[:, i, j] = (probs > 0).sum(-1).cpu()
-            codes[:, i, j] = torch.multinomial(probs.cpu(), 1, generator=gen).squeeze(1).to(device)
-    return codes, nonzero
-
-
-@torch.no_grad()
-def decode_all(vqvae: VQVAE, codes: torch.Tensor, device: torch.device, chunk: int = 500) -> torch.Tensor:
-    vqvae.eval()
-    return torch.cat([vqvae.decode(codes[i:i + chunk].to(device)).cpu() for i in range(0, len(codes), chunk)])
-
-
-def mean_pairwise_distance(images: torch.Tensor, labels: torch.Tensor) -> float:
-    """Mean over classes of the mean pairwise RMS pixel distance between images of that class."""
-    per_class = []
-    for c in labels.unique():
-        x = images[labels == c].reshape(int((labels == c).sum()), -1).double()
-        if len(x) < 2:
-            continue
-        d = torch.cdist(x, x) / math.sqrt(x.shape[1])
-        per_class.append(float(d.sum() / (len(x) * (len(x) - 1))))
-    return float(np.mean(per_class)) if per_class else float("nan")
-
-
-def evaluate_prior(name: str, prior: GatedPixelCNN, seed_models: SeedModels, context: Context, s: Settings,
-                   device: torch.device, gen: torch.Generator, chunk: int = 500) -> Dict[str, Any]:
-    normalizer = registry.get(name)
-    clock = Stopwatch()
-    n_classes = len(context.class_names)
-    labels = torch.arange(n_classes).repeat_interleave(s.samples_per_class)
-    grid = tuple(seed_models.test_codes.shape[1:])
-    codes, nonzero = [], []
-    for start in progress(range(0, len(labels), chunk), desc=f"sampling {name}"):
-        c, nz = sample_codes(normalizer, prior, labels[start:start + chunk], grid, gen, device)
-        codes.append(c.cpu())
-        nonzero.append(nz)
-    codes, nonzero = torch.cat(codes), torch.cat(nonzero)
-    sample_time = clock.elapsed
-    images = decode_all(seed_models.vqvae.to(device).eval(), codes, device, chunk)
-    logits = clf.predict_logits(context.classifier.to(device), images, device)
-    grid_classes = min(n_classes, GRID_CLASSES)
-    keep = torch.cat([torch.nonzero(labels == c).flatten()[:GRID_PER_CLASS] for c in range(grid_classes)])
-    grid_images = ((images[keep].clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).numpy()
-    return {
-        "top1": clf.topk_accuracy(logits, labels, 1),
-        "top3": clf.topk_accuracy(logits, labels, 3),
-        "nonzero_codes": float(nonzero.double().mean()),
-        "nonzero_codes_min": int(nonzero.min()),
-        "nonzero_codes_max": int(nonzero.max()),
-        "distinct_codes_sampled": int(codes.unique().numel()),
-        "diversity": mean_pairwise_distance(images, labels),
-        "samples": len(labels),
-        "sample_time_s": round(sample_time, 1),
-        **test_nll(normalizer, prior, seed_models, device),
-        "grid": grid_images.reshape(grid_classes, -1, *grid_images.shape[1:]),
-    }
+EXPERIMENT = VQVAEExperiment()
 
 
 EXPERIMENT = VQVAEExperiment()

@@ -8,16 +8,8 @@ import numpy as np
 
 from .._shared.common import headless_pyplot, markdown_table, save_figure
 from .._shared.runner import Report
+from .paper import PAPER_TABLE3
 
-# Table 3 (tinyImageNet, 200 classes, 16x16 grid of K = 512 codes): top-5 %, top-10 %, K (mean nonzero codes).
-PAPER_TABLE3 = {
-    "softmax": (38.4, 48.8, 512),
-    "sparsemax": (40.0, 52.0, 46),
-    "entmax15": (38.4, 49.2, 90),
-    "posthoc_evidential": (38.2, 48.4, 102),
-    "ev_softmax": (43.6, 55.6, 77),
-}
-PAPER_K_ORDER = ("sparsemax", "ev_softmax", "entmax15", "posthoc_evidential", "softmax")
 METRICS = ("top1", "top3", "nonzero_codes", "nll_bits", "nll_bits_eval_form", "nll_bits_train_form",
            "nll_bits_on_support", "off_support", "diversity", "distinct_codes_sampled", "sample_time_s")
 VQ_METRICS = ("test_mse", "test_codes_used", "test_perplexity", "classifier_top1_on_reconstructions",
@@ -113,15 +105,9 @@ def _k_vs_accuracy_figure(out: Path, summary: Dict[str, Any], settings) -> Path:
 
 # ---------------------------------------------------------------------- the report
 
-def write_report(out: Path, summary: Dict[str, Any], records: List[Dict[str, Any]], settings, context) -> Report:
+def _tables(summary: Dict[str, Any], settings) -> Dict[str, List[List[str]]]:
+    """Rows of Table 3 (accuracy and K), of the fit to the test codes, and of the VQ-VAE per seed."""
     norms = summary["normalizers"]
-    grid = summary["vqvae_per_seed"][min(summary["vqvae_per_seed"])]["code_grid"]
-    n_classes = len(context.class_names)
-    figures = {"k_vs_accuracy": _k_vs_accuracy_figure(out, summary, settings)}
-    grids = _grid_figure(out, records, settings, context.class_names)
-    if grids is not None:
-        figures["sample_grids"] = grids
-
     table3 = []
     for name, m in norms.items():
         paper = PAPER_TABLE3.get(name)
@@ -136,6 +122,13 @@ def write_report(out: Path, summary: Dict[str, Any], records: List[Dict[str, Any
                 f"{v['test_perplexity']:.1f}", f"{100 * v['classifier_top1_on_reconstructions']:.1f}%",
                 str(v.get("dead_code_restarts") or "none"), f"{v['train_time_s']:.0f} s"]
                for seed, v in sorted(summary["vqvae_per_seed"].items(), key=lambda kv: int(kv[0]))]
+    return {"table3": table3, "fit": fit, "vq_rows": vq_rows}
+
+
+def _setting_section(summary: Dict[str, Any], settings, context) -> List[str]:
+    """The data (and what it substitutes for), the evaluation classifier and the priors."""
+    grid = summary["vqvae_per_seed"][min(summary["vqvae_per_seed"])]["code_grid"]
+    n_classes = len(context.class_names)
     clf = context.classifier_info
     substituted = (
         f"**Data: {context.data_name}, not the paper's tinyImageNet.** {context.data_source}; "
@@ -149,7 +142,7 @@ def write_report(out: Path, summary: Dict[str, Any], records: List[Dict[str, Any
         f"Data: the user's {context.data_source}: {context.sizes['train']:,} train / {context.sizes['val']:,} "
         f"validation / {context.sizes['test']:,} test images, {n_classes} classes, a {grid[0]}x{grid[1]} code grid. "
         f"Top-1/top-3 accuracy (paper: top-5/top-10 with 200 classes).")
-    body = [
+    return [
         "## Setting", "",
         substituted, "",
         f"Classifier for the evaluation (the paper's Wide ResNet, made small): {clf['architecture']}, trained on "
@@ -165,6 +158,12 @@ def write_report(out: Path, summary: Dict[str, Any], records: List[Dict[str, Any
         "sampling from its last 1x1 layer (Itkina et al.). Sampling draws every code from the evaluation form (exact "
         "zeros), autoregressively over the grid, in batches; every normalizer of a seed gets the same random stream.",
         "",
+    ]
+
+
+def _results_section(summary: Dict[str, Any], settings, context, table3, fit, vq_rows) -> List[str]:
+    """Stage 1 (the VQ-VAE), Table 3, and how well each prior fits the test codes."""
+    return [
         "## Stage 1: the VQ-VAE (trained once per seed, shared by every prior)", "",
         f"Width {settings.vq_hidden}, β = {settings.beta:g}, codebook updates by "
         f"{'the codebook loss (the paper)' if settings.codebook == 'loss' else 'EMA'}"
@@ -191,8 +190,17 @@ def write_report(out: Path, summary: Dict[str, Any], records: List[Dict[str, Any
         f"between samples of one class (real test images: {context.real_diversity:.3f}).", "",
         markdown_table(["normalizer", "NLL bits (trained form)", "NLL bits (sampling form)", "off support %",
                         "NLL bits on support", "diversity", "distinct codes sampled"], fit), "",
-        "![K vs accuracy](k_vs_accuracy.png)", "",
     ]
+
+
+def write_report(out: Path, summary: Dict[str, Any], records: List[Dict[str, Any]], settings, context) -> Report:
+    figures = {"k_vs_accuracy": _k_vs_accuracy_figure(out, summary, settings)}
+    grids = _grid_figure(out, records, settings, context.class_names)
+    if grids is not None:
+        figures["sample_grids"] = grids
+    body = (_setting_section(summary, settings, context)
+            + _results_section(summary, settings, context, **_tables(summary, settings))
+            + ["![K vs accuracy](k_vs_accuracy.png)", ""])
     if grids is not None:
         body += ["![sample grids](sample_grids.png)", ""]
     return Report(body="\n".join(body), figures=figures, headline="k_vs_accuracy")

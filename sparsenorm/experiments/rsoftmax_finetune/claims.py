@@ -31,13 +31,11 @@ def _paired(a: Dict[str, Any], b: Dict[str, Any]):
                                       {int(k): v for k, v in b["accuracy_by_seed"].items()})
 
 
-def judge_claims(summary: Dict[str, Any]) -> List[Claim]:
-    rows = summary["normalizers"]
-    acc = {n: row["accuracy"] * 100 for n, row in rows.items()}
-    soft = rows.get("softmax")
-    claims = []
+def _r_softmax_matches_softmax(summary: Dict[str, Any], rows: Dict[str, Any], acc: Dict[str, float],
+                               soft: Optional[Dict[str, Any]]) -> List[Claim]:
+    """Table 2: r-softmax attention is on par with softmax (non-inferiority)."""
+    claims: List[Claim] = []
     paper_soft = PAPER_TABLE2["softmax"]["SST-2"]
-
     r = rows.get("r_softmax")
     text, key = "r-softmax attention matches or beats softmax after fine-tuning", "r.finetune.matches_softmax"
     if soft is None or r is None:
@@ -50,6 +48,14 @@ def judge_claims(summary: Dict[str, Any]) -> List[Claim]:
                   f"{acc['softmax']:.2f}; margin = 2 standard errors of the test accuracy ({100 * margin:.1f} points on "
                   f"{soft.get('test_examples') or 872} sentences); paper SST-2: {PAPER_TABLE2['r_softmax']['SST-2']} vs "
                   f"{paper_soft}")))
+    return claims
+
+
+def _sparsemax_and_hourglass_break(summary: Dict[str, Any], rows: Dict[str, Any], acc: Dict[str, float],
+                                   soft: Optional[Dict[str, Any]]) -> List[Claim]:
+    """Table 2: sparsemax and sparsehourglass attention break the pretrained model."""
+    claims: List[Claim] = []
+    paper_soft = PAPER_TABLE2["softmax"]["SST-2"]
     for name, key in (("sparsemax", "r.finetune.sparsemax_breaks"), ("sparsehourglass", "r.finetune.sparsehourglass_breaks")):
         text = f"{name} attention breaks the pretrained model"
         if soft is None or name not in rows:
@@ -61,6 +67,13 @@ def judge_claims(summary: Dict[str, Any]) -> List[Claim]:
             note=(f"test accuracy {name} {acc[name]:.2f} vs softmax {acc['softmax']:.2f}; 'breaks' = more than "
                   f"{100 * BREAK_MARGIN:g} points below (paper SST-2: {PAPER_TABLE2[name]['SST-2']} vs {paper_soft})")))
 
+    return claims
+
+
+def _small_r_better(summary: Dict[str, Any], rows: Dict[str, Any], acc: Dict[str, float],
+                    soft: Optional[Dict[str, Any]]) -> List[Claim]:
+    """Sec. 4.2: a small final r works better than a large one."""
+    claims: List[Claim] = []
     curve = summary.get("r_curve", [])
     small = [c for c in curve if c["r_final"] <= PAPER_BEST_R_SST2]
     large = [c for c in curve if c["r_final"] >= 0.5]
@@ -77,6 +90,14 @@ def judge_claims(summary: Dict[str, Any]) -> List[Claim]:
         claims.append(Claim(text, NOT_TESTABLE, "needs final r values on both sides (full mode runs 0.05-0.5)",
                             "Sec. 4.2, Results", key))
 
+    return claims
+
+
+def _new_findings(summary: Dict[str, Any], rows: Dict[str, Any], acc: Dict[str, float],
+                  soft: Optional[Dict[str, Any]]) -> List[Claim]:
+    """Not in the paper: measured sparsity, other fine-tuned normalizers, post-hoc, swaps."""
+    claims: List[Claim] = []
+    r = rows.get("r_softmax")
     if r is not None:
         claims.append(Claim(
             "r is the fraction of zero attention weights (the paper states the intended r, not a measured one)", NEW,
@@ -102,3 +123,10 @@ def judge_claims(summary: Dict[str, Any]) -> List[Claim]:
                             "; ".join(f"{n} {s['accuracy'] * 100:.2f}" for n, s in swapped.items())
                             + f" (softmax {acc['softmax']:.2f})"))
     return claims
+
+
+def judge_claims(summary: Dict[str, Any]) -> List[Claim]:
+    rows = summary["normalizers"]
+    acc = {n: row["accuracy"] * 100 for n, row in rows.items()}  # test accuracy in %
+    judges = (_r_softmax_matches_softmax, _sparsemax_and_hourglass_break, _small_r_better, _new_findings)
+    return [claim for judge in judges for claim in judge(summary, rows, acc, rows.get("softmax"))]

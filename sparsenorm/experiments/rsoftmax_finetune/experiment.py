@@ -24,17 +24,8 @@ import torch
 from .._shared.common import RunConfig, UserFacingError
 from .._shared.runner import Claim, Job, Report, RunOptions
 from .claims import judge_claims
-from .paper import PAPER_BEST_R_SST2, PAPER_LEARNING_RATES, PAPER_R_FINALS, PAPER_TABLE2  # noqa: F401
-
-PAPER = "r-softmax (Bałazy et al. 2023), Sec. 4.2, Table 2"
-
-DEFAULT_NORMALIZERS = ["softmax", "sparsemax", "sparsehourglass", "r_softmax", "entmax15", "ev_softmax",
-                       "posthoc_evidential"]
-QUICK_NORMALIZERS = ["softmax", "r_softmax", "ev_softmax", "sparsemax", "posthoc_evidential"]
-SWAP_NORMALIZERS = ["sparsemax", "sparsehourglass", "entmax15", "r_softmax", "posthoc_evidential"]
-"""Swapped into the softmax-fine-tuned model (``posthoc_evidential`` in eval mode is ev-softmax)."""
-MAP_NORMALIZERS = ("softmax", "r_softmax", "ev_softmax")
-MAP_LENGTHS = (10, 16)  # token lengths of the two sentences whose attention maps are drawn
+from .paper import (DECISIVE, DECISIVE_NORMALIZERS, DEFAULT_NORMALIZERS, FULL, MAP_LENGTHS, MAP_NORMALIZERS, PAPER, QUICK,
+                    QUICK_NORMALIZERS, SWAP_NORMALIZERS)
 
 
 @dataclass
@@ -54,14 +45,6 @@ class Settings:
     max_steps: Optional[int] = None
     eval_batch_size: int = 64
     swap_normalizers: List[str] = field(default_factory=lambda: list(SWAP_NORMALIZERS))
-
-
-QUICK = dict(epochs=1, learning_rates=[1e-4], r_finals=[0.2], max_length=48, batch_size=16,
-             train_size=800, validation_size=300, test_size=600)
-DECISIVE = dict(QUICK, r_finals=[0.2, 0.5], seeds=6)
-DECISIVE_NORMALIZERS = ["softmax", "sparsemax", "sparsehourglass", "r_softmax", "ev_softmax", "posthoc_evidential"]
-FULL = dict(seeds=6, epochs=3, learning_rates=list(PAPER_LEARNING_RATES), r_finals=list(PAPER_R_FINALS), max_length=128,
-            batch_size=32, train_size=None, validation_size=None, test_size=None)
 
 
 def _floats(text: str) -> List[float]:

@@ -1,4 +1,16 @@
-"""The r-softmax paper's numbers for Sec. 4.2 (fine-tuning BERT), shared by the experiment, claims and report."""
+"""The r-softmax paper's numbers for Sec. 4.2 (fine-tuning BERT) and this experiment's defaults: a leaf module
+(imports nothing of the experiment), shared by the experiment, claims and report."""
+
+PAPER = "r-softmax (Bałazy et al. 2023), Sec. 4.2, Table 2"
+
+DEFAULT_NORMALIZERS = ["softmax", "sparsemax", "sparsehourglass", "r_softmax", "entmax15", "ev_softmax",
+                       "posthoc_evidential"]
+QUICK_NORMALIZERS = ["softmax", "r_softmax", "ev_softmax", "sparsemax", "posthoc_evidential"]
+SWAP_NORMALIZERS = ["sparsemax", "sparsehourglass", "entmax15", "r_softmax", "posthoc_evidential"]
+"""Swapped into the softmax-fine-tuned model (``posthoc_evidential`` in eval mode is ev-softmax)."""
+MAP_NORMALIZERS = ("softmax", "r_softmax", "ev_softmax")
+MAP_LENGTHS = (10, 16)  # token lengths of the two sentences whose attention maps are drawn
+
 
 PAPER_LEARNING_RATES = (1e-5, 2e-5, 5e-5, 1e-4, 5e-4)
 PAPER_R_FINALS = (0.05, 0.1, 0.15, 0.2, 0.5)
@@ -10,3 +22,11 @@ PAPER_TABLE2 = {
     "r_softmax": {"MRPC": 85.54, "RTE": 71.84, "SST-2": 92.89, "QNLI": 91.73, "QQP": 91.13},
 }
 PAPER_BEST_R_SST2 = 0.2
+
+# the run modes' settings (quick / decisive / full)
+QUICK = dict(epochs=1, learning_rates=[1e-4], r_finals=[0.2], max_length=48, batch_size=16,
+             train_size=800, validation_size=300, test_size=600)
+DECISIVE = dict(QUICK, r_finals=[0.2, 0.5], seeds=6)
+DECISIVE_NORMALIZERS = ["softmax", "sparsemax", "sparsehourglass", "r_softmax", "ev_softmax", "posthoc_evidential"]
+FULL = dict(seeds=6, epochs=3, learning_rates=list(PAPER_LEARNING_RATES), r_finals=list(PAPER_R_FINALS), max_length=128,
+            batch_size=32, train_size=None, validation_size=None, test_size=None)

@@ -9,7 +9,7 @@ import numpy as np
 
 from .._shared.common import headless_pyplot, markdown_table, save_figure
 from .._shared.runner import Report
-from .experiment import MAP_NORMALIZERS, PAPER_BEST_R_SST2, PAPER_TABLE2
+from .paper import MAP_NORMALIZERS, PAPER_BEST_R_SST2, PAPER_TABLE2
 
 
 def _pct(x) -> str:
@@ -25,17 +25,8 @@ def _setting(row: Dict[str, Any]) -> str:
     return f"lr {row['lr']:g}" + (f", r {row['r_final']:g}" if row.get("r_final") is not None else "")
 
 
-def write_report(out: Path, summary: Dict[str, Any], records: List[Dict[str, Any]], settings, context) -> Report:
-    rows = summary["normalizers"]
-    figures = {}
-    if summary["r_curve"]:
-        figures["accuracy_vs_r"] = plot_r_curve(summary, out / "accuracy_vs_r.png")
-    maps = _maps(summary, records)
-    if maps:
-        figures["attention_maps"] = plot_maps(maps, out / "attention_maps.png")
-    if rows:
-        figures["sparsity_per_layer"] = plot_layers(summary, out / "sparsity_per_layer.png")
-
+def _setting_section(settings, context) -> List[str]:
+    """The data, the model, the training and how sparsity is measured."""
     sizes = context["full_sizes"]
     lines = [
         "## Setting",
@@ -62,6 +53,12 @@ def write_report(out: Path, summary: Dict[str, Any], records: List[Dict[str, Any
         "## Table 2, next to the paper's SST-2 column",
         "",
     ]
+    return lines
+
+
+def _table2_section(rows: Dict[str, Any]) -> List[str]:
+    """Table 2 next to the paper's SST-2 column."""
+    lines: List[str] = []
     table = []
     for name, row in rows.items():
         paper = PAPER_TABLE2.get(name, {}).get("SST-2")
@@ -75,6 +72,13 @@ def write_report(out: Path, summary: Dict[str, Any], records: List[Dict[str, Any
         lines += ["`posthoc_evidential` is the softmax-fine-tuned model evaluated with ev-softmax attention "
                   "(no retraining), so it has no learning rate of its own.", ""]
 
+    return lines
+
+
+def _swapped_section(summary: Dict[str, Any]) -> List[str]:
+    """The softmax-fine-tuned model with each sparse normalizer swapped in."""
+    lines: List[str] = []
+    rows = summary["normalizers"]
     if summary["swapped"]:
         soft = rows.get("softmax")
         lines += ["## Swapped in without fine-tuning",
@@ -89,6 +93,13 @@ def write_report(out: Path, summary: Dict[str, Any], records: List[Dict[str, Any
                       for n, s in summary["swapped"].items()]
         lines += [markdown_table(["normalizer", "test acc.", "zero fraction", "attended / keys per query"], swap_rows), ""]
 
+    return lines
+
+
+def _layers_and_r_sections(summary: Dict[str, Any]) -> List[str]:
+    """Measured sparsity per layer, and r-softmax's accuracy by final r."""
+    lines: List[str] = []
+    rows = summary["normalizers"]
     layered = {n: r["layers"] for n, r in rows.items() if r.get("layers")}
     layered.update({f"{n} (swapped)": s["layers"] for n, s in summary["swapped"].items() if s.get("layers")})
     if layered:
@@ -105,6 +116,11 @@ def write_report(out: Path, summary: Dict[str, Any], records: List[Dict[str, Any
                                    f"{c['zero_fraction']:.3f}"] for c in summary["r_curve"]]),
                   "", f"The paper's best final r on SST-2 was {PAPER_BEST_R_SST2}.", ""]
 
+    return lines
+
+
+def _cost_section(summary: Dict[str, Any]) -> List[str]:
+    lines: List[str] = []
     cost = summary["cost"]
     lines += ["## Cost per run", "",
               markdown_table(["run", "steps", "train s (wall)", "train CPU s", "CPU s / step", "whole job s (wall)",
@@ -117,6 +133,21 @@ def write_report(out: Path, summary: Dict[str, Any], records: List[Dict[str, Any
               f"times much less (a whole job: loading, training, validation and test evaluation, and for softmax the "
               f"swapped evaluations). All {cost['jobs']} job(s) took {cost['job_cpu_seconds']:.0f} CPU s, i.e. about "
               f"{cost['job_cpu_seconds'] / 2:.0f} s of wall time on 2 idle cores.", ""]
+    return lines
+
+
+def write_report(out: Path, summary: Dict[str, Any], records: List[Dict[str, Any]], settings, context) -> Report:
+    rows = summary["normalizers"]
+    figures = {}
+    if summary["r_curve"]:
+        figures["accuracy_vs_r"] = plot_r_curve(summary, out / "accuracy_vs_r.png")
+    maps = _maps(summary, records)
+    if maps:
+        figures["attention_maps"] = plot_maps(maps, out / "attention_maps.png")
+    if rows:
+        figures["sparsity_per_layer"] = plot_layers(summary, out / "sparsity_per_layer.png")
+    lines = (_setting_section(settings, context) + _table2_section(rows) + _swapped_section(summary)
+             + _layers_and_r_sections(summary) + _cost_section(summary))
     for key, path in figures.items():
         lines += [f"![{key}]({Path(path).name})", ""]
     headline = "accuracy_vs_r" if "accuracy_vs_r" in figures else (next(iter(figures)) if figures else None)

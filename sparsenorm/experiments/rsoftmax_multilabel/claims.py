@@ -15,7 +15,7 @@ import numpy as np
 
 from .._shared import verdict
 from .._shared.verdict import NEW, NOT_TESTABLE, Claim
-from .methods import BEST_SOFTMAX
+from .paper import BEST_SOFTMAX, SOURCE
 
 F1S = ("example_f1", "micro_f1", "macro_f1")
 F1_NAMES = {"example_f1": "example F1", "micro_f1": "micro F1", "macro_f1": "macro F1"}
@@ -25,7 +25,6 @@ APPROX_TOLERANCE = 0.02
 lies in [0, 1], so its standard deviation is at most 0.5 and the SE on yeast's ~900 test examples at most
 0.017); a gap smaller than that could not be told apart on one test set even with many seeds."""
 SPARSE_RIVALS = ("sparsemax+huber", "sparsemax+hinge", "sparsehourglass")
-SOURCE = "r-softmax paper Sec. 4.1, Fig. 2, Table 1"
 MANY_CLASSES = 20
 """Fig. 2a: r-softmax is best "especially when the data set has a large number of possible output classes" (20, 30)."""
 SUBSET_NAMES = {"many_classes_label_sweep": f"label-count sweep, {MANY_CLASSES}+ classes",

@@ -15,12 +15,13 @@ import torch
 from .._shared.common import RunConfig, UserFacingError, positive_float
 from .._shared.runner import Job, Report, RunOptions
 from . import claims as verdicts
-from .data import CLASS_COUNTS, FIXED_DOCUMENT_LENGTH, average_label_sweep, document_length_sweep, load_real_data, make_synthetic
-from .methods import COUNT_DECODES, COUNT_HEADS, HIDDEN, RATE_GRADS, RSoftmaxOptions, methods_for
+from .data import average_label_sweep, document_length_sweep, load_real_data, make_synthetic
+from .methods import RSoftmaxOptions, methods_for
+from .paper import (BATCH_SIZE, CLASS_COUNTS, COUNT_DECODES, COUNT_HEADS, DEFAULT_NORMALIZERS, FIXED_DOCUMENT_LENGTH, HIDDEN,
+                    LEARNING_RATE, RATE_GRADS)
 from .report import body, figures
-from .training import BATCH_SIZE, LEARNING_RATE, make_split, run_datasets
+from .training import make_split, run_datasets
 
-DEFAULT_NORMALIZERS = ["softmax", "sparsemax", "sparsehourglass", "r_softmax", "ev_softmax"]
 
 
 @dataclass(frozen=True)

@@ -27,19 +27,9 @@ from torch import Tensor, nn
 
 from ... import registry
 from ...losses import SparsityRatePredictor, sparsehourglass_multilabel_hinge_loss
-from ...losses.rsoftmax import _eq4_loss, label_count_loss, r_softmax_loss
-
-HIDDEN = 128
-SIGMOID_THRESHOLD = 0.5
-# Softmax thresholds p0 = m / C: one label of C at uniform probability sits at m = 1, so the grid
-# can predict every label of a dense label set (27 true labels of 30 have p ~ 1/27 > 1/30); at
-# C = 10 it contains the paper's {0.05, 0.1, 0.15, 0.2, 0.3}.
-THRESHOLD_MULTIPLES = (0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0)
-SPARSEMAX_HINGE_Q = 1e12  # alpha(z) = 1 to float precision: the q -> infinity (sparsemax) limit
-COUNT_HEADS = ("linear", "mlp")
-COUNT_DECODES = ("argmax", "round-mean")
-RATE_GRADS = ("through", "detached")
-BEST_SOFTMAX = "softmax (best p0)"
+from ...losses.rsoftmax import eq4_loss, label_count_loss, r_softmax_loss
+from .paper import (COUNT_DECODES, COUNT_HEADS, DEFAULT_NORMALIZERS, HIDDEN, RATE_GRADS, SIGMOID_THRESHOLD,
+                    SPARSEMAX_HINGE_Q, THRESHOLD_MULTIPLES)
 
 
 @dataclass(frozen=True)
@@ -81,8 +71,6 @@ def methods_for(normalizers: Optional[Sequence[str]], count_heads: Sequence[str]
     ``count_heads``: one r-softmax method per label-count head (two when the head is chosen on
     validation).
     """
-    from .experiment import DEFAULT_NORMALIZERS
-
     names = list(DEFAULT_NORMALIZERS) if normalizers is None else list(normalizers)
     out: List[Method] = []
     for name in names:
@@ -266,7 +254,7 @@ def r_softmax_loss_for(count_logits: Tensor, logits: Tensor, y: Tensor, options:
     if options.rate_grad == "through":
         eq4 = r_softmax_loss(logits, y, r=r)
     elif options.rate_grad == "detached":
-        eq4 = _eq4_loss(lambda z, batch: r_softmax_detached_threshold(z, r), logits, y, "mean", -100)
+        eq4 = eq4_loss(logits, y, lambda z: r_softmax_detached_threshold(z, r))
     else:
         raise ValueError(f"rate_grad must be one of {', '.join(RATE_GRADS)}, got {options.rate_grad!r}")
     return eq4 + label_count_loss(count_logits, y)

@@ -9,14 +9,8 @@ import numpy as np
 
 from .._shared.common import headless_pyplot, markdown_table, save_figure
 from .claims import APPROX_TOLERANCE, F1S, F1_NAMES, setting_table
-from .data import FIXED_DOCUMENT_LENGTH
-from .methods import BEST_SOFTMAX, THRESHOLD_MULTIPLES
+from .paper import BEST_SOFTMAX, FIXED_DOCUMENT_LENGTH, PAPER_TABLE1, THRESHOLD_MULTIPLES
 
-# r-softmax paper, Table 1 (F1, VOC / COCO validation sets). The paper has no yeast result; these
-# are the real-data numbers to compare rankings with. Its softmax thresholds are absolute
-# (0.05-0.3; best 0.15 on VOC, 0.1 on COCO): only the best one is comparable with our m/C grid.
-PAPER_TABLE1 = {BEST_SOFTMAX: (79.43, 72.29), "sparsemax+huber": (66.84, 52.30), "sparsemax+hinge": (71.91, 65.67),
-                "sparsehourglass": (71.35, 64.85), "r_softmax": (77.90, 72.56)}
 _COLOURS = {BEST_SOFTMAX: "black", "sigmoid": "tab:gray", "sparsemax+huber": "tab:blue", "sparsemax+hinge": "tab:cyan",
             "sparsehourglass": "tab:green", "r_softmax": "tab:red", "ev_softmax": "tab:purple"}
 
@@ -101,8 +95,8 @@ def _paper(variant: str, which: int) -> str:
     return f"{PAPER_TABLE1[variant][which]:.2f}" if variant in PAPER_TABLE1 else "—"
 
 
-def body(summary: Dict[str, Any], settings, context: Dict[str, Any], figs: Dict[str, Path], sweeps: Dict) -> str:
-    real = context.get("real_summary")
+def _setup(summary: Dict[str, Any], settings) -> List[str]:
+    """The network, the metrics, the softmax thresholds and r-softmax's count head."""
     lines = [
         f"Network: the paper's two-layer network (Linear-ReLU-Linear, hidden {settings.hidden}), Adam lr "
         f"{settings.learning_rate:g}, batch {settings.batch_size}, {settings.epochs} epochs"
@@ -128,6 +122,13 @@ def body(summary: Dict[str, Any], settings, context: Dict[str, Any], figs: Dict[
         f"**q = {settings.hourglass_q:g}** (the registry's default is 1; Laha et al.'s code defaults to 10).",
         "",
     ]
+    return lines
+
+
+def _real_section(summary: Dict[str, Any], settings, context: Dict[str, Any], figs: Dict[str, Path]) -> List[str]:
+    """The real data set, Table 1-style (empty without one)."""
+    real = context.get("real_summary")
+    lines: List[str] = []
     if summary["real"]:
         lines += [f"## {summary['real_name']}: Table 1-style", ""]
         if real:
@@ -148,6 +149,12 @@ def body(summary: Dict[str, Any], settings, context: Dict[str, Any], figs: Dict[
                                  "avg predicted set size", "paper VOC F1", "paper COCO F1"], rows), ""]
         if "curves" in figs:
             lines += [f"![learning curves]({figs['curves'].name})", ""]
+    return lines
+
+
+def _synthetic_section(summary: Dict[str, Any], settings, figs: Dict[str, Path], sweeps: Dict) -> List[str]:
+    """The synthetic sweeps, Fig. 2-style (empty without them)."""
+    lines: List[str] = []
     if summary["synthetic"]:
         lines += ["## Synthetic data: Fig. 2-style", "",
                   "scikit-learn `make_multilabel_classification`, 5,000 examples, 128 features, 80/20 train/validation, "
@@ -162,6 +169,11 @@ def body(summary: Dict[str, Any], settings, context: Dict[str, Any], figs: Dict[
                       markdown_table(header, rows), ""]
         header, rows = setting_table(summary, "known_count_topk_f1")
         lines += ["Known-count top-k F1 per setting (the ranking alone):", "", markdown_table(header, rows), ""]
+    return lines
+
+
+def _differences(summary: Dict[str, Any]) -> List[str]:
+    lines: List[str] = []
     lines += [
         "## What differs from the papers",
         "",
@@ -180,4 +192,10 @@ def body(summary: Dict[str, Any], settings, context: Dict[str, Any], figs: Dict[
         "trajectory), so a synthetic run's seconds are its stack's time divided by the stack size.",
         "",
     ]
+    return lines
+
+
+def body(summary: Dict[str, Any], settings, context: Dict[str, Any], figs: Dict[str, Path], sweeps: Dict) -> str:
+    lines = (_setup(summary, settings) + _real_section(summary, settings, context, figs)
+             + _synthetic_section(summary, settings, figs, sweeps) + _differences(summary))
     return "\n".join(lines)

@@ -17,12 +17,11 @@ from .._shared import metrics
 from .._shared.common import Stopwatch, seed_everything
 from .data import MultilabelData
 from .methods import (
-    BEST_SOFTMAX, THRESHOLD_MULTIPLES, Method, MultilabelNet, RSoftmaxOptions, StackedMultilabelNet, predict,
+    Method, MultilabelNet, RSoftmaxOptions, StackedMultilabelNet, predict,
     softmax_variant, training_loss,
 )
+from .paper import BATCH_SIZE, BEST_SOFTMAX, LEARNING_RATE, THRESHOLD_MULTIPLES
 
-BATCH_SIZE = 64
-LEARNING_RATE = 1e-3
 R_SOFTMAX = "r_softmax"
 
 

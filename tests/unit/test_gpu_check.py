@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "gpu_check.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gpu_check.py"
 spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
 gpu_check = importlib.util.module_from_spec(spec)
 sys.modules["gpu_check"] = gpu_check  # dataclasses look their module up by name

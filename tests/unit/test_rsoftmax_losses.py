@@ -71,6 +71,59 @@ def test_class_indices_are_one_hot_targets():
     torch.testing.assert_close(t_softmax_loss(z, idx, t=2.0), t_softmax_loss(z, F.one_hot(idx, 5).double(), t=2.0))
 
 
+def pairwise_eq4(z, y, p):
+    """Eq. 4 for rows ``(M, C)`` through the ``(M, C, C)`` pair tensor: the direct form, no sort, no shortcut."""
+    eta = y / y.sum(1, keepdim=True)
+    fit = ((y * (p - eta)) ** 2).sum(1)
+    pairs = (y[:, :, None] > 0) & (y[:, None, :] == 0)  # (i positive, j negative)
+    hinge = (eta[:, :, None] - (z[:, :, None] - z[:, None, :])).clamp_min(0)
+    return fit + torch.where(pairs, hinge, torch.zeros_like(hinge)).sum((1, 2))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 6), st.integers(2, 12), st.floats(0.0, 0.95), st.integers(0, 2**16))
+def test_class_index_form_equals_the_pairwise_form_with_gradients(n, c, r, seed):
+    """Class-index targets take the O(C) single-label form; in float64 it equals the C x C form of Eq. 4
+    (value and gradient w.r.t. the logits) to float64 rounding (assert_close's float64 tolerances)."""
+    z = logits(n, c, seed=seed).requires_grad_()
+    idx = torch.randint(0, c, (n,), generator=torch.Generator().manual_seed(seed + 1))
+    fast = r_softmax_loss(z, idx, r=r, reduction="none")
+    direct = pairwise_eq4(z, F.one_hot(idx, c).double(), r_softmax(z, r))
+    torch.testing.assert_close(fast, direct)
+    weights = torch.rand(n, dtype=torch.float64, generator=torch.Generator().manual_seed(seed + 2))
+    grad_fast, = torch.autograd.grad((fast * weights).sum(), z)
+    grad_direct, = torch.autograd.grad((direct * weights).sum(), z)
+    torch.testing.assert_close(grad_fast, grad_direct)
+
+
+def test_class_index_form_with_per_example_t_masks_and_ignore_index():
+    z = logits(5, 6, seed=20)
+    z[1, 4] = float("-inf")  # a class not there, as a negative: no pair
+    idx = torch.tensor([0, 2, 5, -100, 3])
+    t = torch.tensor([0.5, 1.0, 2.0, 1.0, 0.7], dtype=torch.float64)
+    kept = idx != -100
+    out = t_softmax_loss(z, idx, t=t, reduction="none")
+    direct = pairwise_eq4(z[kept], F.one_hot(idx[kept], 6).double(), t_softmax(z[kept], t[kept, None]))
+    torch.testing.assert_close(out[kept], direct)
+    assert float(out[3]) == 0.0  # ignored row
+    # a positive class that is not there: +inf (as the multi-label form), and a finite gradient elsewhere
+    z_bad = z.clone().requires_grad_()
+    bad = t_softmax_loss(z_bad, torch.tensor([0, 4, 5, 1, 3]), t=t, reduction="none")
+    assert float(bad[1].detach()) == float("inf") and torch.isfinite(bad[[0, 2, 3, 4]]).all()
+    grad, = torch.autograd.grad(bad[[0, 2, 3, 4]].sum(), z_bad)
+    assert torch.isfinite(grad).all()
+
+
+def test_gradcheck_class_index_form_extra_dims_and_mask():
+    z = logits(2, 5, 3, seed=21).requires_grad_()
+    idx = torch.tensor([[0, 4, 2], [1, 1, 3]])
+    mask = torch.ones(2, 5, 3, dtype=torch.bool)
+    mask[0, 3, :] = False
+    assert gradcheck(lambda v: r_softmax_loss(v, idx, r=0.35, mask=mask, reduction="none"), (z,))
+    r = torch.tensor([[0.2, 0.5, 0.7], [0.1, 0.4, 0.6]], dtype=torch.float64, requires_grad=True)
+    assert gradcheck(lambda v, rr: r_softmax_loss(v, idx, r=rr), (z, r))
+
+
 # ---------------------------------------------------------------------------- paper properties
 @settings(max_examples=60, deadline=None)
 @given(data=st.data(), c=st.integers(2, 8), r=st.floats(0, 1), t=st.floats(0.05, 5))
