@@ -19,7 +19,7 @@ from sparsenorm import registry
 from sparsenorm.experiments.evsoftmax_cvae import model as cvae_model
 from sparsenorm.experiments.evsoftmax_ssvae import model as ssvae_model
 from sparsenorm.experiments.evsoftmax_ssvae import train as ssvae_train
-from sparsenorm.experiments.evsoftmax_vqvae.experiment import _rows, prior_loss
+from sparsenorm.experiments.evsoftmax_vqvae.train import code_rows, prior_loss
 from sparsenorm.experiments.evsoftmax_vqvae.pixelcnn import GatedPixelCNN
 from sparsenorm.experiments.rsoftmax_multilabel import methods as ml
 
@@ -100,7 +100,7 @@ def test_vqvae_prior_step(name, deterministic_mode):
         codes, y = torch.randint(11, (4, 5, 5), generator=gen), torch.tensor([0, 2, 1, 0])
 
         def loss(prior):
-            feats, target = _rows(prior, codes, y)
+            feats, target = code_rows(prior, codes, y)
             return prior_loss(norm, prior.out(feats), target)
 
         return one_adam_step(lambda: GatedPixelCNN(n_codes=11, n_classes=3, dim=8, layers=3), loss, seed)
