@@ -57,6 +57,13 @@ one_line_error "pip install 'sparsenorm[experiments,mt]'" "$bin/sparsenorm" repr
 one_line_error "pip install 'sparsenorm[experiments,hf]'" "$bin/sparsenorm" reproduce finetune --quick
 
 echo "=== kernels: without ninja (no extras), without a compiler, then built with the fast extra"
+# A machine may have ninja on its PATH (e.g. Debian's ninja-build): hide it behind one that fails, as
+# on a machine without it; after the fast extra the venv's own ninja comes first.
+mkdir -p "$work/no-ninja"
+printf '#!/bin/sh\nexit 127\n' >"$work/no-ninja/ninja"
+chmod +x "$work/no-ninja/ninja"
+system_path=$PATH
+export PATH="$work/no-ninja:$system_path"
 set +e
 out=$("$bin/sparsenorm" build-kernels 2>"$work/build-kernels.err")
 status=$?
@@ -78,6 +85,7 @@ PY
 count=$(warnings_seen env)
 [ "$count" -eq 1 ] || { echo "wheel check: without ninja, expected one warning, saw $count"; exit 1; }
 "${pip[@]}" "$wheel[fast]"
+export PATH="$bin:$system_path"
 count=$(warnings_seen env CXX=/bin/false)
 [ "$count" -eq 1 ] || { echo "wheel check: without a compiler, expected one warning, saw $count"; exit 1; }
 "$bin/sparsenorm" build-kernels
