@@ -241,10 +241,35 @@ def _r_softmax_forward_fake(x: Tensor, r: Tensor):
             index.clone(), x.new_empty(shape), x.new_empty(shape), x.new_empty(shape, dtype=torch.bool))
 
 
+@torch.library.custom_op("sparsenorm::t_softmax_forward", mutates_args=())
+def t_softmax_forward(x: Tensor, t: Tensor) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """t-softmax of the rows of ``x`` with ``t`` of shape ``x.shape[:-1] + (1,)``:
+    ``(p, tau, argmax, dead)``; its backward is :func:`r_softmax_backward` with ``lo_idx = hi_idx
+    = argmax`` and ``frac = 0`` (no autograd here: ``TSoftmaxFunction``)."""
+    return _fresh(ref_rsoftmax.t_forward(x, t), (x, t))
+
+
+@t_softmax_forward.register_kernel("cpu")
+def _t_softmax_forward_cpu(x: Tensor, t: Tensor):
+    ext = cpu.RSOFTMAX.kernel_for(x)
+    if ext is None or x.shape[-1] == 0:
+        return _fresh(ref_rsoftmax.t_forward(x, t), (x, t))
+    p, *per_row = ext.t_forward(_rows(x), _rows(t.to(x.dtype)))
+    return (p.view(x.shape), *(v.view(x.shape[:-1] + (1,)) for v in per_row))
+
+
+@t_softmax_forward.register_fake
+def _t_softmax_forward_fake(x: Tensor, t: Tensor):
+    shape = x.shape[:-1] + (1,)
+    return (torch.empty_like(x, memory_format=torch.contiguous_format), x.new_empty(shape),
+            x.new_empty(shape, dtype=torch.long), x.new_empty(shape, dtype=torch.bool))
+
+
 @torch.library.custom_op("sparsenorm::r_softmax_backward", mutates_args=())
 def r_softmax_backward(g: Tensor, p: Tensor, x: Tensor, tau: Tensor, lo_idx: Tensor, hi_idx: Tensor,
                        frac: Tensor, dead: Tensor) -> Tuple[Tensor, Tensor]:
-    """``(dL/dx, C)`` of r-softmax from the forward's outputs; ``dL/dr = C dtau_dr``."""
+    """``(dL/dx, C)`` of r-softmax from the forward's outputs; ``dL/dr = C dtau_dr``. Also
+    t-softmax's (``lo_idx = hi_idx = argmax``, ``frac = 0``; ``dL/dt = -C``)."""
     return ref_rsoftmax.backward(g.contiguous(), p, x, tau, lo_idx, hi_idx, frac, dead)
 
 
@@ -266,4 +291,4 @@ def _r_softmax_backward_fake(g, p, x, tau, lo_idx, hi_idx, frac, dead):
 
 
 __all__ = ["ev_softmax", "project", "project_backward", "r_softmax_threshold", "r_softmax_forward",
-           "r_softmax_backward"]
+           "t_softmax_forward", "r_softmax_backward"]
