@@ -9,10 +9,12 @@
 //      (Martins & Astudillo 2016, Alg. 1; Peters et al. 2019, Alg. 2) -- exact;
 //   3. write p = [z - tau]_+ (squared for 1.5-entmax).
 // Rows with no entry above finfo.min / 2 ("not there") give zeros. Backward: w = 1{p > 0} (sparsemax) or sqrt(p)
-// (1.5-entmax), grad = w * (g - sum(w g) / sum(w)), in two passes.
+// (1.5-entmax), grad = w * (g - sum(w g) / sum(w)), in two SIMD passes (at::vec).
 #include <torch/extension.h>
 
 #include <ATen/Parallel.h>
+#include <ATen/cpu/vec/functional.h>
+#include <ATen/cpu/vec/vec.h>
 
 #include <algorithm>
 #include <cmath>
@@ -113,49 +115,48 @@ torch::Tensor forward(const torch::Tensor& x, bool entmax) {
   return out;
 }
 
-// w = 1{p > 0} (sparsemax) or sqrt(p) (1.5-entmax); grad = w * (g - sum(w g) / sum(w)).
-// NaN rows stay NaN.
-// sqrt(p) for p >= 0, exactly 0 at 0 and NaN at NaN, avoiding sqrt of zero (a slow path on
-// this CPU): sqrt(max(p, tiny)) - sqrt(tiny).
+// w = 1{p > 0} (sparsemax) or sqrt(p) (1.5-entmax); grad = w * (g - sum(w g) / sum(w)), in two
+// SIMD passes that read p and g (w is recomputed in the second: cheaper than writing and reading
+// it back). sqrt(0) = 0 exactly and sqrt(NaN) = NaN, so NaN rows stay NaN.
 template <typename scalar_t>
-inline scalar_t sqrt_nonneg(scalar_t v) {
-  const scalar_t tiny = std::numeric_limits<scalar_t>::min();
-  const scalar_t r = std::sqrt(v > tiny ? v : tiny) - std::sqrt(tiny);
-  return v != v ? v : r;
+inline at::vec::Vectorized<scalar_t> weight(const at::vec::Vectorized<scalar_t>& p, bool entmax) {
+  using Vec = at::vec::Vectorized<scalar_t>;
+  if (entmax) return p.sqrt();
+  // 1 on the support, 0 off it, NaN for NaN: (p > 0) as 1/0, then p's NaN through a blend.
+  const Vec on = Vec::blendv(Vec(scalar_t(0)), Vec(scalar_t(1)), p > Vec(scalar_t(0)));
+  return Vec::blendv(on, p, p != p);
+}
+
+template <typename scalar_t>
+inline scalar_t weight(scalar_t p, bool entmax) {
+  if (entmax) return std::sqrt(p);
+  return p != p ? p : (p > 0 ? scalar_t(1) : scalar_t(0));
 }
 
 template <typename scalar_t>
 void backward_row(const scalar_t* pr, const scalar_t* gr, scalar_t* o, int64_t k, bool entmax) {
-  scalar_t w_sum = 0, wg_sum = 0;
-  if (entmax) {
-#pragma omp simd reduction(+ : w_sum, wg_sum)
-    for (int64_t i = 0; i < k; ++i) {
-      const scalar_t w = sqrt_nonneg(pr[i]);
-      o[i] = w;  // kept for the second pass (one sqrt per entry)
-      w_sum += w;
-      wg_sum += w * gr[i];
-    }
-  } else {
-#pragma omp simd reduction(+ : w_sum, wg_sum)
-    for (int64_t i = 0; i < k; ++i) {
-      const scalar_t v = pr[i];
-      const scalar_t w = (v != v) ? v : (v > 0 ? scalar_t(1) : scalar_t(0));
-      w_sum += w;
-      wg_sum += w * gr[i];
-    }
+  using Vec = at::vec::Vectorized<scalar_t>;
+  constexpr int64_t W = Vec::size();
+  Vec vw(scalar_t(0)), vwg(scalar_t(0));
+  int64_t i = 0;
+  for (; i + W <= k; i += W) {
+    const Vec w = weight(Vec::loadu(pr + i), entmax);
+    vw = vw + w;
+    vwg = vwg + w * Vec::loadu(gr + i);
+  }
+  const auto add = [](const Vec& a, const Vec& b) { return a + b; };
+  scalar_t w_sum = at::vec::vec_reduce_all<scalar_t>(add, vw);
+  scalar_t wg_sum = at::vec::vec_reduce_all<scalar_t>(add, vwg);
+  for (; i < k; ++i) {
+    const scalar_t w = weight(pr[i], entmax);
+    w_sum += w;
+    wg_sum += w * gr[i];
   }
   const scalar_t q = w_sum != 0 ? wg_sum / w_sum : scalar_t(0);
-  if (entmax) {
-#pragma omp simd
-    for (int64_t i = 0; i < k; ++i) o[i] = o[i] * (gr[i] - q);
-  } else {
-#pragma omp simd
-    for (int64_t i = 0; i < k; ++i) {
-      const scalar_t v = pr[i];
-      const scalar_t w = (v != v) ? v : (v > 0 ? scalar_t(1) : scalar_t(0));
-      o[i] = w * (gr[i] - q);
-    }
-  }
+  const Vec vq(q);
+  i = 0;
+  for (; i + W <= k; i += W) (weight(Vec::loadu(pr + i), entmax) * (Vec::loadu(gr + i) - vq)).store(o + i);
+  for (; i < k; ++i) o[i] = weight(pr[i], entmax) * (gr[i] - q);
 }
 
 torch::Tensor backward(const torch::Tensor& p, const torch::Tensor& g, bool entmax) {
