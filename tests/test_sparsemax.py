@@ -580,3 +580,53 @@ def test_cpu_kernel_backward_simd_body_and_tail(fn, k, cpu_kernel):
     assert torch.isnan(fused[1]).all() and (kind == "sparsemax" or torch.isnan(pure[1]).all())
     # the same sums in another order: a few ulps of the largest term
     torch.testing.assert_close(fused[[0, 2, 3]], pure[[0, 2, 3]], rtol=0, atol=64 * k * 2.2e-16)
+
+
+def _stress_rows(dtype):
+    """Rows for the kernel's sort-free threshold: ties, near-ties at the support's edge, one
+    dominant entry, many entries within the window, wide and tiny scales, long rows."""
+    gen = torch.Generator().manual_seed(31)
+    k = 500
+    rows = [torch.randn(k, generator=gen, dtype=dtype) * s for s in (1e-6, 0.1, 1.0, 3.0, 1e3)]
+    rows.append(torch.randint(0, 3, (k,), generator=gen).to(dtype))  # heavy ties
+    rows.append(torch.linspace(0, 2, k, dtype=dtype))  # every entry in the window
+    one = torch.full((k,), -5.0, dtype=dtype)
+    one[7] = 0.0
+    rows.append(one)  # support of one
+    edge = torch.zeros(k, dtype=dtype)
+    edge[:3] = torch.tensor([1.0, 0.5, 0.0], dtype=dtype)  # entries exactly at the threshold
+    rows.append(edge)
+    return torch.stack(rows)
+
+
+@pytest.mark.parametrize("kind", ["sparsemax", "entmax15"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_cpu_kernel_sort_free_threshold_matches_sorted_reference(kind, dtype, cpu_kernel):
+    # Error model: p = [u - tau]_+ (squared): tau from sums over at most K terms on both sides
+    # ((K + 8) eps relative to the largest |u| on the support, <= 1 after the shift), so |dp| <=
+    # 2 (K + 8) eps (entmax15: p <= 1, d(p)/d(tau) = 2 sqrt(p) <= 2).
+    from sparsenorm.kernels.reference.projection import project_sorted
+
+    x = _stress_rows(dtype)
+    fused = cpu_kernel.load().forward(x, kind == "entmax15")
+    pure = project_sorted(x, kind)
+    atol = 2 * (x.shape[-1] + 8) * torch.finfo(dtype).eps
+    torch.testing.assert_close(fused, pure, rtol=0, atol=atol)
+    torch.testing.assert_close(fused.sum(-1), torch.ones(x.shape[0], dtype=dtype), rtol=0, atol=atol)
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), k=st.integers(1, 200), pool=st.integers(1, 50), scale=st.sampled_from([1e-3, 0.5, 2.0, 50.0]))
+def test_cpu_kernel_sort_free_threshold_property(data, k, pool, scale):
+    from sparsenorm.kernels import cpu
+    from sparsenorm.kernels.reference.projection import project_sorted
+
+    ext = cpu.PROJECTION.load()
+    if ext is None:
+        pytest.skip("C++ kernel not buildable here")
+    gen = torch.Generator().manual_seed(data.draw(st.integers(0, 2**31 - 1)))
+    values = torch.randn(pool, generator=gen, dtype=torch.float64) * scale
+    x = values[torch.randint(0, pool, (3, k), generator=gen)]
+    atol = 2 * (k + 8) * torch.finfo(torch.float64).eps
+    for kind in ("sparsemax", "entmax15"):
+        torch.testing.assert_close(ext.forward(x, kind == "entmax15"), project_sorted(x, kind), rtol=0, atol=atol)

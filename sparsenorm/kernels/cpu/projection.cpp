@@ -25,6 +25,65 @@
 namespace {
 
 template <typename scalar_t>
+void write_output(const scalar_t* x, scalar_t* out, int64_t k, scalar_t mx, scalar_t half, scalar_t tau,
+                  bool entmax);
+
+// The exact threshold without sorting, on the candidates u (row max 0, every entry of the support
+// among them; 1.5-entmax in units of x / 2), as the Triton kernel (kernels/triton/projection.py):
+// * sparsemax: Michelot's iteration from the lower bound tau = -1: tau = (sum_S u - 1) / |S| over
+//   S = {u > tau} increases, S shrinks, and once |S| stops changing tau is exact;
+// * 1.5-entmax: f(tau) = sum (u - tau)_+^2 - 1 is convex and decreasing. From a lower bound
+//   (f >= 0) the smaller root of sum_S (u - t)^2 = 1 over S = {u > tau} is exact if S is the
+//   support and an upper bound otherwise; from an upper bound a Newton step lands below the root
+//   again. The root is accepted once S stops changing (or f vanishes to rounding).
+// Returns false (the caller sorts) if that takes more than 64 passes (adversarial rows).
+template <typename scalar_t>
+bool threshold_by_iteration(const scalar_t* u, int64_t n_cand, bool entmax, scalar_t* tau_out) {
+  const scalar_t eps = std::numeric_limits<scalar_t>::epsilon();
+  scalar_t tau = -1;
+  int64_t prev_n = -1;
+  bool was_root = false;
+  for (int it = 0; it < 64; ++it) {
+    scalar_t s1 = 0, s2 = 0;
+    int64_t n = 0;
+#pragma omp simd reduction(+ : s1, s2, n)
+    for (int64_t i = 0; i < n_cand; ++i) {
+      const scalar_t d = u[i] - tau;
+      const bool in = d > 0;
+      s1 += in ? d : scalar_t(0);
+      s2 += in ? d * d : scalar_t(0);
+      n += in ? 1 : 0;
+    }
+    if (n == 0) {  // tau at the max: only from rounding; the current tau is the answer
+      *tau_out = tau;
+      return true;
+    }
+    const scalar_t rho = static_cast<scalar_t>(n);
+    if (!entmax) {
+      const scalar_t final = tau + (s1 - 1) / rho;  // (sum_S u - 1) / |S|, relative to tau
+      if (n == prev_n) {
+        *tau_out = final;
+        return true;
+      }
+      prev_n = n;
+      tau = std::max(tau, final);
+      continue;
+    }
+    const scalar_t f = s2 - 1;
+    const scalar_t disc = s1 * s1 - rho * f;
+    const scalar_t final = tau + (s1 - std::sqrt(disc > 0 ? disc : scalar_t(0))) / rho;
+    if ((was_root && n == prev_n) || std::abs(f) <= 16 * eps) {
+      *tau_out = final;
+      return true;
+    }
+    was_root = f >= 0;
+    tau = was_root ? final : tau + f / (2 * s1);
+    prev_n = n;
+  }
+  return false;
+}
+
+template <typename scalar_t>
 void forward_row(const scalar_t* x, scalar_t* out, int64_t k, bool entmax, std::vector<scalar_t>& cand) {
   const scalar_t inf = std::numeric_limits<scalar_t>::infinity();
   scalar_t mx = -inf;
@@ -49,18 +108,26 @@ void forward_row(const scalar_t* x, scalar_t* out, int64_t k, bool entmax, std::
   const scalar_t offset = (entmax ? scalar_t(2) : scalar_t(1)) * scalar_t(1.001) +
                           8 * std::numeric_limits<scalar_t>::epsilon() * std::abs(mx);
   const scalar_t lo = mx - offset;
-  cand.clear();
+  // Gather the candidates branch-free (write, then advance on the test) into a buffer of K.
+  if (static_cast<int64_t>(cand.size()) < k) cand.resize(k);  // kept across rows (no shrinking)
+  int64_t n_cand = 0;
   for (int64_t i = 0; i < k; ++i) {
-    if (x[i] > lo) cand.push_back((x[i] - mx) * half);
+    cand[n_cand] = (x[i] - mx) * half;
+    n_cand += x[i] > lo;
   }
-  std::sort(cand.begin(), cand.end(), std::greater<scalar_t>());
+  scalar_t tau_iter;
+  if (threshold_by_iteration(cand.data(), n_cand, entmax, &tau_iter)) {
+    write_output(x, out, k, mx, half, tau_iter, entmax);
+    return;
+  }
+  std::sort(cand.begin(), cand.begin() + n_cand, std::greater<scalar_t>());
   // As the entmax package: the support size is the NUMBER of prefixes passing the test.
   scalar_t tau = 0;
   int64_t support = 0;
   scalar_t tau_at = 0;
   scalar_t s = 0, s2 = 0;
   std::vector<scalar_t>& taus = cand;  // overwritten in place: cand[r] is read before taus[r] is set
-  for (size_t r = 0; r < cand.size(); ++r) {
+  for (int64_t r = 0; r < n_cand; ++r) {
     const scalar_t rho = scalar_t(r + 1);
     const scalar_t z = cand[r];
     s += z;
@@ -82,6 +149,13 @@ void forward_row(const scalar_t* x, scalar_t* out, int64_t k, bool entmax, std::
   }
   if (support > 0) tau_at = taus[support - 1];
   tau = tau_at;
+  write_output(x, out, k, mx, half, tau, entmax);
+}
+
+// p = [(x - max) half - tau]_+ (squared for 1.5-entmax).
+template <typename scalar_t>
+void write_output(const scalar_t* x, scalar_t* out, int64_t k, scalar_t mx, scalar_t half, scalar_t tau,
+                  bool entmax) {
   if (entmax) {
 #pragma omp simd
     for (int64_t i = 0; i < k; ++i) {
