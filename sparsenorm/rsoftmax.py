@@ -36,13 +36,13 @@ h_j / w_j``, so ``dL/dx = h + h / w`` plus the ``C`` term, and ``C = -sum(h + h 
 """
 from __future__ import annotations
 
-from typing import Optional, Tuple, Union
+from typing import Optional, Union
 
 import torch
 from torch import Tensor, nn
 from torch.autograd import Function
 
-from ._validation import check_param, normalize
+from ._validation import check_param, normalize, per_row_tensor
 from .kernels import ops
 
 Param = Union[float, int, Tensor]
@@ -51,13 +51,6 @@ Param = Union[float, int, Tensor]
 # --------------------------------------------------------------------------------------------
 # helpers
 # --------------------------------------------------------------------------------------------
-def _per_row(x: Tensor, value: Union[float, Tensor]) -> Tensor:
-    """A per-row parameter as a tensor of shape ``x.shape[:-1] + (1,)`` (a number filled in)."""
-    if isinstance(value, Tensor):
-        return value.expand(x.shape[:-1] + (1,))
-    return torch.full(x.shape[:-1] + (1,), value, dtype=x.dtype, device=x.device)
-
-
 def _first_order_only(backward):
     """Raise a clear error for double backward (``create_graph=True``) instead of a silent wrong answer.
 
@@ -84,7 +77,7 @@ class TSoftmaxFunction(Function):
 
     @staticmethod
     def forward(ctx, x: Tensor, t: Union[float, Tensor]) -> Tensor:
-        p, tau, argmax, dead = ops.t_softmax_forward(x, _per_row(x, t))
+        p, tau, argmax, dead = ops.t_softmax_forward(x, per_row_tensor(x, t))
         ctx.t_shape = t.shape if isinstance(t, Tensor) else None
         ctx.save_for_backward(p, x, tau, argmax, dead)
         return p
@@ -143,7 +136,7 @@ class RSoftmaxFunction(Function):
     def forward(ctx, x: Tensor, r: Union[float, Tensor]) -> Tensor:
         # tau >= max (r = 1, n = 1, or the quantile tied with the max) makes every weight 0: the
         # output is then the r -> 1 limit, uniform over the arg-max entries (a "dead" row).
-        p, tau, lo_idx, hi_idx, frac, dtau_dr, dead = ops.r_softmax_forward(x, _per_row(x, r))
+        p, tau, lo_idx, hi_idx, frac, dtau_dr, dead = ops.r_softmax_forward(x, per_row_tensor(x, r))
         ctx.r_shape = r.shape if isinstance(r, Tensor) else None
         ctx.save_for_backward(p, x, tau, lo_idx, hi_idx, frac, dtau_dr, dead)
         return p

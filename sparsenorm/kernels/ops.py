@@ -23,6 +23,7 @@ from torch import Tensor
 
 from . import cpu
 from .reference import evidential as ref_evidential
+from .reference import hourglass as ref_hourglass
 from .reference import projection as ref_projection
 from .reference import rsoftmax as ref_rsoftmax
 
@@ -182,6 +183,54 @@ project.register_autograd(_project_autograd, setup_context=_project_setup)
 
 
 # ---------------------------------------------------------------------------------------------
+# sparsehourglass: sparsemax(alpha(z) z) (no autograd here: sparsenorm.hourglass's Function)
+# ---------------------------------------------------------------------------------------------
+@torch.library.custom_op("sparsenorm::hourglass_forward", mutates_args=())
+def hourglass_forward(x: Tensor, q: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+    """``(p, alpha, sum z)`` of the rows of ``x``, ``q`` of shape ``x.shape[:-1] + (1,)``; see
+    ``kernels/reference/hourglass.py``."""
+    return _fresh(ref_hourglass.forward(x, q), (x, q))
+
+
+@hourglass_forward.register_kernel("cpu")
+def _hourglass_forward_cpu(x: Tensor, q: Tensor):
+    ext = cpu.PROJECTION.kernel_for(x)
+    if ext is None or x.shape[-1] == 0:
+        rows = lambda z: ref_projection.project(z, -1, "sparsemax")  # noqa: E731  (the CPU iteration)
+        return _fresh(ref_hourglass.forward(x, q, rows), (x, q))
+    p, alpha, total = ext.hourglass_forward(_rows(x), _rows(q.to(x.dtype)))
+    return p.view(x.shape), alpha.view(q.shape), total.view(q.shape)
+
+
+@hourglass_forward.register_fake
+def _hourglass_forward_fake(x: Tensor, q: Tensor):
+    shape = x.shape[:-1] + (1,)
+    return torch.empty_like(x, memory_format=torch.contiguous_format), x.new_empty(shape), x.new_empty(shape)
+
+
+@torch.library.custom_op("sparsenorm::hourglass_backward", mutates_args=())
+def hourglass_backward(g: Tensor, p: Tensor, x: Tensor, alpha: Tensor, total: Tensor,
+                       q: Tensor) -> Tuple[Tensor, Tensor]:
+    """``(dL/dx, dL/dq per row)`` of :func:`hourglass_forward` from its outputs."""
+    return _fresh(ref_hourglass.backward(g, p, x, alpha, total, q), (g, p, x, alpha, total, q))
+
+
+@hourglass_backward.register_kernel("cpu")
+def _hourglass_backward_cpu(g, p, x, alpha, total, q):
+    ext = cpu.PROJECTION.kernel_for(p)
+    if ext is None or p.shape[-1] == 0:
+        return _fresh(ref_hourglass.backward(g, p, x, alpha, total, q), (g, p, x, alpha, total, q))
+    grad, grad_q = ext.hourglass_backward(_rows(g.to(p.dtype).expand_as(p)), _rows(p), _rows(x), _rows(alpha),
+                                          _rows(total), _rows(q.to(p.dtype)))
+    return grad.view(p.shape), grad_q.view(alpha.shape)
+
+
+@hourglass_backward.register_fake
+def _hourglass_backward_fake(g, p, x, alpha, total, q):
+    return torch.empty_like(p, memory_format=torch.contiguous_format), alpha.new_empty(alpha.shape)
+
+
+# ---------------------------------------------------------------------------------------------
 # r-softmax: the quantile threshold (no autograd here: RSoftmaxFunction's closed form uses it)
 # ---------------------------------------------------------------------------------------------
 @torch.library.custom_op("sparsenorm::r_softmax_threshold", mutates_args=())
@@ -290,5 +339,5 @@ def _r_softmax_backward_fake(g, p, x, tau, lo_idx, hi_idx, frac, dead):
     return torch.empty_like(p, memory_format=torch.contiguous_format), tau.new_empty(tau.shape)
 
 
-__all__ = ["ev_softmax", "project", "project_backward", "r_softmax_threshold", "r_softmax_forward",
+__all__ = ["ev_softmax", "project", "project_backward", "hourglass_forward", "hourglass_backward", "r_softmax_threshold", "r_softmax_forward",
            "t_softmax_forward", "r_softmax_backward"]

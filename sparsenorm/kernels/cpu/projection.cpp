@@ -252,9 +252,128 @@ torch::Tensor backward(const torch::Tensor& p, const torch::Tensor& g, bool entm
   return out;
 }
 
+// Sparsehourglass (Laha et al. 2018): sparsemax(alpha z) with alpha = (1 + qK) / (|sum z| + qK)
+// over the K entries there (a row with none: alpha = 1). Forward: one pass for K and sum z (summed
+// in double), the scaled row (not there: -inf) into a buffer, then sparsemax's row. Returns
+// (p, alpha, sum z), the last two (rows, 1).
+template <typename scalar_t>
+void hourglass_row(const scalar_t* x, scalar_t q, int64_t k, scalar_t* out, scalar_t* alpha_out, scalar_t* total_out,
+                   std::vector<scalar_t>& scaled, std::vector<scalar_t>& cand) {
+  const scalar_t level = std::numeric_limits<scalar_t>::lowest() / 2;
+  double total = 0;
+  int64_t there = 0;
+#pragma omp simd reduction(+ : total, there)
+  for (int64_t i = 0; i < k; ++i) {
+    const bool in = !(x[i] <= level);  // NaN counts as there (its row is NaN)
+    total += in ? static_cast<double>(x[i]) : 0.0;
+    there += in ? 1 : 0;
+  }
+  const scalar_t sum = static_cast<scalar_t>(total);
+  const scalar_t qk = q * static_cast<scalar_t>(there);
+  const scalar_t alpha = there == 0 ? scalar_t(1) : (1 + qk) / (std::abs(sum) + qk);
+  *alpha_out = alpha;
+  *total_out = sum;
+  if (static_cast<int64_t>(scaled.size()) < k) scaled.resize(k);
+  const scalar_t neg_inf = -std::numeric_limits<scalar_t>::infinity();
+#pragma omp simd
+  for (int64_t i = 0; i < k; ++i) scaled[i] = x[i] <= level ? neg_inf : x[i] * alpha;
+  forward_row<scalar_t>(scaled.data(), out, k, false, cand);
+}
+
+std::vector<torch::Tensor> hourglass_forward(const torch::Tensor& x, const torch::Tensor& q) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.device().is_cpu(), "expected a contiguous 2-D CPU tensor");
+  TORCH_CHECK(q.dim() == 2 && q.size(0) == x.size(0) && q.size(1) == 1 && q.is_contiguous() &&
+              q.scalar_type() == x.scalar_type(), "q must be a contiguous (rows, 1) tensor of x's dtype");
+  auto out = torch::empty_like(x);
+  const int64_t rows = x.size(0), k = x.size(1);
+  auto alpha = torch::empty({rows, 1}, x.options());
+  auto total = torch::empty({rows, 1}, x.options());
+  const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(k, 1));
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "sparsehourglass_forward", [&] {
+    const scalar_t* in_ptr = x.const_data_ptr<scalar_t>();
+    const scalar_t* q_ptr = q.const_data_ptr<scalar_t>();
+    scalar_t* out_ptr = out.mutable_data_ptr<scalar_t>();
+    scalar_t* alpha_ptr = alpha.mutable_data_ptr<scalar_t>();
+    scalar_t* total_ptr = total.mutable_data_ptr<scalar_t>();
+    at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
+      std::vector<scalar_t> scaled, cand;
+      for (int64_t r = begin; r < end; ++r) {
+        hourglass_row<scalar_t>(in_ptr + r * k, q_ptr[r], k, out_ptr + r * k, alpha_ptr + r, total_ptr + r, scaled,
+                                cand);
+      }
+    });
+  });
+  return {out, alpha, total};
+}
+
+// Backward: gy = s (g - mean_S g) (sparsemax's, s the support), c = sum_S gy z; for an entry
+// there dL/dz = alpha gy + c d alpha / d(sum z), d alpha / d(sum z) = -alpha sign(sum z) / D with
+// D = |sum z| + qK (0 for entries not there); dL/dq = c K (|sum z| - 1) / D^2. Returns (dL/dx,
+// dL/dq per row). Two passes (sums; then the gradient).
+template <typename scalar_t>
+void hourglass_backward_row(const scalar_t* g, const scalar_t* p, const scalar_t* x, scalar_t alpha, scalar_t sum,
+                            scalar_t q, int64_t k, scalar_t* out, scalar_t* dq) {
+  const scalar_t level = std::numeric_limits<scalar_t>::lowest() / 2;
+  scalar_t n_on = 0, g_on = 0, gz_on = 0, z_on = 0;
+  int64_t there = 0;
+#pragma omp simd reduction(+ : n_on, g_on, gz_on, z_on, there)
+  for (int64_t i = 0; i < k; ++i) {
+    const bool on = p[i] > 0;
+    n_on += on ? scalar_t(1) : scalar_t(0);
+    g_on += on ? g[i] : scalar_t(0);
+    gz_on += on ? g[i] * x[i] : scalar_t(0);
+    z_on += on ? x[i] : scalar_t(0);
+    there += x[i] <= level ? 0 : 1;
+  }
+  const scalar_t mean = n_on > 0 ? g_on / n_on : scalar_t(0);
+  const scalar_t c = gz_on - mean * z_on;  // sum_S (g - mean) z
+  const scalar_t qk = q * static_cast<scalar_t>(there);
+  const scalar_t d = std::abs(sum) + qk;
+  const scalar_t sign = sum > 0 ? scalar_t(1) : (sum < 0 ? scalar_t(-1) : scalar_t(0));
+  const scalar_t shift = there == 0 ? scalar_t(0) : -c * alpha * sign / d;
+  *dq = there == 0 ? scalar_t(0) : c * static_cast<scalar_t>(there) * (std::abs(sum) - 1) / (d * d);
+  const bool nan_row = p[0] != p[0];
+#pragma omp simd
+  for (int64_t i = 0; i < k; ++i) {
+    const scalar_t gy = p[i] > 0 ? g[i] - mean : scalar_t(0);
+    out[i] = x[i] <= level ? scalar_t(0) : alpha * gy + shift;
+  }
+  if (nan_row) std::fill(out, out + k, std::numeric_limits<scalar_t>::quiet_NaN());
+}
+
+std::vector<torch::Tensor> hourglass_backward(const torch::Tensor& g, const torch::Tensor& p, const torch::Tensor& x,
+                                              const torch::Tensor& alpha, const torch::Tensor& total,
+                                              const torch::Tensor& q) {
+  TORCH_CHECK(p.dim() == 2 && p.is_contiguous() && g.is_contiguous() && x.is_contiguous() && p.sizes() == g.sizes() &&
+              p.sizes() == x.sizes(), "expected contiguous 2-D tensors of one shape");
+  const int64_t rows = p.size(0), k = p.size(1);
+  auto out = torch::empty_like(p);
+  auto dq = torch::empty({rows, 1}, p.options());
+  const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(k, 1));
+  AT_DISPATCH_FLOATING_TYPES(p.scalar_type(), "sparsehourglass_backward", [&] {
+    const scalar_t* g_ptr = g.const_data_ptr<scalar_t>();
+    const scalar_t* p_ptr = p.const_data_ptr<scalar_t>();
+    const scalar_t* x_ptr = x.const_data_ptr<scalar_t>();
+    const scalar_t* a_ptr = alpha.const_data_ptr<scalar_t>();
+    const scalar_t* t_ptr = total.const_data_ptr<scalar_t>();
+    const scalar_t* q_ptr = q.const_data_ptr<scalar_t>();
+    scalar_t* out_ptr = out.mutable_data_ptr<scalar_t>();
+    scalar_t* dq_ptr = dq.mutable_data_ptr<scalar_t>();
+    at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        hourglass_backward_row<scalar_t>(g_ptr + r * k, p_ptr + r * k, x_ptr + r * k, a_ptr[r], t_ptr[r], q_ptr[r], k,
+                                         out_ptr + r * k, dq_ptr + r);
+      }
+    });
+  });
+  return {out, dq};
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("forward", &forward, "sparsemax / 1.5-entmax forward over the rows of a (rows, K) tensor");
   m.def("backward", &backward, "sparsemax / 1.5-entmax backward over the rows of a (rows, K) tensor");
+  m.def("hourglass_forward", &hourglass_forward, "sparsehourglass forward: (p, alpha, sum z) per row");
+  m.def("hourglass_backward", &hourglass_backward, "sparsehourglass backward: (dL/dx, dL/dq per row)");
 }
