@@ -37,8 +37,11 @@ void write_output(const scalar_t* x, scalar_t* out, int64_t k, scalar_t mx, scal
 //   support and an upper bound otherwise; from an upper bound a Newton step lands below the root
 //   again. The root is accepted once S stops changing (or f vanishes to rounding).
 // Returns false (the caller sorts) if that takes more than 64 passes (adversarial rows).
+// The entries are u_i = (v_i - shift) * half: the candidates as gathered (shift 0, half 1, exact)
+// or a whole short row (shift = its max; entries not there give -inf or far below -1).
 template <typename scalar_t>
-bool threshold_by_iteration(const scalar_t* u, int64_t n_cand, bool entmax, scalar_t* tau_out) {
+bool threshold_by_iteration(const scalar_t* v, int64_t n_cand, scalar_t shift, scalar_t half, bool entmax,
+                            scalar_t* tau_out) {
   const scalar_t eps = std::numeric_limits<scalar_t>::epsilon();
   scalar_t tau = -1;
   int64_t prev_n = -1;
@@ -48,7 +51,7 @@ bool threshold_by_iteration(const scalar_t* u, int64_t n_cand, bool entmax, scal
     int64_t n = 0;
 #pragma omp simd reduction(+ : s1, s2, n)
     for (int64_t i = 0; i < n_cand; ++i) {
-      const scalar_t d = u[i] - tau;
+      const scalar_t d = (v[i] - shift) * half - tau;
       const bool in = d > 0;
       s1 += in ? d : scalar_t(0);
       s2 += in ? d * d : scalar_t(0);
@@ -83,6 +86,8 @@ bool threshold_by_iteration(const scalar_t* u, int64_t n_cand, bool entmax, scal
   return false;
 }
 
+constexpr int64_t kWholeRow = 1024;
+
 template <typename scalar_t>
 void forward_row(const scalar_t* x, scalar_t* out, int64_t k, bool entmax, std::vector<scalar_t>& cand) {
   const scalar_t inf = std::numeric_limits<scalar_t>::infinity();
@@ -108,6 +113,12 @@ void forward_row(const scalar_t* x, scalar_t* out, int64_t k, bool entmax, std::
   const scalar_t offset = (entmax ? scalar_t(2) : scalar_t(1)) * scalar_t(1.001) +
                           8 * std::numeric_limits<scalar_t>::epsilon() * std::abs(mx);
   const scalar_t lo = mx - offset;
+  scalar_t tau_iter;
+  // A short row is iterated on whole (each pass a few SIMD steps), a long one on its candidates.
+  if (k <= kWholeRow && threshold_by_iteration(x, k, mx, half, entmax, &tau_iter)) {
+    write_output(x, out, k, mx, half, tau_iter, entmax);
+    return;
+  }
   // Gather the candidates branch-free (write, then advance on the test) into a buffer of K.
   if (static_cast<int64_t>(cand.size()) < k) cand.resize(k);  // kept across rows (no shrinking)
   int64_t n_cand = 0;
@@ -115,8 +126,7 @@ void forward_row(const scalar_t* x, scalar_t* out, int64_t k, bool entmax, std::
     cand[n_cand] = (x[i] - mx) * half;
     n_cand += x[i] > lo;
   }
-  scalar_t tau_iter;
-  if (threshold_by_iteration(cand.data(), n_cand, entmax, &tau_iter)) {
+  if (threshold_by_iteration(cand.data(), n_cand, scalar_t(0), scalar_t(1), entmax, &tau_iter)) {
     write_output(x, out, k, mx, half, tau_iter, entmax);
     return;
   }
