@@ -99,14 +99,40 @@ def _ev_softmax_backward(ctx, grad: Tensor):
     if launchers is not None:  # (double backward keeps the differentiable ops below)
         return launchers.ev_softmax_backward(grad, out, ctx.log), None, None
     if ctx.log:
-        # A -inf output is constant (the entry is not there): its incoming gradient is dropped
-        # before the sum, and the entry itself then gets exactly 0.
-        grad = grad.masked_fill(out == _NEG_INF, 0.0)
-        return torch._log_softmax_backward_data(grad, out, -1, out.dtype), None, None
+        if not torch.is_grad_enabled():  # (double backward keeps the differentiable ops below)
+            return ev_softmax_log_backward(grad.to(out.dtype).expand_as(out), out), None, None
+        return _log_backward_reference(grad, out), None, None
     return torch._softmax_backward_data(grad, out, -1, out.dtype), None, None
 
 
 ev_softmax.register_autograd(_ev_softmax_backward, setup_context=_ev_softmax_setup)
+
+
+def _log_backward_reference(grad: Tensor, out: Tensor) -> Tensor:
+    # A -inf output is constant (the entry is not there): its incoming gradient is dropped
+    # before the sum, and the entry itself then gets exactly 0.
+    grad = grad.masked_fill(out == _NEG_INF, 0.0)
+    return torch._log_softmax_backward_data(grad, out, -1, out.dtype)
+
+
+@torch.library.custom_op("sparsenorm::ev_softmax_log_backward", mutates_args=())
+def ev_softmax_log_backward(grad: Tensor, out: Tensor) -> Tensor:
+    """The backward of :func:`ev_softmax`'s log form from its output ``out``: ``grad - exp(out)
+    sum(grad)`` over the entries whose output is not ``-inf`` (they get 0)."""
+    return _log_backward_reference(grad, out)
+
+
+@ev_softmax_log_backward.register_kernel("cpu")
+def _ev_softmax_log_backward_cpu(grad: Tensor, out: Tensor) -> Tensor:
+    ext = cpu.EVIDENTIAL.kernel_for(out)
+    if ext is None or out.shape[-1] == 0:
+        return _log_backward_reference(grad, out)
+    return ext.log_backward(_rows(grad), _rows(out)).view(out.shape)  # one kernel, no masked copy
+
+
+@ev_softmax_log_backward.register_fake
+def _ev_softmax_log_backward_fake(grad: Tensor, out: Tensor) -> Tensor:
+    return torch.empty_like(out, memory_format=torch.contiguous_format)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -339,5 +365,5 @@ def _r_softmax_backward_fake(g, p, x, tau, lo_idx, hi_idx, frac, dead):
     return torch.empty_like(p, memory_format=torch.contiguous_format), tau.new_empty(tau.shape)
 
 
-__all__ = ["ev_softmax", "project", "project_backward", "hourglass_forward", "hourglass_backward", "r_softmax_threshold", "r_softmax_forward",
+__all__ = ["ev_softmax", "ev_softmax_log_backward", "project", "project_backward", "hourglass_forward", "hourglass_backward", "r_softmax_threshold", "r_softmax_forward",
            "t_softmax_forward", "r_softmax_backward"]
