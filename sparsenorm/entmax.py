@@ -11,7 +11,7 @@ a zero gradient (``entmax`` crashes); fp16/bf16 are computed in float32 (``entma
 ``entmax15`` does not sum to one); double backward works (``entmax15``'s gives NaN there).
 
 The exact maps run the registered operator ``sparsenorm::project`` (``sparsenorm.kernels.ops``):
-a fused C++ kernel on CPU where built (exact per-row candidate sort), else an exact iteration
+a fused C++ kernel on CPU where built (exact sort-free threshold iteration), else an exact iteration
 without a full sort on CPU, and a full sort (sync-free) on other devices; then the entmax
 package's closed-form backward.
 

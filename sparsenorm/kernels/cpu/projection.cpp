@@ -1,12 +1,16 @@
-// Fused CPU forward and backward of sparsemax and 1.5-entmax (see sparsenorm/kernels/cpu/__init__.py).
+// Fused CPU forward and backward of sparsemax and 1.5-entmax, and of sparsehourglass (sparsemax of
+// a rescaled row), see sparsenorm/kernels/cpu/__init__.py.
 //
 // One call handles a contiguous (rows, K) float32/float64 tensor, normalizing each row; rows are
-// split across threads with at::parallel_for. Per row, as many passes as softmax:
+// split across threads with at::parallel_for. Per row:
 //   1. the row max (and whether the row holds NaN or +inf: such rows are NaN);
-//   2. gather the candidates z = x - max (halved for 1.5-entmax) above the lower bound of the
-//      threshold (tau >= -1: sparsemax's p_max = -tau <= 1, entmax's p_max = tau^2 <= 1), sort
-//      them (usually a handful) and apply the sort-based formula of the entmax package
-//      (Martins & Astudillo 2016, Alg. 1; Peters et al. 2019, Alg. 2) -- exact;
+//   2. the exact threshold without sorting (threshold_by_iteration: Michelot's iteration for
+//      sparsemax, root/Newton steps for 1.5-entmax, as the Triton kernel), over the whole row
+//      when it is short (SIMD passes) and else over the candidates z = x - max (halved for
+//      1.5-entmax) above the threshold's lower bound (tau >= -1: sparsemax's p_max = -tau <= 1,
+//      entmax's p_max = tau^2 <= 1), gathered once. Rows that take more than 64 passes fall back
+//      to sorting the candidates and the entmax package's sort-based formula (Martins & Astudillo
+//      2016, Alg. 1; Peters et al. 2019, Alg. 2);
 //   3. write p = [z - tau]_+ (squared for 1.5-entmax).
 // Rows with no entry above finfo.min / 2 ("not there") give zeros. Backward: w = 1{p > 0} (sparsemax) or sqrt(p)
 // (1.5-entmax), grad = w * (g - sum(w g) / sum(w)), in two SIMD passes (at::vec).
