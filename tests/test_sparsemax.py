@@ -630,3 +630,46 @@ def test_cpu_kernel_sort_free_threshold_property(data, k, pool, scale):
     atol = 2 * (k + 8) * torch.finfo(torch.float64).eps
     for kind in ("sparsemax", "entmax15"):
         torch.testing.assert_close(ext.forward(x, kind == "entmax15"), project_sorted(x, kind), rtol=0, atol=atol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("alpha", [1.05, 1.2, 1.5, 2.0, 3.0])
+def test_cpu_kernel_entmax_bisect_matches_reference(dtype, alpha, cpu_kernel):
+    # The reference's tau is within 2^-n_iter of the root (n_iter = 50: <= 4 eps in float64; the
+    # float32 bisection stalls at rounding, a few eps), the kernel's within a few eps (Newton to
+    # rounding), and d = p^(alpha - 1) is affine in tau; both sum to one after normalising, which
+    # scales d by (1 + O(K eps)). So |d_kernel - d_ref| <= (K + 32) eps.
+    gen = torch.Generator().manual_seed(41)
+    x = torch.randn(7, 300, generator=gen, dtype=dtype) * 2
+    x[0, :40] = -math.inf
+    x[1] = -math.inf  # nothing there: zeros
+    x[2, 5] = math.nan  # NaN row
+    x[3, ::2] = torch.finfo(dtype).min  # additive mask value: not there
+    x[4] = 0.5  # all equal: uniform
+    with sparsenorm.kernels.disabled():
+        pure = entmax_bisect(x, alpha)
+    fused = entmax_bisect(x, alpha)
+    assert fused[2].isnan().all() and pure[2].isnan().all()
+    assert torch.equal(fused[1], torch.zeros_like(fused[1]))
+    ok = torch.ones(7, dtype=torch.bool)
+    ok[2] = False
+    atol = (x.shape[-1] + 32) * torch.finfo(dtype).eps
+    torch.testing.assert_close(fused[ok] ** (alpha - 1), pure[ok] ** (alpha - 1), rtol=0, atol=atol)
+    assert torch.all(fused[3, ::2] == 0) and torch.all(fused[0, :40] == 0)
+
+
+def test_cpu_kernel_entmax_bisect_gradients_and_coarse_n_iter(cpu_kernel):
+    gen = torch.Generator().manual_seed(42)
+    x = (torch.randn(4, 29, generator=gen, dtype=torch.float64) * 2).requires_grad_(True)
+    for alpha in (1.3, 1.5, 2.5):
+        assert gradcheck(lambda t: entmax_bisect(t, alpha), (x,))
+        g = torch.randn(4, 29, generator=gen, dtype=torch.float64)
+        (fused,) = torch.autograd.grad(entmax_bisect(x, alpha), x, g)
+        with sparsenorm.kernels.disabled():
+            (pure,) = torch.autograd.grad(entmax_bisect(x, alpha), x, g)
+        torch.testing.assert_close(fused, pure, rtol=1e-9, atol=1e-11)
+    assert gradgradcheck(lambda t: entmax_bisect(t, 1.5), (x,))
+    # fewer steps than convergence: the reference's coarse bisection, as documented
+    with sparsenorm.kernels.disabled():
+        coarse_ref = entmax_bisect(x.detach(), 1.5, n_iter=5)
+    assert torch.equal(entmax_bisect(x.detach(), 1.5, n_iter=5), coarse_ref)

@@ -209,6 +209,74 @@ project.register_autograd(_project_autograd, setup_context=_project_setup)
 
 
 # ---------------------------------------------------------------------------------------------
+# alpha-entmax with one alpha > 1 (entmax_bisect's common case)
+# ---------------------------------------------------------------------------------------------
+# The reference bisects the bracket (width < 1) n_iter times, so its tau is within 2^-n_iter of the
+# root: from these counts on that is rounding (<= 4 eps), and the C++ kernel, which solves to
+# rounding by safeguarded Newton, may stand in for it.
+_BISECT_CONVERGED = {torch.float32: 24, torch.float64: 50}
+
+
+def _alpha_rows(x: Tensor, alpha: float) -> Tensor:
+    return torch.full(x.shape[:-1] + (1,), alpha, dtype=x.dtype, device=x.device)
+
+
+@torch.library.custom_op("sparsenorm::entmax_bisect", mutates_args=())
+def entmax_bisect(x: Tensor, alpha: float, n_iter: int, ensure_sum_one: bool) -> Tensor:
+    """alpha-entmax (``alpha > 1``) of the rows of ``x`` by ``n_iter`` bisection steps (reference)."""
+    return ref_projection.bisect_forward(ref_projection.shift_by_max(x), _alpha_rows(x, alpha), n_iter,
+                                         ensure_sum_one, False)
+
+
+@entmax_bisect.register_kernel("cpu")
+def _entmax_bisect_cpu(x: Tensor, alpha: float, n_iter: int, ensure_sum_one: bool) -> Tensor:
+    ext = cpu.PROJECTION.kernel_for(x)
+    if ext is None or x.shape[-1] == 0 or n_iter < _BISECT_CONVERGED[x.dtype]:
+        return ref_projection.bisect_forward(ref_projection.shift_by_max(x), _alpha_rows(x, alpha), n_iter,
+                                             ensure_sum_one, False)
+    return ext.bisect_forward(_rows(x), alpha, ensure_sum_one).view(x.shape)
+
+
+@entmax_bisect.register_fake
+def _entmax_bisect_fake(x: Tensor, alpha: float, n_iter: int, ensure_sum_one: bool) -> Tensor:
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+@torch.library.custom_op("sparsenorm::entmax_bisect_backward", mutates_args=())
+def entmax_bisect_backward(p: Tensor, grad: Tensor, alpha: float) -> Tensor:
+    """``gppr (g - sum(g gppr) / sum(gppr))`` with ``gppr = p^(2 - alpha)`` on the support."""
+    return ref_projection.bisect_backward_parts(p, grad, _alpha_rows(p, alpha))[0]
+
+
+@entmax_bisect_backward.register_kernel("cpu")
+def _entmax_bisect_backward_cpu(p: Tensor, grad: Tensor, alpha: float) -> Tensor:
+    ext = cpu.PROJECTION.kernel_for(p)
+    if ext is None or p.shape[-1] == 0:
+        return ref_projection.bisect_backward_parts(p, grad, _alpha_rows(p, alpha))[0]
+    return ext.bisect_backward(_rows(p), _rows(grad.to(p.dtype).expand_as(p)), alpha).view(p.shape)
+
+
+@entmax_bisect_backward.register_fake
+def _entmax_bisect_backward_fake(p: Tensor, grad: Tensor, alpha: float) -> Tensor:
+    return torch.empty_like(p, memory_format=torch.contiguous_format)
+
+
+def _entmax_bisect_setup(ctx, inputs, output) -> None:
+    ctx.alpha = inputs[1]
+    ctx.save_for_backward(output)
+
+
+def _entmax_bisect_autograd(ctx, grad: Tensor):
+    (p,) = ctx.saved_tensors
+    if torch.is_grad_enabled():  # double backward: differentiable ops
+        return ref_projection.bisect_backward_parts(p, grad, _alpha_rows(p, ctx.alpha))[0], None, None, None
+    return entmax_bisect_backward(p, grad, ctx.alpha), None, None, None
+
+
+entmax_bisect.register_autograd(_entmax_bisect_autograd, setup_context=_entmax_bisect_setup)
+
+
+# ---------------------------------------------------------------------------------------------
 # sparsehourglass: sparsemax(alpha(z) z) (no autograd here: sparsenorm.hourglass's Function)
 # ---------------------------------------------------------------------------------------------
 @torch.library.custom_op("sparsenorm::hourglass_forward", mutates_args=())
@@ -365,5 +433,5 @@ def _r_softmax_backward_fake(g, p, x, tau, lo_idx, hi_idx, frac, dead):
     return torch.empty_like(p, memory_format=torch.contiguous_format), tau.new_empty(tau.shape)
 
 
-__all__ = ["ev_softmax", "ev_softmax_log_backward", "project", "project_backward", "hourglass_forward", "hourglass_backward", "r_softmax_threshold", "r_softmax_forward",
+__all__ = ["ev_softmax", "ev_softmax_log_backward", "project", "project_backward", "entmax_bisect", "entmax_bisect_backward", "hourglass_forward", "hourglass_backward", "r_softmax_threshold", "r_softmax_forward",
            "t_softmax_forward", "r_softmax_backward"]

@@ -383,6 +383,142 @@ std::vector<torch::Tensor> hourglass_backward(const torch::Tensor& g, const torc
   return {out, dq};
 }
 
+// alpha-entmax (alpha > 1, one alpha for all rows) without bisection's fixed 50 passes: p_i =
+// [(alpha - 1)(x_i - max) - tau]_+^(1 / (alpha - 1)) with f(tau) = sum p - 1 = 0 solved by Newton's
+// method safeguarded by the bracket [-1, -(1/K)^(alpha - 1)] (f >= 0 >= f there; a step leaving the
+// bracket bisects it instead), stopped when a step or the bracket is below rounding (|tau| <= 1,
+// so that is within a few eps of the root). Then p, divided by its sum if ensure_sum_one. Rows
+// with NaN or +inf give NaN, rows with no entry there (<= finfo.min / 2) zeros.
+template <typename scalar_t>
+void bisect_row(const scalar_t* x, scalar_t* out, int64_t k, scalar_t alpha, bool ensure_sum_one) {
+  using Vec = at::vec::Vectorized<scalar_t>;
+  constexpr int64_t W = Vec::size();
+  const scalar_t inf = std::numeric_limits<scalar_t>::infinity();
+  const scalar_t level = std::numeric_limits<scalar_t>::lowest() / 2;
+  const scalar_t eps = std::numeric_limits<scalar_t>::epsilon();
+  scalar_t mx = -inf;
+  int64_t nans = 0;
+#pragma omp simd reduction(max : mx) reduction(+ : nans)
+  for (int64_t i = 0; i < k; ++i) {
+    mx = x[i] > mx ? x[i] : mx;
+    nans += x[i] != x[i] ? 1 : 0;
+  }
+  if (nans > 0 || mx == inf) {
+    std::fill(out, out + k, std::numeric_limits<scalar_t>::quiet_NaN());
+    return;
+  }
+  if (mx <= level) {
+    std::fill(out, out + k, scalar_t(0));
+    return;
+  }
+  const scalar_t am1 = alpha - 1, inv = 1 / am1;
+  const bool square = inv == 2;  // alpha = 1.5: d^2 exactly
+  // (f(tau), f'(tau)) = (sum d^inv - 1, -inv sum d^(inv - 1)) over d = (x - max) am1 - tau > 0
+  const auto evaluate = [&](scalar_t tau, scalar_t* f, scalar_t* fp) {
+    const Vec vmx(mx), vam1(am1), vtau(tau), vzero(scalar_t(0)), vinv(inv), vlevel(level);
+    Vec s(scalar_t(0)), sd(scalar_t(0));
+    int64_t i = 0;
+    for (; i + W <= k; i += W) {
+      const Vec v = Vec::loadu(x + i);
+      const Vec d = (v - vmx) * vam1 - vtau;
+      const auto on = (d > vzero) & (v > vlevel);
+      const Vec dpos = Vec::blendv(Vec(scalar_t(1)), d, on);
+      const Vec pw = square ? dpos * dpos : dpos.pow(vinv);
+      s = s + Vec::blendv(vzero, pw, on);
+      sd = sd + Vec::blendv(vzero, pw / dpos, on);
+    }
+    const auto add = [](const Vec& a, const Vec& b) { return a + b; };
+    scalar_t sum = at::vec::vec_reduce_all<scalar_t>(add, s), sum_d = at::vec::vec_reduce_all<scalar_t>(add, sd);
+    for (; i < k; ++i) {
+      const scalar_t d = (x[i] - mx) * am1 - tau;
+      if (d > 0 && x[i] > level) {
+        const scalar_t pw = square ? d * d : std::pow(d, inv);
+        sum += pw;
+        sum_d += pw / d;
+      }
+    }
+    *f = sum - 1;
+    *fp = -inv * sum_d;
+  };
+  scalar_t lo = -1, hi = -std::pow(scalar_t(1) / static_cast<scalar_t>(k), am1);
+  scalar_t tau = lo, f, fp;
+  evaluate(tau, &f, &fp);
+  for (int it = 0; it < 200 && f != 0; ++it) {
+    if (f > 0) lo = tau; else hi = tau;
+    scalar_t next = tau - f / fp;
+    if (!(next > lo && next < hi)) next = lo + (hi - lo) / 2;  // outside the bracket (or NaN): bisect
+    const scalar_t step = std::abs(next - tau);
+    tau = next;
+    if (step <= 2 * eps * std::max(std::abs(tau), std::numeric_limits<scalar_t>::min()) ||
+        hi - lo <= 2 * eps * std::max(std::abs(lo), std::numeric_limits<scalar_t>::min())) {
+      break;
+    }
+    evaluate(tau, &f, &fp);
+  }
+  scalar_t total = 0;
+  for (int64_t i = 0; i < k; ++i) {
+    const scalar_t d = (x[i] - mx) * am1 - tau;
+    const scalar_t p = (d > 0 && x[i] > level) ? (square ? d * d : std::pow(d, inv)) : scalar_t(0);
+    out[i] = p;
+    total += p;
+  }
+  if (ensure_sum_one && total > 0) {
+    for (int64_t i = 0; i < k; ++i) out[i] /= total;
+  }
+}
+
+torch::Tensor bisect_forward(const torch::Tensor& x, double alpha, bool ensure_sum_one) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.device().is_cpu(), "expected a contiguous 2-D CPU tensor");
+  TORCH_CHECK(alpha > 1, "bisect_forward: alpha must be > 1");
+  auto out = torch::empty_like(x);
+  const int64_t rows = x.size(0), k = x.size(1);
+  const int64_t grain = std::max<int64_t>(1, 4096 / std::max<int64_t>(k, 1));
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "entmax_bisect_forward", [&] {
+    const scalar_t* in_ptr = x.const_data_ptr<scalar_t>();
+    scalar_t* out_ptr = out.mutable_data_ptr<scalar_t>();
+    at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        bisect_row<scalar_t>(in_ptr + r * k, out_ptr + r * k, k, static_cast<scalar_t>(alpha), ensure_sum_one);
+      }
+    });
+  });
+  return out;
+}
+
+// Backward of alpha-entmax from p: w = p^(2 - alpha) on the support, grad = w (g - sum(w g) / sum(w)).
+template <typename scalar_t>
+void bisect_backward_row(const scalar_t* p, const scalar_t* g, scalar_t* o, int64_t k, scalar_t two_minus_alpha) {
+  scalar_t w_sum = 0, wg_sum = 0;
+  for (int64_t i = 0; i < k; ++i) {
+    const scalar_t w = p[i] > 0 ? std::pow(p[i], two_minus_alpha) : (p[i] != p[i] ? p[i] : scalar_t(0));
+    o[i] = w;
+    w_sum += w;
+    wg_sum += w * g[i];
+  }
+  const scalar_t q = w_sum > 0 ? wg_sum / w_sum : (w_sum != w_sum ? w_sum : scalar_t(0));
+  for (int64_t i = 0; i < k; ++i) o[i] = o[i] * (g[i] - q);
+}
+
+torch::Tensor bisect_backward(const torch::Tensor& p, const torch::Tensor& g, double alpha) {
+  TORCH_CHECK(p.dim() == 2 && p.is_contiguous() && g.is_contiguous() && p.sizes() == g.sizes(),
+              "expected contiguous 2-D tensors of one shape");
+  auto out = torch::empty_like(p);
+  const int64_t rows = p.size(0), k = p.size(1);
+  const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(k, 1));
+  AT_DISPATCH_FLOATING_TYPES(p.scalar_type(), "entmax_bisect_backward", [&] {
+    const scalar_t* p_ptr = p.const_data_ptr<scalar_t>();
+    const scalar_t* g_ptr = g.const_data_ptr<scalar_t>();
+    scalar_t* out_ptr = out.mutable_data_ptr<scalar_t>();
+    at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        bisect_backward_row<scalar_t>(p_ptr + r * k, g_ptr + r * k, out_ptr + r * k, k,
+                                      static_cast<scalar_t>(2 - alpha));
+      }
+    });
+  });
+  return out;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -390,4 +526,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("backward", &backward, "sparsemax / 1.5-entmax backward over the rows of a (rows, K) tensor");
   m.def("hourglass_forward", &hourglass_forward, "sparsehourglass forward: (p, alpha, sum z) per row");
   m.def("hourglass_backward", &hourglass_backward, "sparsehourglass backward: (dL/dx, dL/dq per row)");
+  m.def("bisect_forward", &bisect_forward, "alpha-entmax (alpha > 1) forward by safeguarded Newton");
+  m.def("bisect_backward", &bisect_backward, "alpha-entmax backward from p");
 }
