@@ -61,7 +61,7 @@ struct RowScan {
 };
 
 template <typename scalar_t>
-RowScan<scalar_t> scan_row(const scalar_t* x, int64_t k) {
+RowScan<scalar_t> scan_row(const scalar_t* x, int64_t k, bool find_argmax) {
   constexpr scalar_t kInf = std::numeric_limits<scalar_t>::infinity();
   const scalar_t level = not_there_level<scalar_t>();
   scalar_t mx = -kInf, mn = kInf;
@@ -75,8 +75,8 @@ RowScan<scalar_t> scan_row(const scalar_t* x, int64_t k) {
     there += in ? 1 : 0;
     nans += (v != v) ? 1 : 0;
   }
-  int64_t argmax = 0;
-  while (argmax < k && !(x[argmax] == mx)) ++argmax;
+  int64_t argmax = 0;  // (t-softmax only: r-softmax has no use for it)
+  while (find_argmax && argmax < k && !(x[argmax] == mx)) ++argmax;
   return {mx, mn, there, argmax < k ? argmax : 0, nans > 0};
 }
 
@@ -297,7 +297,7 @@ template <typename scalar_t>
 void r_forward_row(const scalar_t* x, scalar_t r, int64_t k, scalar_t* p, scalar_t* tau_out, int64_t* lo_out,
                    int64_t* hi_out, scalar_t* frac_out, scalar_t* dtau_out, bool* dead_out, Scratch<scalar_t>& s) {
   constexpr scalar_t kInf = std::numeric_limits<scalar_t>::infinity();
-  const RowScan<scalar_t> scan = scan_row(x, k);
+  const RowScan<scalar_t> scan = scan_row(x, k, false);
   const int64_t n_valid = scan.n_there;
   const scalar_t n_valid_m1 = static_cast<scalar_t>(std::max<int64_t>(n_valid - 1, 0));
   const scalar_t pos = r * n_valid_m1;
@@ -394,7 +394,7 @@ std::vector<at::Tensor> t_forward(const at::Tensor& x, const at::Tensor& t) {
       for (int64_t i = begin; i < end; ++i) {
         const scalar_t* xr = xp + i * k;
         scalar_t* pr = pp + i * k;
-        const RowScan<scalar_t> scan = scan_row(xr, k);
+        const RowScan<scalar_t> scan = scan_row(xr, k, true);
         ap[i] = scan.argmax;
         if (scan.nan) {
           std::fill(pr, pr + k, std::numeric_limits<scalar_t>::quiet_NaN());
