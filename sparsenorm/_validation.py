@@ -248,6 +248,14 @@ def row_param(value: Number, x: Tensor, dim: int, name: str) -> Union[float, Ten
     return v.to(device=x.device, dtype=compute_dtype(x))
 
 
+def per_row_tensor(rows: Tensor, value: Union[float, Tensor]) -> Tensor:
+    """A per-row parameter from :func:`row_param` as a tensor of shape ``rows.shape[:-1] + (1,)``
+    (a number filled in, a tensor expanded), the form the registered operators take."""
+    if isinstance(value, Tensor):
+        return value.expand(rows.shape[:-1] + (1,))
+    return torch.full(rows.shape[:-1] + (1,), value, dtype=rows.dtype, device=rows.device)
+
+
 def normalize(
     fn: Callable[..., Tensor],
     x: Tensor,

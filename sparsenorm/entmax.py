@@ -11,7 +11,7 @@ a zero gradient (``entmax`` crashes); fp16/bf16 are computed in float32 (``entma
 ``entmax15`` does not sum to one); double backward works (``entmax15``'s gives NaN there).
 
 The exact maps run the registered operator ``sparsenorm::project`` (``sparsenorm.kernels.ops``):
-a fused C++ kernel on CPU where built (exact per-row candidate sort), else an exact iteration
+a fused C++ kernel on CPU where built (exact sort-free threshold iteration), else an exact iteration
 without a full sort on CPU, and a full sort (sync-free) on other devices; then the entmax
 package's closed-form backward.
 
@@ -27,7 +27,7 @@ Common conventions (every function here):
 """
 from __future__ import annotations
 
-from typing import Callable, Optional, Union
+from typing import Optional, Union
 
 import torch
 from torch import Tensor, nn
@@ -35,7 +35,7 @@ from torch.autograd import Function
 
 from ._validation import check_floating, check_k, check_n_iter, check_param, normalize
 from .kernels import ops
-from .kernels.reference.projection import dense_backward
+from .kernels.reference.projection import bisect, bisect_backward_parts, bisect_forward, dense_backward, shift_by_max
 
 __all__ = [
     "sparsemax", "sparsemax_bisect", "entmax15", "entmax_bisect",
@@ -44,13 +44,6 @@ __all__ = [
 
 
 # ----------------------------------------------------------------------------- helpers
-
-def _shift_by_max(x: Tensor, dim: int) -> Tensor:
-    """``x - max(x)`` along ``dim``; rows with no finite entry are left as they are (all -inf)."""
-    row_max = x.amax(dim=dim, keepdim=True)
-    row_max = row_max.masked_fill(row_max == float("-inf"), 0.0)
-    return x - row_max
-
 
 # ----------------------------------------------------------------------------- sparsemax
 
@@ -106,35 +99,14 @@ def entmax15(X: Tensor, dim: int = -1, k: Optional[int] = None, mask: Optional[T
 
 # ----------------------------------------------------------------------------- bisection
 
-def _bisect(zs: Tensor, tau_lo: Tensor, width: Tensor, n_iter: int, ensure_sum_one: bool,
-            p_of: Callable[[Tensor], Tensor]) -> Tensor:
-    """The one bisection loop of the family (as the ``entmax`` package's ``root_finding.py``): halve the
-    bracket ``[tau_lo, tau_lo + width]`` (per row, shape ``(..., 1)``; a negative ``width`` walks it the
-    other way) ``n_iter`` times, keeping the side where ``sum(p) >= 1`` for ``p = p_of([zs - tau]_+)``.
-
-    Variants differ only in their hook ``p_of`` and bracket: alpha-entmax ``u -> u^(1/(alpha - 1))`` on
-    ``zs = (alpha - 1) z``, sparsemax the identity on ``zs = z``. ``ensure_sum_one`` divides by the sum.
-    """
-    p = zs
-    for _ in range(n_iter):
-        width = width / 2
-        tau_m = tau_lo + width
-        p = p_of((zs - tau_m).clamp_min(0))
-        tau_lo = torch.where(p.sum(-1, keepdim=True) - 1 >= 0, tau_m, tau_lo)
-    if ensure_sum_one:
-        total = p.sum(-1, keepdim=True)
-        p = p / torch.where(total > 0, total, torch.ones_like(total))
-    return p
-
-
 class EntmaxBisectFunction(Function):
     """alpha-entmax by bisection on ``tau`` for ``p = [(alpha - 1) x - tau]_+^(1/(alpha-1))`` over
     the last dim; ``a`` is alpha per row (shape ``X.shape[:-1] + (1,)``)."""
 
     @staticmethod
     def forward(ctx, X: Tensor, a: Tensor, n_iter: int, ensure_sum_one: bool, maybe_softmax: bool) -> Tensor:
-        z = _shift_by_max(X, -1)
-        p = _entmax_bisect_forward(z, a, n_iter, ensure_sum_one, maybe_softmax)
+        z = shift_by_max(X)
+        p = bisect_forward(z, a, n_iter, ensure_sum_one, maybe_softmax)
         ctx.save_for_backward(p, a)
         return p
 
@@ -142,15 +114,7 @@ class EntmaxBisectFunction(Function):
     def backward(ctx, dY: Tensor):
         p, a = ctx.saved_tensors
         softmax_rows = a == 1
-        on = p > 0
-        p_on = torch.where(on, p, torch.ones_like(p))  # safe for pow/log (and double backward)
-        # 1 / g''(p) = p^(2 - alpha) on the support (softmax, alpha = 1: p itself).
-        gppr = torch.where(on, p_on ** (2 - a), torch.zeros_like(p))
-        dX = dY * gppr
-        total = gppr.sum(-1, keepdim=True)
-        total = torch.where(total > 0, total, torch.ones_like(total))
-        q = dX.sum(-1, keepdim=True) / total
-        dX = dX - q * gppr
+        dX, gppr, total, on, p_on = bisect_backward_parts(p, dY, a)
 
         d_alpha = None
         if ctx.needs_input_grad[1]:
@@ -166,38 +130,15 @@ class EntmaxBisectFunction(Function):
         return dX, d_alpha, None, None, None
 
 
-def _entmax_bisect_forward(z: Tensor, a: Tensor, n_iter: int, ensure_sum_one: bool, maybe_softmax: bool) -> Tensor:
-    """``z`` is shifted so each row's maximum is 0 (or all -inf); ``a`` is alpha per row.
-
-    For ``alpha < 1`` the exponent ``1 / (alpha - 1)`` is negative and the bracket is reversed
-    (``tau_hi < tau_lo``, a negative step), as in the entmax package; the same loop applies.
-    """
-    d = z.shape[-1]
-    softmax_rows = a == 1
-    a_b = torch.where(softmax_rows, torch.full_like(a, 2.0), a)  # placeholder on softmax rows
-    zs = z * (a_b - 1)
-    inv = 1 / (a_b - 1)
-    # tau lies between max - 1 and max - (1/d)^(alpha-1) (max = 0 here): p_max <= 1 and p_max >= 1/d.
-    tau_lo = torch.full_like(a_b, -1.0)
-    tau_hi = -((1.0 / d) ** (a_b - 1))
-    p = _bisect(zs, tau_lo, tau_hi - tau_lo, n_iter, ensure_sum_one, lambda u: u ** inv)
-    if maybe_softmax:  # a static flag (alpha given as a tensor, or the number 1), not data
-        soft = torch.softmax(z, dim=-1)
-        empty_rows = torch.isneginf(z).all(-1, keepdim=True)
-        soft = torch.where(empty_rows, torch.zeros_like(soft), soft)
-        p = torch.where(softmax_rows, soft, p)
-    return p
-
-
 class SparsemaxBisectFunction(Function):
     """sparsemax by bisection on ``tau`` for ``p = [x - tau]_+`` over the last dim; backward as sparsemax."""
 
     @staticmethod
     def forward(ctx, X: Tensor, n_iter: int, ensure_sum_one: bool) -> Tensor:
-        z = _shift_by_max(X, -1)
+        z = shift_by_max(X)
         shape = z.shape[:-1] + (1,)
         # alpha = 2: p = [z - tau]_+ (the identity hook); tau in [max - 1, max - 1/d]
-        p = _bisect(z, z.new_full(shape, -1.0), z.new_full(shape, 1.0 - 1.0 / z.shape[-1]), n_iter, ensure_sum_one,
+        p = bisect(z, z.new_full(shape, -1.0), z.new_full(shape, 1.0 - 1.0 / z.shape[-1]), n_iter, ensure_sum_one,
                     lambda u: u)
         ctx.save_for_backward(p)
         return p
@@ -233,7 +174,10 @@ def entmax_bisect(
             w.r.t. ``alpha`` is undefined there (0/0) and is returned as 0. ``alpha <= 0`` raises
             ``ValueError``.
         dim: the dimension to normalize.
-        n_iter: number of bisection steps (>= 1); 24 suffice for float32, 50 for float64.
+        n_iter: number of bisection steps (>= 1); 24 suffice for float32, 50 for float64. With a
+            number ``alpha > 1`` and at least those counts, the registered op ``sparsenorm::entmax_bisect``
+            runs the fused C++ kernel on CPU where built: ``tau`` solved to rounding by Newton's method
+            safeguarded by the bracket (the same map: the bisection is within ``2^-n_iter`` of it).
         ensure_sum_one: divide by the sum at the end.
         mask: optional boolean tensor broadcastable to ``X``; True = keep.
 
@@ -247,6 +191,8 @@ def entmax_bisect(
     maybe_softmax = isinstance(alpha, Tensor) or float(alpha) == 1.0
 
     def run(rows: Tensor, alpha) -> Tensor:
+        if not isinstance(alpha, Tensor) and alpha > 1:  # one alpha > 1 (static): the fused op
+            return ops.entmax_bisect(rows, float(alpha), n_iter, bool(ensure_sum_one))
         a = alpha if isinstance(alpha, Tensor) else torch.full(rows.shape[:-1] + (1,), alpha, dtype=rows.dtype,
                                                                device=rows.device)
         return EntmaxBisectFunction.apply(rows, a, n_iter, bool(ensure_sum_one), maybe_softmax)

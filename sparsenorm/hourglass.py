@@ -2,18 +2,23 @@
 "On Controllable Sparse Alternatives to Softmax", NeurIPS 2018).
 
 ``sparsehourglass(z) = sparsemax(alpha(z) * z)`` with ``alpha(z) = (1 + q K) / (|sum_i z_i| + q K)``
-(formulas in ``shared/papers/README.md``). The scale ``alpha`` is computed here with plain
-differentiable torch ops, so the gradient through ``alpha(z)`` comes from autograd composed with
-sparsemax's closed-form backward (``sparsenorm.entmax``).
+(formulas in ``shared/papers/README.md``). Layering: the registered operators
+``sparsenorm::hourglass_forward`` / ``hourglass_backward`` (``sparsenorm.kernels.ops``: a fused C++
+kernel on CPU where built, else the reference ``kernels/reference/hourglass.py``) compute the map
+and its closed-form backward, the gradient through ``alpha(z)`` included; :class:`HourglassFunction`
+wires them into autograd (double backward through the reference's differentiable formula).
 """
 from __future__ import annotations
 
 from typing import Optional, Union
 
+import torch
 from torch import Tensor, nn
+from torch.autograd import Function
 
-from ._validation import check_param, normalize, not_there_level
-from .entmax import sparsemax
+from ._validation import check_param, normalize, per_row_tensor
+from .kernels import ops
+from .kernels.reference import hourglass as ref_hourglass
 
 Param = Union[float, int, Tensor]
 
@@ -26,25 +31,33 @@ def hourglass_scale(z: Tensor, q: Param = 1.0, dim: int = -1) -> Tensor:
     the sum ``-inf`` and ``alpha`` 0). A row with no entry there gets ``alpha = 1``. ``q`` is a
     number or a tensor broadcastable to the keepdim row shape. Sync-free.
     """
-    return _scale_and_mask(z, q, dim)[0]
+    return ref_hourglass.scale_parts(z, q, dim)[0]
 
 
-def _scale_and_mask(z: Tensor, q: Param, dim: int):
-    """``(alpha, absent)``: the scale, and the mask of the entries that are not there."""
-    absent = z <= not_there_level(z.dtype)
-    k = (~absent).sum(dim, keepdim=True).to(z.dtype)
-    total = z.masked_fill(absent, 0.0).sum(dim, keepdim=True)
-    qk = q * k
-    denom = (total.abs() + qk).masked_fill(k == 0, 1.0)  # then qk = 0 too: alpha = 1, no 1/0 in the graph
-    return (1 + qk) / denom, absent
+class HourglassFunction(Function):
+    """Sparsehourglass over the last dim; ``q`` a float or a tensor broadcastable to ``x[..., :1]``."""
 
+    @staticmethod
+    def forward(ctx, x: Tensor, q: Union[float, Tensor]) -> Tensor:
+        p, alpha, total = ops.hourglass_forward(x, per_row_tensor(x, q))
+        ctx.q = q if not isinstance(q, Tensor) else None
+        ctx.save_for_backward(p, x, alpha, total, q if isinstance(q, Tensor) else None)
+        return p
 
-def _sparsehourglass_rows(z: Tensor, q: Param) -> Tensor:
-    alpha, absent = _scale_and_mask(z, q, -1)
-    # Not-there entries stay -inf, but multiply finite values only: d(z * alpha)/d alpha = z would
-    # put 0 * -inf = NaN into alpha's gradient.
-    scaled = (z.masked_fill(absent, 0.0) * alpha).masked_fill(absent, float("-inf"))
-    return sparsemax(scaled, dim=-1)
+    @staticmethod
+    def backward(ctx, g: Tensor):
+        p, x, alpha, total, q = ctx.saved_tensors
+        q_rows = per_row_tensor(x, ctx.q if q is None else q)
+        if torch.is_grad_enabled():
+            # double backward: differentiable ops, with alpha and sum z recomputed from x and q so
+            # that their dependence on them is in the graph
+            alpha, _, _, total = ref_hourglass.scale_parts(x, q_rows)
+            grad, grad_q = ref_hourglass.backward(g, p, x, alpha, total, q_rows)
+        else:
+            grad, grad_q = ops.hourglass_backward(g, p, x, alpha, total, q_rows)
+        if q is None or not ctx.needs_input_grad[1]:
+            return grad, None
+        return grad, grad_q.sum_to_size(q.shape)
 
 
 def sparsehourglass(x: Tensor, q: Param = 1.0, dim: int = -1, mask: Optional[Tensor] = None) -> Tensor:
@@ -71,11 +84,11 @@ def sparsehourglass(x: Tensor, q: Param = 1.0, dim: int = -1, mask: Optional[Ten
     the other entries' output unchanged); a row with no entry there returns zeros with zero
     gradient; NaN in a row gives NaN in that row; float16/bfloat16 are computed in float32 and
     returned in the input dtype. ``q <= 0`` raises ``ValueError``; a non-floating ``x`` raises
-    ``TypeError``. Gradient: autograd through ``alpha`` composed with sparsemax's closed-form
-    backward.
+    ``TypeError``. Gradient: closed form, through ``alpha`` included (module docstring);
+    double backward works.
     """
     check_param(q, "q", low=0.0, low_inclusive=False)
-    return normalize(_sparsehourglass_rows, x, dim, mask, params={"q": q})
+    return normalize(HourglassFunction.apply, x, dim, mask, params={"q": q}, marks_not_there=False)
 
 
 class SparseHourglass(nn.Module):

@@ -9,14 +9,15 @@ Both are a *weighted softmax* ``p_i = w_i exp(x_i) / sum_j w_j exp(x_j)`` with t
   linearly interpolated quantile of the row (the paper's definition, the same as
   ``torch.quantile(..., interpolation="linear")``).
 
-Layering: the registered operator ``sparsenorm::r_softmax_threshold`` (``sparsenorm.kernels.ops``)
-finds the quantile's two order statistics (on CPU by ``torch.topk`` from the nearer end of the row,
-no full sort; elsewhere by a sync-free sort); :func:`_weighted_softmax` evaluates the weighted
-softmax as ``w exp(x - max)`` normalized; the
-``autograd.Function`` classes save the output ``p`` plus one tensor, the Jacobian's ``e = p / w`` (the
-Jacobian has ``1 / w_i`` terms, so one tensor beyond the output is unavoidable), and per-row
-indices, and apply the closed-form backward below; :func:`t_softmax` / :func:`r_softmax` validate
-and go through the entry path (``sparsenorm._validation.normalize``); the modules
+Layering: the registered operators ``sparsenorm::r_softmax_forward`` / ``t_softmax_forward`` and
+their shared ``r_softmax_backward`` (``sparsenorm.kernels.ops``) run a fused C++ kernel on CPU where
+built (order statistics by bucket selection, no sort) and else the reference
+(``kernels/reference/rsoftmax.py``: ``torch.topk`` selection on CPU, a sync-free sort elsewhere;
+the weighted softmax as ``w exp(x - max)`` normalized). The ``autograd.Function`` classes save
+the output ``p``, the input ``x`` (the Jacobian has ``1 / w_i`` terms, ``w = x - tau``) and per-row
+threshold data, and apply the closed-form backward below; :func:`t_softmax` / :func:`r_softmax`
+validate and go through the entry path (``sparsenorm._validation.normalize``), which leaves entries
+at or below ``finfo.min / 2`` to the operators (they read them as not there); the modules
 :class:`TSoftmax` / :class:`RSoftmax` store ``dim`` and the parameter.
 
 Closed-form backward. With ``e_i = exp(x_i) / sum_j w_j exp(x_j)`` on the support (0 off it),
@@ -28,24 +29,21 @@ Closed-form backward. With ``e_i = exp(x_i) / sum_j w_j exp(x_j)`` on the suppor
 
 where ``d tau / d x`` is the indicator of the arg-max (t-softmax) or puts ``1 - frac`` on the
 order statistic ``x_(lo)`` and ``frac`` on ``x_(hi)`` (r-softmax; ``lo = floor(r (n - 1))``).
-``C = -sum_j (p_j + e_j)(g_j - <g, p>)`` because ``sum_j p_j (g_j - <g, p>) = 0``. ``e_j = p_j / w_j``
-is computed as ``exp(x_j - max) * p_top / w_top`` (the arg-max's ``exp`` is 1), never from a
-subnormal ``p_j`` (whose quotient by ``w_j`` has no correct digit); a zero ``g_j - <g, p>`` gives 0
-even where ``e_j`` overflows (``w_j`` below ``1 / finfo.max``).
+With ``h = p (g - <g, p>)`` (softmax's own backward, torch's fused kernel), ``e_j (g_j - <g, p>) =
+h_j / w_j``, so ``dL/dx = h + h / w`` plus the ``C`` term, and ``C = -sum(h + h / w)`` because
+``sum(h) = 0``: softmax's backward, one ``addcdiv`` and one sum.
 
 """
 from __future__ import annotations
 
-from typing import Optional, Tuple, Union
+from typing import Optional, Union
 
 import torch
 from torch import Tensor, nn
 from torch.autograd import Function
 
-from ._validation import check_param, normalize
+from ._validation import check_param, normalize, per_row_tensor
 from .kernels import ops
-from .kernels.reference.rsoftmax import backward_common as _backward_common
-from .kernels.reference.rsoftmax import weighted_softmax as _weighted_softmax
 
 Param = Union[float, int, Tensor]
 
@@ -53,19 +51,6 @@ Param = Union[float, int, Tensor]
 # --------------------------------------------------------------------------------------------
 # helpers
 # --------------------------------------------------------------------------------------------
-def _row_max(x: Tensor) -> Tensor:
-    """Row max (keepdim). ``amax``, not ``max(dim)``, which also builds indices and is much slower on CPU."""
-    return x.amax(-1, keepdim=True)
-
-
-def _row_max_and_argmax(x: Tensor) -> Tuple[Tensor, Tensor]:
-    """Row max and its index. One ``max(dim)`` pass for large inputs; ``amax`` + ``argmax`` for
-    small ones, where ``max(dim)``'s parallel path has a large fixed cost on a busy CPU."""
-    if x.numel() >= 1 << 16:
-        return x.max(-1, keepdim=True)
-    return x.amax(-1, keepdim=True), x.argmax(-1, keepdim=True)
-
-
 def _first_order_only(backward):
     """Raise a clear error for double backward (``create_graph=True``) instead of a silent wrong answer.
 
@@ -92,18 +77,17 @@ class TSoftmaxFunction(Function):
 
     @staticmethod
     def forward(ctx, x: Tensor, t: Union[float, Tensor]) -> Tensor:
-        m, argmax = _row_max_and_argmax(x)
-        p, e, dead = _weighted_softmax(x, m - t, m)  # t below max(x)'s resolution: one-hot limit
+        p, tau, argmax, dead = ops.t_softmax_forward(x, per_row_tensor(x, t))
         ctx.t_shape = t.shape if isinstance(t, Tensor) else None
-        ctx.save_for_backward(p, e, argmax, dead)
+        ctx.save_for_backward(p, x, tau, argmax, dead)
         return p
 
     @staticmethod
     @_first_order_only
     def backward(ctx, g: Tensor):
-        p, e, argmax, dead = ctx.saved_tensors
-        grad, c = _backward_common(g, p, e, dead)
-        grad.scatter_add_(-1, argmax, c)  # d tau / d x = indicator of the arg-max
+        p, x, tau, argmax, dead = ctx.saved_tensors
+        # d tau / d x = indicator of the arg-max: r-softmax's backward with lo = hi = arg-max, frac = 0
+        grad, c = ops.r_softmax_backward(g, p, x, tau, argmax, argmax, torch.zeros_like(tau), dead)
         grad_t = None
         if ctx.t_shape is not None and ctx.needs_input_grad[1]:
             grad_t = (-c).sum_to_size(ctx.t_shape)
@@ -136,7 +120,7 @@ def t_softmax(x: Tensor, t: Param, dim: int = -1, mask: Optional[Tensor] = None)
     raises a clear ``RuntimeError``.
     """
     check_param(t, "t", low=0.0, low_inclusive=False)
-    return normalize(TSoftmaxFunction.apply, x, dim, mask, params={"t": t})
+    return normalize(TSoftmaxFunction.apply, x, dim, mask, params={"t": t}, marks_not_there=False)
 
 
 # --------------------------------------------------------------------------------------------
@@ -150,10 +134,9 @@ class RSoftmaxFunction(Function):
 
     @staticmethod
     def forward(ctx, x: Tensor, r: Union[float, Tensor]) -> Tensor:
-        r_rows = r if isinstance(r, Tensor) else torch.full(x.shape[:-1] + (1,), r, dtype=x.dtype, device=x.device)
         # tau >= max (r = 1, n = 1, or the quantile tied with the max) makes every weight 0: the
         # output is then the r -> 1 limit, uniform over the arg-max entries (a "dead" row).
-        p, tau, lo_idx, hi_idx, frac, dtau_dr, dead = ops.r_softmax_forward(x, r_rows.expand(x.shape[:-1] + (1,)))
+        p, tau, lo_idx, hi_idx, frac, dtau_dr, dead = ops.r_softmax_forward(x, per_row_tensor(x, r))
         ctx.r_shape = r.shape if isinstance(r, Tensor) else None
         ctx.save_for_backward(p, x, tau, lo_idx, hi_idx, frac, dtau_dr, dead)
         return p
@@ -177,7 +160,8 @@ def r_softmax(x: Tensor, r: Param, dim: int = -1, mask: Optional[Tensor] = None)
 
     ``quantile`` is the paper's linearly interpolated quantile (``torch.quantile``'s default):
     with ``pos = r (n - 1)``, ``lo = floor(pos)``, it is ``x_(lo) + (pos - lo)(x_(lo+1) - x_(lo))``
-    over the sorted row. It is computed by selection (``torch.topk`` from the nearer end), not a full sort.
+    over the sorted row. It is computed by selection (bucket selection in the C++ kernel, else
+    ``torch.topk`` from the nearer end), not a full sort.
 
     ``r`` is the sparsity rate: for ``r = k / n`` (``1 <= k < n``) and distinct entries exactly
     ``k`` entries are 0. Note that the formula always zeroes the row minimum, even at ``r = 0``
@@ -206,7 +190,7 @@ def r_softmax(x: Tensor, r: Param, dim: int = -1, mask: Optional[Tensor] = None)
     a non-floating ``x`` raises ``TypeError``. Double backward (``create_graph=True``) raises a clear ``RuntimeError``.
     """
     check_param(r, "r", low=0.0, high=1.0)
-    return normalize(RSoftmaxFunction.apply, x, dim, mask, params={"r": r})
+    return normalize(RSoftmaxFunction.apply, x, dim, mask, params={"r": r}, marks_not_there=False)
 
 
 # --------------------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ from torch import Tensor
 
 from . import cpu
 from .reference import evidential as ref_evidential
+from .reference import hourglass as ref_hourglass
 from .reference import projection as ref_projection
 from .reference import rsoftmax as ref_rsoftmax
 
@@ -98,14 +99,40 @@ def _ev_softmax_backward(ctx, grad: Tensor):
     if launchers is not None:  # (double backward keeps the differentiable ops below)
         return launchers.ev_softmax_backward(grad, out, ctx.log), None, None
     if ctx.log:
-        # A -inf output is constant (the entry is not there): its incoming gradient is dropped
-        # before the sum, and the entry itself then gets exactly 0.
-        grad = grad.masked_fill(out == _NEG_INF, 0.0)
-        return torch._log_softmax_backward_data(grad, out, -1, out.dtype), None, None
+        if not torch.is_grad_enabled():  # (double backward keeps the differentiable ops below)
+            return ev_softmax_log_backward(grad.to(out.dtype).expand_as(out), out), None, None
+        return _log_backward_reference(grad, out), None, None
     return torch._softmax_backward_data(grad, out, -1, out.dtype), None, None
 
 
 ev_softmax.register_autograd(_ev_softmax_backward, setup_context=_ev_softmax_setup)
+
+
+def _log_backward_reference(grad: Tensor, out: Tensor) -> Tensor:
+    # A -inf output is constant (the entry is not there): its incoming gradient is dropped
+    # before the sum, and the entry itself then gets exactly 0.
+    grad = grad.masked_fill(out == _NEG_INF, 0.0)
+    return torch._log_softmax_backward_data(grad, out, -1, out.dtype)
+
+
+@torch.library.custom_op("sparsenorm::ev_softmax_log_backward", mutates_args=())
+def ev_softmax_log_backward(grad: Tensor, out: Tensor) -> Tensor:
+    """The backward of :func:`ev_softmax`'s log form from its output ``out``: ``grad - exp(out)
+    sum(grad)`` over the entries whose output is not ``-inf`` (they get 0)."""
+    return _log_backward_reference(grad, out)
+
+
+@ev_softmax_log_backward.register_kernel("cpu")
+def _ev_softmax_log_backward_cpu(grad: Tensor, out: Tensor) -> Tensor:
+    ext = cpu.EVIDENTIAL.kernel_for(out)
+    if ext is None or out.shape[-1] == 0:
+        return _log_backward_reference(grad, out)
+    return ext.log_backward(_rows(grad), _rows(out)).view(out.shape)  # one kernel, no masked copy
+
+
+@ev_softmax_log_backward.register_fake
+def _ev_softmax_log_backward_fake(grad: Tensor, out: Tensor) -> Tensor:
+    return torch.empty_like(out, memory_format=torch.contiguous_format)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -182,6 +209,122 @@ project.register_autograd(_project_autograd, setup_context=_project_setup)
 
 
 # ---------------------------------------------------------------------------------------------
+# alpha-entmax with one alpha > 1 (entmax_bisect's common case)
+# ---------------------------------------------------------------------------------------------
+# The reference bisects the bracket (width < 1) n_iter times, so its tau is within 2^-n_iter of the
+# root: from these counts on that is rounding (<= 4 eps), and the C++ kernel, which solves to
+# rounding by safeguarded Newton, may stand in for it.
+_BISECT_CONVERGED = {torch.float32: 24, torch.float64: 50}
+
+
+def _alpha_rows(x: Tensor, alpha: float) -> Tensor:
+    return torch.full(x.shape[:-1] + (1,), alpha, dtype=x.dtype, device=x.device)
+
+
+@torch.library.custom_op("sparsenorm::entmax_bisect", mutates_args=())
+def entmax_bisect(x: Tensor, alpha: float, n_iter: int, ensure_sum_one: bool) -> Tensor:
+    """alpha-entmax (``alpha > 1``) of the rows of ``x`` by ``n_iter`` bisection steps (reference)."""
+    return ref_projection.bisect_forward(ref_projection.shift_by_max(x), _alpha_rows(x, alpha), n_iter,
+                                         ensure_sum_one, False)
+
+
+@entmax_bisect.register_kernel("cpu")
+def _entmax_bisect_cpu(x: Tensor, alpha: float, n_iter: int, ensure_sum_one: bool) -> Tensor:
+    ext = cpu.PROJECTION.kernel_for(x)
+    if ext is None or x.shape[-1] == 0 or n_iter < _BISECT_CONVERGED[x.dtype]:
+        return ref_projection.bisect_forward(ref_projection.shift_by_max(x), _alpha_rows(x, alpha), n_iter,
+                                             ensure_sum_one, False)
+    return ext.bisect_forward(_rows(x), alpha, ensure_sum_one).view(x.shape)
+
+
+@entmax_bisect.register_fake
+def _entmax_bisect_fake(x: Tensor, alpha: float, n_iter: int, ensure_sum_one: bool) -> Tensor:
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+@torch.library.custom_op("sparsenorm::entmax_bisect_backward", mutates_args=())
+def entmax_bisect_backward(p: Tensor, grad: Tensor, alpha: float) -> Tensor:
+    """``gppr (g - sum(g gppr) / sum(gppr))`` with ``gppr = p^(2 - alpha)`` on the support."""
+    return ref_projection.bisect_backward_parts(p, grad, _alpha_rows(p, alpha))[0]
+
+
+@entmax_bisect_backward.register_kernel("cpu")
+def _entmax_bisect_backward_cpu(p: Tensor, grad: Tensor, alpha: float) -> Tensor:
+    ext = cpu.PROJECTION.kernel_for(p)
+    if ext is None or p.shape[-1] == 0:
+        return ref_projection.bisect_backward_parts(p, grad, _alpha_rows(p, alpha))[0]
+    return ext.bisect_backward(_rows(p), _rows(grad.to(p.dtype).expand_as(p)), alpha).view(p.shape)
+
+
+@entmax_bisect_backward.register_fake
+def _entmax_bisect_backward_fake(p: Tensor, grad: Tensor, alpha: float) -> Tensor:
+    return torch.empty_like(p, memory_format=torch.contiguous_format)
+
+
+def _entmax_bisect_setup(ctx, inputs, output) -> None:
+    ctx.alpha = inputs[1]
+    ctx.save_for_backward(output)
+
+
+def _entmax_bisect_autograd(ctx, grad: Tensor):
+    (p,) = ctx.saved_tensors
+    if torch.is_grad_enabled():  # double backward: differentiable ops
+        return ref_projection.bisect_backward_parts(p, grad, _alpha_rows(p, ctx.alpha))[0], None, None, None
+    return entmax_bisect_backward(p, grad, ctx.alpha), None, None, None
+
+
+entmax_bisect.register_autograd(_entmax_bisect_autograd, setup_context=_entmax_bisect_setup)
+
+
+# ---------------------------------------------------------------------------------------------
+# sparsehourglass: sparsemax(alpha(z) z) (no autograd here: sparsenorm.hourglass's Function)
+# ---------------------------------------------------------------------------------------------
+@torch.library.custom_op("sparsenorm::hourglass_forward", mutates_args=())
+def hourglass_forward(x: Tensor, q: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+    """``(p, alpha, sum z)`` of the rows of ``x``, ``q`` of shape ``x.shape[:-1] + (1,)``; see
+    ``kernels/reference/hourglass.py``."""
+    return _fresh(ref_hourglass.forward(x, q), (x, q))
+
+
+@hourglass_forward.register_kernel("cpu")
+def _hourglass_forward_cpu(x: Tensor, q: Tensor):
+    ext = cpu.PROJECTION.kernel_for(x)
+    if ext is None or x.shape[-1] == 0:
+        rows = lambda z: ref_projection.project(z, -1, "sparsemax")  # noqa: E731  (the CPU iteration)
+        return _fresh(ref_hourglass.forward(x, q, rows), (x, q))
+    p, alpha, total = ext.hourglass_forward(_rows(x), _rows(q.to(x.dtype)))
+    return p.view(x.shape), alpha.view(q.shape), total.view(q.shape)
+
+
+@hourglass_forward.register_fake
+def _hourglass_forward_fake(x: Tensor, q: Tensor):
+    shape = x.shape[:-1] + (1,)
+    return torch.empty_like(x, memory_format=torch.contiguous_format), x.new_empty(shape), x.new_empty(shape)
+
+
+@torch.library.custom_op("sparsenorm::hourglass_backward", mutates_args=())
+def hourglass_backward(g: Tensor, p: Tensor, x: Tensor, alpha: Tensor, total: Tensor,
+                       q: Tensor) -> Tuple[Tensor, Tensor]:
+    """``(dL/dx, dL/dq per row)`` of :func:`hourglass_forward` from its outputs."""
+    return _fresh(ref_hourglass.backward(g, p, x, alpha, total, q), (g, p, x, alpha, total, q))
+
+
+@hourglass_backward.register_kernel("cpu")
+def _hourglass_backward_cpu(g, p, x, alpha, total, q):
+    ext = cpu.PROJECTION.kernel_for(p)
+    if ext is None or p.shape[-1] == 0:
+        return _fresh(ref_hourglass.backward(g, p, x, alpha, total, q), (g, p, x, alpha, total, q))
+    grad, grad_q = ext.hourglass_backward(_rows(g.to(p.dtype).expand_as(p)), _rows(p), _rows(x), _rows(alpha),
+                                          _rows(total), _rows(q.to(p.dtype)))
+    return grad.view(p.shape), grad_q.view(alpha.shape)
+
+
+@hourglass_backward.register_fake
+def _hourglass_backward_fake(g, p, x, alpha, total, q):
+    return torch.empty_like(p, memory_format=torch.contiguous_format), alpha.new_empty(alpha.shape)
+
+
+# ---------------------------------------------------------------------------------------------
 # r-softmax: the quantile threshold (no autograd here: RSoftmaxFunction's closed form uses it)
 # ---------------------------------------------------------------------------------------------
 @torch.library.custom_op("sparsenorm::r_softmax_threshold", mutates_args=())
@@ -241,10 +384,35 @@ def _r_softmax_forward_fake(x: Tensor, r: Tensor):
             index.clone(), x.new_empty(shape), x.new_empty(shape), x.new_empty(shape, dtype=torch.bool))
 
 
+@torch.library.custom_op("sparsenorm::t_softmax_forward", mutates_args=())
+def t_softmax_forward(x: Tensor, t: Tensor) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """t-softmax of the rows of ``x`` with ``t`` of shape ``x.shape[:-1] + (1,)``:
+    ``(p, tau, argmax, dead)``; its backward is :func:`r_softmax_backward` with ``lo_idx = hi_idx
+    = argmax`` and ``frac = 0`` (no autograd here: ``TSoftmaxFunction``)."""
+    return _fresh(ref_rsoftmax.t_forward(x, t), (x, t))
+
+
+@t_softmax_forward.register_kernel("cpu")
+def _t_softmax_forward_cpu(x: Tensor, t: Tensor):
+    ext = cpu.RSOFTMAX.kernel_for(x)
+    if ext is None or x.shape[-1] == 0:
+        return _fresh(ref_rsoftmax.t_forward(x, t), (x, t))
+    p, *per_row = ext.t_forward(_rows(x), _rows(t.to(x.dtype)))
+    return (p.view(x.shape), *(v.view(x.shape[:-1] + (1,)) for v in per_row))
+
+
+@t_softmax_forward.register_fake
+def _t_softmax_forward_fake(x: Tensor, t: Tensor):
+    shape = x.shape[:-1] + (1,)
+    return (torch.empty_like(x, memory_format=torch.contiguous_format), x.new_empty(shape),
+            x.new_empty(shape, dtype=torch.long), x.new_empty(shape, dtype=torch.bool))
+
+
 @torch.library.custom_op("sparsenorm::r_softmax_backward", mutates_args=())
 def r_softmax_backward(g: Tensor, p: Tensor, x: Tensor, tau: Tensor, lo_idx: Tensor, hi_idx: Tensor,
                        frac: Tensor, dead: Tensor) -> Tuple[Tensor, Tensor]:
-    """``(dL/dx, C)`` of r-softmax from the forward's outputs; ``dL/dr = C dtau_dr``."""
+    """``(dL/dx, C)`` of r-softmax from the forward's outputs; ``dL/dr = C dtau_dr``. Also
+    t-softmax's (``lo_idx = hi_idx = argmax``, ``frac = 0``; ``dL/dt = -C``)."""
     return ref_rsoftmax.backward(g.contiguous(), p, x, tau, lo_idx, hi_idx, frac, dead)
 
 
@@ -265,5 +433,5 @@ def _r_softmax_backward_fake(g, p, x, tau, lo_idx, hi_idx, frac, dead):
     return torch.empty_like(p, memory_format=torch.contiguous_format), tau.new_empty(tau.shape)
 
 
-__all__ = ["ev_softmax", "project", "project_backward", "r_softmax_threshold", "r_softmax_forward",
-           "r_softmax_backward"]
+__all__ = ["ev_softmax", "ev_softmax_log_backward", "project", "project_backward", "entmax_bisect", "entmax_bisect_backward", "hourglass_forward", "hourglass_backward", "r_softmax_threshold", "r_softmax_forward",
+           "t_softmax_forward", "r_softmax_backward"]

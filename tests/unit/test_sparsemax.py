@@ -558,3 +558,118 @@ def test_cpu_kernel_edge_cases(fn, cpu_kernel):
     assert (fn(xb).float().sum(-1) - 1).abs().max() <= 2 ** -8
     xd = (torch.randn(3, 6, dtype=torch.float64) * 2).requires_grad_(True)
     assert gradcheck(fn, (xd,)) and gradgradcheck(fn, (xd,))
+
+
+@pytest.mark.parametrize("fn", [sparsemax, entmax15], ids=lambda f: f.__name__)
+@pytest.mark.parametrize("k", [21, 300])  # SIMD body and tail of the backward (float64: 4 or 8 lanes)
+def test_cpu_kernel_backward_simd_body_and_tail(fn, k, cpu_kernel):
+    from sparsenorm.kernels.reference.projection import dense_backward
+
+    gen = torch.Generator().manual_seed(k)
+    x = (torch.randn(4, k, generator=gen, dtype=torch.float64) * 2).requires_grad_(True)
+    assert gradcheck(fn, (x,))
+    # the kernel's backward against the reference formula on the same p, NaN rows included
+    kind = fn.__name__
+    p = fn(x.detach())
+    p[1] = math.nan  # a NaN row, as the forward gives for a NaN input
+    g = torch.randn(4, k, generator=gen, dtype=torch.float64)
+    fused = cpu_kernel.load().backward(p, g, kind == "entmax15")
+    pure = dense_backward(p, g, kind)
+    # NaN rows stay NaN (the reference's sparsemax branch uses torch.sign, and sign(NaN) is 0 in
+    # torch 2.13, so only the kernel is checked there)
+    assert torch.isnan(fused[1]).all() and (kind == "sparsemax" or torch.isnan(pure[1]).all())
+    # the same sums in another order: a few ulps of the largest term
+    torch.testing.assert_close(fused[[0, 2, 3]], pure[[0, 2, 3]], rtol=0, atol=64 * k * 2.2e-16)
+
+
+def _stress_rows(dtype, k):
+    """Rows for the kernel's sort-free threshold: ties, near-ties at the support's edge, one
+    dominant entry, many entries within the window, wide and tiny scales."""
+    gen = torch.Generator().manual_seed(31)
+    rows = [torch.randn(k, generator=gen, dtype=dtype) * s for s in (1e-6, 0.1, 1.0, 3.0, 1e3)]
+    rows.append(torch.randint(0, 3, (k,), generator=gen).to(dtype))  # heavy ties
+    rows.append(torch.linspace(0, 2, k, dtype=dtype))  # every entry in the window
+    one = torch.full((k,), -5.0, dtype=dtype)
+    one[7] = 0.0
+    rows.append(one)  # support of one
+    edge = torch.zeros(k, dtype=dtype)
+    edge[:3] = torch.tensor([1.0, 0.5, 0.0], dtype=dtype)  # entries exactly at the threshold
+    rows.append(edge)
+    return torch.stack(rows)
+
+
+@pytest.mark.parametrize("kind", ["sparsemax", "entmax15"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("k", [500, 3000])  # a short row iterated on whole; a long one on its candidates
+def test_cpu_kernel_sort_free_threshold_matches_sorted_reference(kind, dtype, k, cpu_kernel):
+    # Error model: p = [u - tau]_+ (squared): tau from sums over at most K terms on both sides
+    # ((K + 8) eps relative to the largest |u| on the support, <= 1 after the shift), so |dp| <=
+    # 2 (K + 8) eps (entmax15: p <= 1, d(p)/d(tau) = 2 sqrt(p) <= 2).
+    from sparsenorm.kernels.reference.projection import project_sorted
+
+    x = _stress_rows(dtype, k)
+    fused = cpu_kernel.load().forward(x, kind == "entmax15")
+    pure = project_sorted(x, kind)
+    atol = 2 * (x.shape[-1] + 8) * torch.finfo(dtype).eps
+    torch.testing.assert_close(fused, pure, rtol=0, atol=atol)
+    torch.testing.assert_close(fused.sum(-1), torch.ones(x.shape[0], dtype=dtype), rtol=0, atol=atol)
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), k=st.sampled_from([1, 2, 7, 64, 200, 1500]), pool=st.integers(1, 50), scale=st.sampled_from([1e-3, 0.5, 2.0, 50.0]))
+def test_cpu_kernel_sort_free_threshold_property(data, k, pool, scale):
+    from sparsenorm.kernels import cpu
+    from sparsenorm.kernels.reference.projection import project_sorted
+
+    ext = cpu.PROJECTION.load()
+    if ext is None:
+        pytest.skip("C++ kernel not buildable here")
+    gen = torch.Generator().manual_seed(data.draw(st.integers(0, 2**31 - 1)))
+    values = torch.randn(pool, generator=gen, dtype=torch.float64) * scale
+    x = values[torch.randint(0, pool, (3, k), generator=gen)]
+    atol = 2 * (k + 8) * torch.finfo(torch.float64).eps
+    for kind in ("sparsemax", "entmax15"):
+        torch.testing.assert_close(ext.forward(x, kind == "entmax15"), project_sorted(x, kind), rtol=0, atol=atol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("alpha", [1.05, 1.2, 1.5, 2.0, 3.0])
+def test_cpu_kernel_entmax_bisect_matches_reference(dtype, alpha, cpu_kernel):
+    # The reference's tau is within 2^-n_iter of the root (n_iter = 50: <= 4 eps in float64; the
+    # float32 bisection stalls at rounding, a few eps), the kernel's within a few eps (Newton to
+    # rounding), and d = p^(alpha - 1) is affine in tau; both sum to one after normalising, which
+    # scales d by (1 + O(K eps)). So |d_kernel - d_ref| <= (K + 32) eps.
+    gen = torch.Generator().manual_seed(41)
+    x = torch.randn(7, 300, generator=gen, dtype=dtype) * 2
+    x[0, :40] = -math.inf
+    x[1] = -math.inf  # nothing there: zeros
+    x[2, 5] = math.nan  # NaN row
+    x[3, ::2] = torch.finfo(dtype).min  # additive mask value: not there
+    x[4] = 0.5  # all equal: uniform
+    with sparsenorm.kernels.disabled():
+        pure = entmax_bisect(x, alpha)
+    fused = entmax_bisect(x, alpha)
+    assert fused[2].isnan().all() and pure[2].isnan().all()
+    assert torch.equal(fused[1], torch.zeros_like(fused[1]))
+    ok = torch.ones(7, dtype=torch.bool)
+    ok[2] = False
+    atol = (x.shape[-1] + 32) * torch.finfo(dtype).eps
+    torch.testing.assert_close(fused[ok] ** (alpha - 1), pure[ok] ** (alpha - 1), rtol=0, atol=atol)
+    assert torch.all(fused[3, ::2] == 0) and torch.all(fused[0, :40] == 0)
+
+
+def test_cpu_kernel_entmax_bisect_gradients_and_coarse_n_iter(cpu_kernel):
+    gen = torch.Generator().manual_seed(42)
+    x = (torch.randn(4, 29, generator=gen, dtype=torch.float64) * 2).requires_grad_(True)
+    for alpha in (1.3, 1.5, 2.5):
+        assert gradcheck(lambda t: entmax_bisect(t, alpha), (x,))
+        g = torch.randn(4, 29, generator=gen, dtype=torch.float64)
+        (fused,) = torch.autograd.grad(entmax_bisect(x, alpha), x, g)
+        with sparsenorm.kernels.disabled():
+            (pure,) = torch.autograd.grad(entmax_bisect(x, alpha), x, g)
+        torch.testing.assert_close(fused, pure, rtol=1e-9, atol=1e-11)
+    assert gradgradcheck(lambda t: entmax_bisect(t, 1.5), (x,))
+    # fewer steps than convergence: the reference's coarse bisection, as documented
+    with sparsenorm.kernels.disabled():
+        coarse_ref = entmax_bisect(x.detach(), 1.5, n_iter=5)
+    assert torch.equal(entmax_bisect(x.detach(), 1.5, n_iter=5), coarse_ref)

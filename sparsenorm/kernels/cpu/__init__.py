@@ -210,6 +210,6 @@ class Extension:
 
 
 EVIDENTIAL = Extension("evidential", "ev-softmax")
-PROJECTION = Extension("projection", "sparsemax/entmax15")
-RSOFTMAX = Extension("rsoftmax", "r-softmax")
+PROJECTION = Extension("projection", "sparsemax/entmax15/sparsehourglass")
+RSOFTMAX = Extension("rsoftmax", "r-softmax/t-softmax")
 EXTENSIONS = (EVIDENTIAL, PROJECTION, RSOFTMAX)

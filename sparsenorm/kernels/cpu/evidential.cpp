@@ -220,7 +220,58 @@ at::Tensor ev_softmax_forward(const at::Tensor& x, int64_t kind, double shift, b
   return out;
 }
 
+namespace {
+
+// Backward of the log form from its output y = log p: grad = g - exp(y) sum(g) with the sum and
+// the result over the entries whose y is not -inf only (a -inf output is constant: not there, or
+// off the support of Eq. 7); NaN outputs give NaN. Two SIMD passes, as log_softmax's backward,
+// with the -inf zeroing folded in (no masked copy of g).
+template <typename scalar_t>
+void log_backward_row(const scalar_t* g, const scalar_t* y, scalar_t* out, int64_t k) {
+  using Vec = Vectorized<scalar_t>;
+  constexpr int64_t W = Vec::size();
+  const Vec neg_inf(-std::numeric_limits<scalar_t>::infinity()), zero(scalar_t(0));
+  Vec vsum(scalar_t(0));
+  int64_t i = 0;
+  for (; i + W <= k; i += W) {
+    vsum = vsum + Vec::blendv(zero, Vec::loadu(g + i), Vec::loadu(y + i) != neg_inf);
+  }
+  scalar_t sum = at::vec::vec_reduce_all<scalar_t>([](const Vec& a, const Vec& b) { return a + b; }, vsum);
+  for (; i < k; ++i) sum += y[i] != -std::numeric_limits<scalar_t>::infinity() ? g[i] : scalar_t(0);
+  const Vec vs(sum);
+  i = 0;
+  for (; i + W <= k; i += W) {
+    const Vec yv = Vec::loadu(y + i);
+    Vec::blendv(zero, Vec::loadu(g + i) - yv.exp() * vs, yv != neg_inf).store(out + i);
+  }
+  for (; i < k; ++i) {
+    out[i] = y[i] != -std::numeric_limits<scalar_t>::infinity() ? g[i] - std::exp(y[i]) * sum : scalar_t(0);
+  }
+}
+
+}  // namespace
+
+at::Tensor log_backward(const at::Tensor& g, const at::Tensor& y) {
+  TORCH_CHECK(g.device().is_cpu() && y.device().is_cpu(), "log_backward: CPU tensors only");
+  TORCH_CHECK(y.dim() == 2 && y.is_contiguous() && g.is_contiguous() && g.sizes() == y.sizes() &&
+              g.scalar_type() == y.scalar_type(), "log_backward: expects contiguous 2-D tensors of one shape and dtype");
+  at::Tensor out = at::empty_like(y);
+  const int64_t rows = y.size(0), k = y.size(1);
+  AT_DISPATCH_FLOATING_TYPES(y.scalar_type(), "ev_softmax_log_backward", [&] {
+    const scalar_t* g_ptr = g.const_data_ptr<scalar_t>();
+    const scalar_t* y_ptr = y.const_data_ptr<scalar_t>();
+    scalar_t* out_ptr = out.mutable_data_ptr<scalar_t>();
+    const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(k, 1));
+    at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) log_backward_row(g_ptr + r * k, y_ptr + r * k, out_ptr + r * k, k);
+    });
+  });
+  return out;
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("log_backward", &log_backward,
+        "Backward of the log form from its output (the -inf entries get 0) over the rows of a 2-D tensor");
   m.def("ev_softmax_forward", &ev_softmax_forward,
         "Fused forward of ev-softmax (kind 0) / Eq. 10 (kind 1) over the rows of a contiguous 2-D tensor");
 }

@@ -14,7 +14,7 @@ zeros.
 """
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Callable, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -389,3 +389,71 @@ def fast_backward(p: Tensor, g: Tensor, kind: str) -> Tensor:
     u = w.div_(total)
     g = g if g.shape == u.shape else g.expand_as(u)
     return torch._softmax_backward_data(g.contiguous(), u, -1, u.dtype).mul_(total)
+
+
+# ---------------------------------------------------------------------------------------------
+# Bisection: the one loop, alpha-entmax (sparsenorm.entmax.entmax_bisect) and its backward
+# ---------------------------------------------------------------------------------------------
+def bisect(zs: Tensor, tau_lo: Tensor, width: Tensor, n_iter: int, ensure_sum_one: bool,
+          p_of: Callable[[Tensor], Tensor]) -> Tensor:
+    """The one bisection loop of the family (as the ``entmax`` package's ``root_finding.py``): halve the
+    bracket ``[tau_lo, tau_lo + width]`` (per row, shape ``(..., 1)``; a negative ``width`` walks it the
+    other way) ``n_iter`` times, keeping the side where ``sum(p) >= 1`` for ``p = p_of([zs - tau]_+)``.
+
+    Variants differ only in their hook ``p_of`` and bracket: alpha-entmax ``u -> u^(1/(alpha - 1))`` on
+    ``zs = (alpha - 1) z``, sparsemax the identity on ``zs = z``. ``ensure_sum_one`` divides by the sum.
+    """
+    p = zs
+    for _ in range(n_iter):
+        width = width / 2
+        tau_m = tau_lo + width
+        p = p_of((zs - tau_m).clamp_min(0))
+        tau_lo = torch.where(p.sum(-1, keepdim=True) - 1 >= 0, tau_m, tau_lo)
+    if ensure_sum_one:
+        total = p.sum(-1, keepdim=True)
+        p = p / torch.where(total > 0, total, torch.ones_like(total))
+    return p
+
+
+def bisect_forward(z: Tensor, a: Tensor, n_iter: int, ensure_sum_one: bool, maybe_softmax: bool) -> Tensor:
+    """``z`` is shifted so each row's maximum is 0 (or all -inf); ``a`` is alpha per row.
+
+    For ``alpha < 1`` the exponent ``1 / (alpha - 1)`` is negative and the bracket is reversed
+    (``tau_hi < tau_lo``, a negative step), as in the entmax package; the same loop applies.
+    """
+    d = z.shape[-1]
+    softmax_rows = a == 1
+    a_b = torch.where(softmax_rows, torch.full_like(a, 2.0), a)  # placeholder on softmax rows
+    zs = z * (a_b - 1)
+    inv = 1 / (a_b - 1)
+    # tau lies between max - 1 and max - (1/d)^(alpha-1) (max = 0 here): p_max <= 1 and p_max >= 1/d.
+    tau_lo = torch.full_like(a_b, -1.0)
+    tau_hi = -((1.0 / d) ** (a_b - 1))
+    p = bisect(zs, tau_lo, tau_hi - tau_lo, n_iter, ensure_sum_one, lambda u: u ** inv)
+    if maybe_softmax:  # a static flag (alpha given as a tensor, or the number 1), not data
+        soft = torch.softmax(z, dim=-1)
+        empty_rows = torch.isneginf(z).all(-1, keepdim=True)
+        soft = torch.where(empty_rows, torch.zeros_like(soft), soft)
+        p = torch.where(softmax_rows, soft, p)
+    return p
+
+
+def bisect_backward_parts(p: Tensor, g: Tensor, a: Tensor):
+    """alpha-entmax's backward from ``p`` (``a`` alpha per row): ``(dX, gppr, sum gppr, on, p_on)``
+    with ``gppr = p^(2 - alpha)`` on the support (1 / g''(p); softmax, alpha = 1: p itself) and
+    ``dX = gppr (g - sum(g gppr) / sum(gppr))``, in differentiable ops; the other parts serve the
+    gradient w.r.t. alpha."""
+    on = p > 0
+    p_on = torch.where(on, p, torch.ones_like(p))  # safe for pow/log (and double backward)
+    gppr = torch.where(on, p_on ** (2 - a), torch.zeros_like(p))
+    dX = g * gppr
+    total = gppr.sum(-1, keepdim=True)
+    total = torch.where(total > 0, total, torch.ones_like(total))
+    q = dX.sum(-1, keepdim=True) / total
+    return dX - q * gppr, gppr, total, on, p_on
+
+
+def shift_by_max(x: Tensor) -> Tensor:
+    """``x - max(x)`` over the last dim; rows with no finite entry are left as they are (all -inf)."""
+    row_max = x.amax(dim=-1, keepdim=True)
+    return x - row_max.masked_fill(row_max == float("-inf"), 0.0)

@@ -18,6 +18,8 @@ from typing import Optional, Tuple, Union
 import torch
 from torch import Tensor
 
+from ..._validation import not_there_level
+
 
 def _order_statistics(x: Tensor, rank: Union[int, Tensor]):
     """Values and indices of the order statistics ``x_(rank)`` and ``x_(rank + 1)`` of each row.
@@ -143,6 +145,12 @@ def weighted_softmax(x: Tensor, tau: Tensor, m: Tensor) -> Tuple[Tensor, Tensor,
     Sync-free: the dead rows are handled with ``torch.where`` whether there are any or not.
     """
     w = (x - tau).clamp_min_(0)
+    # Weights near finfo.max (t-softmax with a huge t) would overflow the sum: scale them by a power
+    # of two (exact; p does not change) so that the largest, m - tau, is about 1, as the C++ kernel.
+    top = m - tau
+    huge = top > torch.finfo(x.dtype).max / (4 * max(x.shape[-1], 1))
+    exponent = torch.frexp(torch.where(huge, top, torch.ones_like(top))).exponent
+    w = torch.ldexp(w, torch.where(huge, 1 - exponent, torch.zeros_like(exponent)))
     num = (x - m.masked_fill(m == float("-inf"), 0.0)).exp_().mul_(w)
     z = num.sum(-1, keepdim=True)
     p = num.div_(z.masked_fill_(z == 0, 1.0))
@@ -183,8 +191,15 @@ def backward_common(g: Tensor, p: Tensor, e: Tensor, dead: Tensor) -> Tuple[Tens
     return grad, grad.sum(-1, keepdim=True).neg_()
 
 
+def _mark_not_there(x: Tensor) -> Tensor:
+    """``x`` with the entries at or below ``finfo.min / 2`` set to ``-inf`` (the C++ kernels read
+    such entries as not there themselves, so the entry path leaves them as they are)."""
+    return x.masked_fill(x <= not_there_level(x.dtype), float("-inf"))
+
+
 def forward(x: Tensor, r: Tensor, sorted_threshold: bool = True):
     """r-softmax of the rows of ``x``: ``(p, tau, lo_idx, hi_idx, frac, dtau_dr, dead)``."""
+    x = _mark_not_there(x)
     threshold = quantile_threshold_sorted if sorted_threshold else quantile_threshold
     tau, lo_idx, hi_idx, frac, dtau_dr = threshold(x, r)
     p, _, dead = weighted_softmax(x, tau, x.amax(-1, keepdim=True))
@@ -201,3 +216,22 @@ def backward(g: Tensor, p: Tensor, x: Tensor, tau: Tensor, lo_idx: Tensor, hi_id
     grad.scatter_add_(-1, lo_idx, c * (1 - frac))
     grad.scatter_add_(-1, hi_idx, c * frac)
     return grad, c
+
+
+def row_max_and_argmax(x: Tensor) -> Tuple[Tensor, Tensor]:
+    """Row max and its index. One ``max(dim)`` pass for large inputs; ``amax`` + ``argmax`` for
+    small ones, where ``max(dim)``'s parallel path has a large fixed cost on a busy CPU."""
+    if x.numel() >= 1 << 16:
+        return x.max(-1, keepdim=True)
+    return x.amax(-1, keepdim=True), x.argmax(-1, keepdim=True)
+
+
+def t_forward(x: Tensor, t: Tensor) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """t-softmax of the rows of ``x`` (``t`` of shape ``x.shape[:-1] + (1,)``): ``(p, tau, argmax,
+    dead)`` with ``tau = max - t``; its backward is :func:`backward` with ``lo_idx = hi_idx =
+    argmax`` and ``frac = 0`` (``d tau / d x`` is the indicator of the arg-max)."""
+    x = _mark_not_there(x)
+    m, argmax = row_max_and_argmax(x)
+    tau = m - t  # t below max(x)'s resolution: the one-hot limit (a dead row)
+    p, _, dead = weighted_softmax(x, tau, m)
+    return p, tau, argmax, dead
