@@ -32,10 +32,16 @@ test-simd: venv
 test-wheel: venv
 	bash scripts/wheel_check.sh
 
-# Normalizers (ratios to softmax and to the entmax package), then attention (ratios to SDPA, peak memory).
+# Normalizers (ratios to softmax and to the entmax package, each targeted row judged pass/miss; wall
+# clock, logit scales 1,2,4, 1 and 2 threads, at every SIMD level from AVX2 up to this CPU's, each in
+# its own process), into BENCH_JSON; then attention (ratios to SDPA, peak memory). Run on idle cores:
+# it warns when the machine is loaded. The docs' benchmark page is rendered from the committed JSON
+# (`python -m benchmarks.bench --report FILE` prints the same tables). BENCH_SIMD=avx512 for one level.
 # The benchmarks live in benchmarks/ (outside the library; benchmarks/README.md has the method and tables).
+BENCH_SIMD ?= all
+BENCH_JSON ?= benchmarks/results/cpu_normalizers.json
 bench: venv
-	.venv/bin/python -m benchmarks.bench
+	.venv/bin/python -m benchmarks.bench --simd $(BENCH_SIMD) --json $(BENCH_JSON)
 	.venv/bin/python -m benchmarks.bench_attention
 
 # The documentation site into site/ (open site/index.html): strict, so a broken link, a page missing

@@ -46,18 +46,23 @@ def on_files(files, config):
 
 
 def benchmark_results_page():
-    """benchmarks/results/*.json (attention reports) as Markdown tables, with a plot of peak memory
-    against L per candidate where matplotlib is installed. Returns (markdown, {file name: PNG bytes})."""
-    from benchmarks.bench_attention import markdown_report
+    """benchmarks/results/*.json as Markdown tables: the normalizer benchmark's files (benchmarks.bench,
+    told by their "schema") with their targets and pass/miss, the attention reports with a plot of
+    peak memory against L per candidate where matplotlib is installed. Returns (markdown, {file name: PNG bytes})."""
+    from benchmarks import bench, bench_attention
 
     lines = ["# Benchmark results (generated)", "",
              "Rendered at build time from the JSON files committed under `benchmarks/results/` "
-             "(`python -m benchmarks.bench_attention --report FILE` prints the same tables). The method "
+             "(`python -m benchmarks.bench --report FILE` or `python -m benchmarks.bench_attention --report FILE` "
+             "prints the same tables). The method "
              "is in [Benchmarks](README.md); the commit that added each file says where it was measured."]
     figures = {}
     for path in sorted((REPO_ROOT / "benchmarks" / "results").glob("*.json")):
         results = json.loads(path.read_text())
-        lines += ["", f"## `{path.name}`", "", markdown_report(results)]
+        if results.get("schema") == bench.SCHEMA:
+            lines += ["", f"## `{path.name}`", "", bench.markdown_report(results)]
+            continue
+        lines += ["", f"## `{path.name}`", "", bench_attention.markdown_report(results)]
         png = memory_plot(results)
         if png is not None:
             figures[path.stem + "_memory.png"] = png
