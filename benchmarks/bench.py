@@ -538,7 +538,7 @@ def _positive_list(kind: type, option: str) -> Callable[[str], List]:
     return parse
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--report", metavar="FILE", help="print the Markdown tables of a saved --json file, and stop")
@@ -560,11 +560,16 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--clock", choices=("wall", "thread"), default="wall",
                         help="thread: one thread, per-thread CPU time (less disturbed by other processes, "
                              "but not what the targets are about)")
+    return parser
+
+
+def parse_args(parser: argparse.ArgumentParser, argv: Optional[List[str]]) -> argparse.Namespace:
+    """The options, with --quick's or the full run's defaults filled in and their combinations checked."""
     args = parser.parse_args(argv)
     if args.report:
-        with open(args.report) as f:
-            print(markdown_report(json.load(f)))
-        return 0
+        return args
+    if args.clock == "thread" and args.threads is None:
+        args.threads = [1]
     defaults = QUICK if args.quick else FULL
     for key, value in defaults.items():
         if getattr(args, key) is None:
@@ -572,20 +577,29 @@ def main(argv: Optional[List[str]] = None) -> int:
     args.no_compile = args.no_compile or args.quick
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
-    global _clock
-    if args.clock == "thread":
-        if args.threads != [1]:
-            parser.error("--clock thread times one thread: give --threads 1")
-        _clock = time.thread_time
+    if args.clock == "thread" and args.threads != [1]:
+        parser.error("--clock thread times one thread: give --threads 1")
     if args.device != "cpu" and args.simd:
         parser.error("--simd is about CPU kernels: use it with --device cpu")
+    for n in [n.strip() for n in args.normalizers.split(",") if n.strip()]:
+        if registry.get(n).posthoc:  # unknown names fail in get(), listing the known ones
+            parser.error(f"{n} is not a function of the logits alone (post-hoc); it cannot be timed here")
+    return args
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = parse_args(build_parser(), argv)
+    if args.report:
+        with open(args.report) as f:
+            print(markdown_report(json.load(f)))
+        return 0
+    global _clock
+    if args.clock == "thread":
+        _clock = time.thread_time
     cpus = os.cpu_count() or 1
     if max(args.threads) > cpus:
         print(f"WARNING: --threads {max(args.threads)} is more than this machine's {cpus} CPUs", flush=True)
     names = [n.strip() for n in args.normalizers.split(",") if n.strip()]
-    for n in names:
-        if registry.get(n).posthoc:  # unknown names fail in get(), listing the known ones
-            parser.error(f"{n} is not a function of the logits alone (post-hoc); it cannot be timed here")
     document = run_levels(args, args.simd) if args.simd else run_here(args, names)
     if args.simd:  # each level's tables were printed by its process; the whole at the end
         print("\n" + markdown_report(document))
