@@ -331,7 +331,7 @@ def run_here(args, names: List[str]) -> Dict:
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 256)
     simd = torch.backends.cpu.get_cpu_capability()
     start_load = machine_load()
-    start_load["loaded"] = is_loaded(start_load, judge_loadavg=True)
+    start_load["loaded"] = is_loaded(start_load, judge_loadavg=not args.parent_judged_loadavg)
     if start_load["loaded"]:
         print(load_warning(start_load), flush=True)
     candidates, refs = build_candidates(names, compile_rows=not args.no_compile)
@@ -390,7 +390,9 @@ def resolve_simd(text: str) -> List[str]:
     """--simd's levels: a comma list of SIMD_LEVELS, or "all" (AVX2 up to what this CPU runs)."""
     if text == "all":
         best = best_simd_level()
-        return [level for level in SIMD_LEVELS[1:SIMD_LEVELS.index(best) + 1]] if best in SIMD_LEVELS else [best]
+        if best not in SIMD_LEVELS[1:]:  # no AVX2 ("default"), or another architecture's level
+            return [best]
+        return list(SIMD_LEVELS[1:SIMD_LEVELS.index(best) + 1])
     levels = [v.strip().lower() for v in text.split(",") if v.strip()]
     unknown = [v for v in levels if v not in SIMD_LEVELS]
     if unknown or not levels:
@@ -403,19 +405,26 @@ def child_argv(args, json_path: str) -> List[str]:
     argv = ["--shapes", ",".join(f"{h}x{w}" for h, w in args.shapes), "--rounds", str(args.rounds),
             "--normalizers", args.normalizers, "--device", args.device, "--clock", args.clock,
             "--threads", ",".join(map(str, args.threads)), "--scales", ",".join(f"{s:g}" for s in args.scales),
-            "--json", json_path]
+            "--json", json_path, "--parent-judged-loadavg"]
     return argv + (["--no-compile"] if args.no_compile else [])
 
 
-def merge_documents(documents: List[Dict]) -> Dict:
-    """One document from per-SIMD-level ones: the first one's header, every run, each level's start load."""
+def merge_documents(parent_load: Dict, documents: List[Dict]) -> Dict:
+    """One document from per-SIMD-level ones: the first one's header, every run, the load at the start
+    of the whole (``parent_load``) and of each level."""
     merged = dict(documents[0])
     merged["runs"] = [run for doc in documents for run in doc["runs"]]
-    merged["load_at_start"] = [doc["load_at_start"] for doc in documents]
+    merged["load_at_start"] = [parent_load] + [doc["load_at_start"] for doc in documents]
     return merged
 
 
 def run_levels(args, levels: List[str]) -> Dict:
+    """Each level in its own process. The load average is judged here, once, before any: a later
+    level's start would see the earlier levels' own work in it."""
+    parent_load = machine_load()
+    parent_load["loaded"] = is_loaded(parent_load, judge_loadavg=True)
+    if parent_load["loaded"]:
+        print(load_warning(parent_load), flush=True)
     documents = []
     with tempfile.TemporaryDirectory() as tmp:
         for level in levels:
@@ -429,7 +438,7 @@ def run_levels(args, levels: List[str]) -> Dict:
             if measured != {level}:  # torch ignores a level the CPU lacks, and would time another
                 raise SystemExit(f"asked for SIMD level {level}, but torch ran at {sorted(measured)}")
             documents.append(document)
-    return merge_documents(documents)
+    return merge_documents(parent_load, documents)
 
 
 # --- the report: Markdown tables from the JSON alone ------------------------------------------------
@@ -560,6 +569,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--clock", choices=("wall", "thread"), default="wall",
                         help="thread: one thread, per-thread CPU time (less disturbed by other processes, "
                              "but not what the targets are about)")
+    parser.add_argument("--parent-judged-loadavg", action="store_true", help=argparse.SUPPRESS)  # --simd's children
     return parser
 
 
@@ -607,7 +617,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as f:
             json.dump(document, f, indent=2)
-        print(f"\nwrote {args.json} (tables again: python -m benchmarks.bench --report {args.json})")
+        print(f"\nwrote {args.json}")
     return 0
 
 

@@ -51,7 +51,7 @@ def test_child_argv_repeats_the_settings_but_simd():
     child = parse(*bench.child_argv(args, "out.json"))
     for key in ("shapes", "scales", "threads", "rounds", "normalizers", "no_compile", "clock", "device"):
         assert getattr(child, key) == getattr(args, key), key
-    assert child.simd is None and child.json == "out.json"
+    assert child.simd is None and child.json == "out.json" and child.parent_judged_loadavg
 
 
 def test_every_target_names_a_row_the_benchmark_times():
@@ -141,7 +141,7 @@ def test_simd_runs_each_level_in_its_own_process(tmp_path):
                        "--simd", level, "--json", str(path)]) == 0
     document = json.loads(path.read_text())
     assert [run["simd"].lower() for run in document["runs"]] == [level]
-    assert isinstance(document["load_at_start"], list) and len(document["load_at_start"]) == 1
+    assert isinstance(document["load_at_start"], list) and len(document["load_at_start"]) == 2  # the whole, the level
 
 
 def test_docs_page_renders_the_normalizer_json(tmp_path, monkeypatch):
