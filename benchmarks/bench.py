@@ -356,6 +356,9 @@ def run_here(args, names: List[str]) -> Dict:
                 print(f"\n## SIMD {simd}, {threads} thread(s), logits randn x {scale:g}\n")
                 print(format_table(shape, run["rows"]))
                 print("\n" + target_table([run]), flush=True)
+            if len(args.shapes) > 1:  # the issue's table: every shape of this (threads, scale) side by side
+                print(f"\n## Targets: SIMD {simd}, {threads} thread(s), logits randn x {scale:g}\n")
+                print(target_table(document["runs"][-len(args.shapes):]), flush=True)
     return document
 
 
@@ -494,6 +497,16 @@ def scaling_table(runs: List[Dict]) -> Optional[str]:
     return markdown_table(["function"] + [f"{s.replace('x', ' x ')}: {few} / {many} threads" for s in shapes], table)
 
 
+def scaling_section(runs: List[Dict]) -> List[str]:
+    """Markdown lines: a thread-scaling table per (SIMD level, scale) with more than one thread count."""
+    lines = []
+    for (simd, scale), group in _groups(runs, ("simd", "scale")).items():
+        table = scaling_table(group)
+        if table:
+            lines += ["", f"### Thread scaling: SIMD {simd}, logits randn x {scale:g} (fwd+bwd speed-up)", "", table]
+    return lines
+
+
 def markdown_report(document: Dict) -> str:
     """The tables of a ``--json`` file: per (SIMD level, threads, logit scale) the targets table, thread
     scaling per (SIMD level, scale), then every row's times; the docs' benchmark page is this text."""
@@ -511,10 +524,7 @@ def markdown_report(document: Dict) -> str:
     runs = document["runs"]
     for (simd, threads, scale), group in _groups(runs, ("simd", "threads", "scale")).items():
         lines += ["", f"### SIMD {simd}, {threads} thread(s), logits randn x {scale:g}", "", target_table(group)]
-    for (simd, scale), group in _groups(runs, ("simd", "scale")).items():
-        table = scaling_table(group)
-        if table:
-            lines += ["", f"### Thread scaling: SIMD {simd}, logits randn x {scale:g} (fwd+bwd speed-up)", "", table]
+    lines += scaling_section(runs)
     lines += ["", "### Every row"]
     for run in runs:
         shape = tuple(int(v) for v in run["shape"].split("x"))
@@ -613,6 +623,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     document = run_levels(args, args.simd) if args.simd else run_here(args, names)
     if args.simd:  # each level's tables were printed by its process; the whole at the end
         print("\n" + markdown_report(document))
+    else:
+        print("\n".join(scaling_section(document["runs"])))
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as f:
