@@ -518,9 +518,11 @@ def markdown_report(document: Dict) -> str:
     starts = document["load_at_start"]
     starts = starts if isinstance(starts, list) else [starts]
     loaded = [run for run in document["runs"] if run["load"].get("loaded")]
-    if any(start.get("loaded") for start in starts) or loaded:
-        lines += ["", f"**Measured on a loaded machine** ({len(loaded)} of {len(document['runs'])} timings began "
-                      "with other processes busy): these ratios are not idle-core figures."]
+    loaded_at_start = any(start.get("loaded") for start in starts)
+    if loaded_at_start or loaded:
+        lines += ["", f"**Measured on a loaded machine** ({'loaded at the start; ' if loaded_at_start else ''}"
+                      f"{len(loaded)} of {len(document['runs'])} timings began with the CPUs more than "
+                      f"{100 * LOADED_BUSY_FRACTION:.0f}% busy): these ratios are not idle-core figures."]
     runs = document["runs"]
     for (simd, threads, scale), group in _groups(runs, ("simd", "threads", "scale")).items():
         lines += ["", f"### SIMD {simd}, {threads} thread(s), logits randn x {scale:g}", "", target_table(group)]
