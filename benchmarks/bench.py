@@ -299,6 +299,7 @@ def machine_load(window_s: float = 1.0) -> Dict:
     the fraction of all CPUs' time spent busy over ``window_s`` (/proc/stat) and the 1-minute load
     average per CPU. ``loaded`` is true above LOADED_BUSY_FRACTION or LOADED_LOADAVG_PER_CPU; the load
     average includes this process's own recent work, so it is judged only before any timing."""
+    time.sleep(0.2)  # let this process's OpenMP workers stop spin-waiting after the last timing
     before = _cpu_times()
     time.sleep(window_s)
     after = _cpu_times()
