@@ -19,6 +19,7 @@ works too, but evaluates every pair.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable, List, Optional, Tuple, Union
 
@@ -112,7 +113,7 @@ def marginalize(
 
     rows_of = probs.movedim(dim, -1)
     batch_shape = rows_of.shape[:-1]
-    flat = rows_of.reshape(-1, rows_of.shape[-1])
+    flat = rows_of.reshape(math.prod(batch_shape), rows_of.shape[-1])  # -1 is ambiguous when K = 0
     support = flat != 0
     example_index, class_index = support.nonzero(as_tuple=True)  # the one host sync
     rows = example_index.numel()

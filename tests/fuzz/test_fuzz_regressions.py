@@ -119,3 +119,20 @@ def test_r_softmax_row_with_only_a_subnormal_weight_sums_to_one(path):
     with kernels.disabled() if path == "reference" else contextlib.nullcontext():
         assert sn.r_softmax(x, 0.5).tolist() == [0.0, 1.0]
         assert sn.r_softmax_loss(x.unsqueeze(0), torch.tensor([1]), reduction="none").tolist() == [1.0]
+
+
+def test_marginalize_with_no_classes_gives_zeros_instead_of_a_reshape_error():
+    # found: probs of shape (2, 0) (or (0,)) raised "cannot reshape tensor of 0 elements into shape
+    # [-1, 0]" deep inside marginalize; an empty class dim is an empty sum: zeros, fn called once
+    from sparsenorm.marginalize import marginalize
+
+    calls = []
+
+    def fn(example_index, class_index):
+        calls.append(example_index.numel())
+        return torch.zeros(example_index.shape[0], 3)
+
+    out, stats = marginalize(torch.zeros(2, 0), fn, return_stats=True)
+    assert out.shape == (2, 3) and torch.equal(out, torch.zeros(2, 3))
+    assert stats.rows == 0 and calls == [0]
+    assert marginalize(torch.zeros(0), lambda e, c: torch.zeros(e.shape[0])).shape == ()
