@@ -39,11 +39,6 @@ class ResolvedNormalizer:
     def alpha(self) -> Optional[float]:
         return None if self.entry is None else self.entry.alpha
 
-    @property
-    def n_iter(self) -> int:
-        """Bisection steps of a searched threshold without a closed form (``entmax_bisect``'s)."""
-        return 50 if self.entry is None else int(self.entry.params.get("n_iter", 50))
-
 
 def resolve_normalizer(normalizer: Union[str, Callable, ResolvedNormalizer], params: dict,
                        training: bool = False) -> ResolvedNormalizer:
@@ -231,7 +226,7 @@ def attend(
     call = AttentionCall(
         query, key, value, keep, bias, key_lengths, bool(is_causal),
         query.shape[-1] ** -0.5 if scale is None else float(scale), scores_shape,
-        alpha=normalizer.alpha, n_iter=normalizer.n_iter, count_support=recording, query_lengths=query_lengths,
+        alpha=normalizer.alpha, count_support=recording, query_lengths=query_lengths,
     )
     out, weights, support, valid = attention_ops.attention(normalizer.fn, normalizer.threshold, call, dropout_p,
                                                            return_weights, backend)

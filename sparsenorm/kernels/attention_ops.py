@@ -126,8 +126,6 @@ class AttentionCall:
     scale: float
     scores_shape: Tuple[int, ...]
     alpha: Optional[float] = None
-    n_iter: int = 50
-    """bisection steps of a ``"searched"`` normalizer with no closed form (alpha not 1.5 or 2)."""
     count_support: bool = False
     query_lengths: Optional[Tensor] = None
     """(B,) integer or None: query rows ``i >= len`` are padding. Kernels need not look at it:
@@ -406,7 +404,7 @@ def _searched_blockwise(call: AttentionCall):
     q, k, v, keep, key_lengths, unflatten = _four_dims(call)
     out, _, _ = projection_attention_op(q, k, v, keep, key_lengths, call.is_causal, call.scale,
                                         _searched_kind(call.alpha), BLOCK_Q_SEARCHED, BLOCK_K_SEARCHED,
-                                        float(call.alpha if call.alpha is not None else 1.5), int(call.n_iter))
+                                        float(call.alpha if call.alpha is not None else 1.5), BISECT_STEPS)
     return unflatten(out), None, None
 
 
@@ -421,6 +419,10 @@ def _ev_softmax_flex(call: AttentionCall):
     q, k, v, keep, key_lengths, unflatten = _four_dims(call)
     return unflatten(flex_attention.ev_softmax_flex_attention(q, k, v, keep, key_lengths, call.is_causal, call.scale)), None, None
 
+
+BISECT_STEPS = 50
+"""Bisection steps of a searched threshold with no closed form (alpha not 1.5 or 2):
+``entmax_bisect``'s default, which the registry entry keeps (it binds no ``n_iter``)."""
 
 BLOCK_Q_SEARCHED, BLOCK_K_SEARCHED = 256, 1024
 """Query and key block sizes of the searched-threshold kernel (its reference module's defaults)."""

@@ -221,19 +221,26 @@ def _alpha_rows(x: Tensor, alpha: float) -> Tensor:
     return torch.full(x.shape[:-1] + (1,), alpha, dtype=x.dtype, device=x.device)
 
 
+def _bisect_reference(x: Tensor, alpha: float, n_iter: int, ensure_sum_one: bool) -> Tensor:
+    return ref_projection.bisect_forward(ref_projection.shift_by_max(x), _alpha_rows(x, alpha), n_iter,
+                                         ensure_sum_one, False)
+
+
+def _bisect_backward_reference(p: Tensor, grad: Tensor, alpha: float) -> Tensor:
+    return ref_projection.bisect_backward_parts(p, grad, _alpha_rows(p, alpha))[0]
+
+
 @torch.library.custom_op("sparsenorm::entmax_bisect", mutates_args=())
 def entmax_bisect(x: Tensor, alpha: float, n_iter: int, ensure_sum_one: bool) -> Tensor:
     """alpha-entmax (``alpha > 1``) of the rows of ``x`` by ``n_iter`` bisection steps (reference)."""
-    return ref_projection.bisect_forward(ref_projection.shift_by_max(x), _alpha_rows(x, alpha), n_iter,
-                                         ensure_sum_one, False)
+    return _bisect_reference(x, alpha, n_iter, ensure_sum_one)
 
 
 @entmax_bisect.register_kernel("cpu")
 def _entmax_bisect_cpu(x: Tensor, alpha: float, n_iter: int, ensure_sum_one: bool) -> Tensor:
     ext = cpu.PROJECTION.kernel_for(x)
     if ext is None or x.shape[-1] == 0 or n_iter < _BISECT_CONVERGED[x.dtype]:
-        return ref_projection.bisect_forward(ref_projection.shift_by_max(x), _alpha_rows(x, alpha), n_iter,
-                                             ensure_sum_one, False)
+        return _bisect_reference(x, alpha, n_iter, ensure_sum_one)
     return ext.bisect_forward(_rows(x), alpha, ensure_sum_one).view(x.shape)
 
 
@@ -245,14 +252,14 @@ def _entmax_bisect_fake(x: Tensor, alpha: float, n_iter: int, ensure_sum_one: bo
 @torch.library.custom_op("sparsenorm::entmax_bisect_backward", mutates_args=())
 def entmax_bisect_backward(p: Tensor, grad: Tensor, alpha: float) -> Tensor:
     """``gppr (g - sum(g gppr) / sum(gppr))`` with ``gppr = p^(2 - alpha)`` on the support."""
-    return ref_projection.bisect_backward_parts(p, grad, _alpha_rows(p, alpha))[0]
+    return _bisect_backward_reference(p, grad, alpha)
 
 
 @entmax_bisect_backward.register_kernel("cpu")
 def _entmax_bisect_backward_cpu(p: Tensor, grad: Tensor, alpha: float) -> Tensor:
     ext = cpu.PROJECTION.kernel_for(p)
     if ext is None or p.shape[-1] == 0:
-        return ref_projection.bisect_backward_parts(p, grad, _alpha_rows(p, alpha))[0]
+        return _bisect_backward_reference(p, grad, alpha)
     return ext.bisect_backward(_rows(p), _rows(grad.to(p.dtype).expand_as(p)), alpha).view(p.shape)
 
 
@@ -269,7 +276,7 @@ def _entmax_bisect_setup(ctx, inputs, output) -> None:
 def _entmax_bisect_autograd(ctx, grad: Tensor):
     (p,) = ctx.saved_tensors
     if torch.is_grad_enabled():  # double backward: differentiable ops
-        return ref_projection.bisect_backward_parts(p, grad, _alpha_rows(p, ctx.alpha))[0], None, None, None
+        return _bisect_backward_reference(p, grad, ctx.alpha), None, None, None
     return entmax_bisect_backward(p, grad, ctx.alpha), None, None, None
 
 
