@@ -2,7 +2,8 @@
 
 * ``softmax``: cross-entropy to the normalized label vector y/|y|; labels with p >= p0 for a grid
   of thresholds that scales with the number of classes C (``p0 = m / C``, see ``THRESHOLD_MULTIPLES``),
-  plus the best p0 (chosen on the selection set).
+  plus the best p0 (chosen on the selection set), and the paper's fixed p0 in ``FIXED_THRESHOLDS``
+  (never chosen as best; they judge the paper's "a fixed threshold fails at 20 and 30 classes").
 * ``sparsemax+huber``: sparsemax with its multi-label loss (the registry's; Martins & Astudillo).
 * ``sparsemax+hinge``: sparsemax with Laha et al.'s multi-label hinge loss at alpha = 1.
 * ``sparsehourglass``: sparsehourglass with its multi-label hinge loss at ``hourglass_q``.
@@ -28,8 +29,8 @@ from torch import Tensor, nn
 from ... import registry
 from ...losses import SparsityRatePredictor, sparsehourglass_multilabel_hinge_loss
 from ...losses.rsoftmax import eq4_loss, label_count_loss, r_softmax_loss
-from .paper import (COUNT_DECODES, COUNT_HEADS, DEFAULT_NORMALIZERS, HIDDEN, RATE_GRADS, SIGMOID_THRESHOLD,
-                    SPARSEMAX_HINGE_Q, THRESHOLD_MULTIPLES)
+from .paper import (COUNT_DECODES, COUNT_HEADS, DEFAULT_NORMALIZERS, FIXED_THRESHOLDS, HIDDEN, RATE_GRADS,
+                    SIGMOID_THRESHOLD, SPARSEMAX_HINGE_Q, THRESHOLD_MULTIPLES)
 
 
 @dataclass(frozen=True)
@@ -53,12 +54,17 @@ class Method:
     def variants(self) -> List[str]:
         """Names of the predictions it yields (softmax: one per threshold)."""
         if self.key == "softmax":
-            return [softmax_variant(m) for m in THRESHOLD_MULTIPLES]
+            return [softmax_variant(m) for m in THRESHOLD_MULTIPLES] + [fixed_softmax_variant(p) for p in FIXED_THRESHOLDS]
         return [self.key]
 
 
 def softmax_variant(multiple: float) -> str:
     return f"softmax (p0={multiple:g}/C)"
+
+
+def fixed_softmax_variant(p0: float) -> str:
+    """A softmax prediction at an absolute threshold (the paper's fixed grid), whatever the class count."""
+    return f"softmax (p0={p0:g})"
 
 
 def r_softmax_key(count_head: str) -> str:
@@ -297,7 +303,9 @@ def predict(method: Method, model: MultilabelNet, x: Tensor, *, hourglass_q: flo
     n_labels = logits.shape[-1]
     if method.key == "softmax":
         probs = registry.get("softmax").forward(logits, dim=-1)
-        return {softmax_variant(m): (probs >= m / n_labels).cpu().numpy() for m in THRESHOLD_MULTIPLES}, scores, None
+        sets = {softmax_variant(m): (probs >= m / n_labels).cpu().numpy() for m in THRESHOLD_MULTIPLES}
+        sets.update({fixed_softmax_variant(p0): (probs >= p0).cpu().numpy() for p0 in FIXED_THRESHOLDS})
+        return sets, scores, None
     if method.normalizer == "r_softmax":
         from ...rsoftmax import r_softmax
 
