@@ -13,6 +13,8 @@ def test_decisive_mode_has_enough_seeds_and_states_what_it_leaves_out(name, tmp_
     quick = experiment.settings(RunConfig(out=tmp_path, quick=True))
     assert decisive.seeds >= verdict.min_pairs() > quick.seeds  # quick cannot decide; decisive can
     assert "Leaves out" in experiment.decisive_note and "min on 2 cores" in experiment.decisive_note
+    # the note names the mode itself (the report prints it as is: no "Decisive mode. Decisive mode:")
+    assert experiment.decisive_note.startswith("Decisive mode: ")
     # Seeds are a setting of every mode.
     assert experiment.settings(RunConfig(out=tmp_path, decisive=True, seeds=7)).seeds == 7
     assert experiment.settings(RunConfig(out=tmp_path, seeds=7)).seeds == 7

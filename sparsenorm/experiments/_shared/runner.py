@@ -272,7 +272,8 @@ def _write_report(out: Path, experiment: Experiment, config: RunConfig, settings
     if config.quick:
         mode = f"**Quick mode — indicative only, not a verdict on the paper.** {experiment.quick_note}"
     elif config.decisive:
-        mode = f"Decisive mode. {getattr(experiment, 'decisive_note', '')}".strip()
+        # every experiment's note begins "Decisive mode: ..."; an experiment without one still names the mode
+        mode = getattr(experiment, "decisive_note", "") or "Decisive mode."
     else:
         mode = f"Full mode. {experiment.full_runtime}"
     if ran["missing"]:

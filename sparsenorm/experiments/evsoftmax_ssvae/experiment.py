@@ -41,7 +41,7 @@ class SemiSupervisedVAE:
     default_normalizers = DEFAULT_NORMALIZERS
     full_runtime = ("Full mode (paper settings: 100 labelled-only warm-start epochs, 200 semi-supervised epochs of "
                     "704 steps, 10 seeds, 5 trained models + post-hoc): estimated from quick mode's measured step "
-                    "cost at about 85 CPU-hours (1.8 days on 2 idle cores; see the README).")
+                    "cost at about 85 CPU-hours (1.8 days on 2 idle cores; see docs/experiments/index.md).")
     decisive_note = ("Decisive mode: 6 seeds, the paper's five normalizers (r-softmax left out) and three Monte-Carlo "
                      "estimators (score function, NVIL, straight-through Gumbel), 20 labelled-only warm-start epochs "
                      "(authors: 100), 10 semi-supervised epochs of 200 steps (2,000 steps, 2.8 passes over the "
