@@ -55,6 +55,19 @@ def test_index_prefers_the_most_decisive_run_and_lists_unrun_claims(tmp_path):
     waiting = next(line for line in text.splitlines() if line.startswith("| ev.ssvae.beats_monte_carlo "))
     assert "**no committed run**" in waiting and "reproduce ssvae --decisive" in waiting
     assert "| extra |" in text  # a new comparison, in its own table
+    # A decisive run resting on more paired units than the full run is the stronger evidence; on equal units
+    # the full run is kept, and a quick run never outranks either, whatever its count.
+    _results(tmp_path / "decisive" / "cvae", "decisive", [claim(verdict.REPRODUCED, 10)])
+    paper_index.write_paper_index(tmp_path)
+    row = next(line for line in (tmp_path / "README.md").read_text().splitlines() if line.startswith("| ev.cvae.five_modes "))
+    assert "| full |" in row
+    shutil.rmtree(tmp_path / "decisive")
+    _results(tmp_path / "decisive" / "cvae", "decisive", [claim(verdict.REPRODUCED, 12)])
+    shutil.rmtree(tmp_path / "quick")
+    _results(tmp_path / "quick" / "cvae", "quick", [claim(verdict.NOT_REPRODUCED, 100)])
+    paper_index.write_paper_index(tmp_path)
+    row = next(line for line in (tmp_path / "README.md").read_text().splitlines() if line.startswith("| ev.cvae.five_modes "))
+    assert "**reproduced**" in row and "| decisive |" in row and "decisive/cvae/report.md" in row
     quick_only = tmp_path / "q"
     _results(quick_only / "quick" / "cvae", "quick", [claim(verdict.REPRODUCED, 3)])
     paper_index.write_paper_index(quick_only)

@@ -2,7 +2,8 @@
 
 Built from the committed ``results.json`` (or ``results.json.gz``) files under
 ``RESULTS/<mode>/<experiment>/`` alone and from the catalogue :mod:`.paper_claims`: each catalogued
-claim gets the verdict of the most decisive run that judged it (full, then decisive, then quick),
+claim gets the verdict of the run that judged it on the most paired units (a full or decisive run
+before any quick one, whose verdicts are indicative; on equal units full before decisive),
 its seeds, mode and a link to the report; a claim no run judged says why and what running it would
 take; claims the runs made that the papers do not (new comparisons) follow in their own table.
 
@@ -78,7 +79,10 @@ def _short(text: str, limit: int = 300) -> str:
 
 def _best_judgement(entry: PaperClaim, runs: List[Dict[str, Any]]) -> Optional[Tuple[Dict[str, Any], Dict[str, Any]]]:
     found = [(run, c) for run in runs for c in run["claims"] if c.get("key") == entry.key]
-    found.sort(key=lambda rc: (MODE_RANK.get(rc[0]["base_mode"], 9), rc[1]["verdict"] == NOT_TESTABLE))
+    # More paired units is more evidence (e.g. a decisive run's 6 seeds per setting over a full run's 3);
+    # a quick run is indicative whatever its count, so it only stands in when nothing else judged the claim.
+    found.sort(key=lambda rc: (rc[0]["base_mode"] == "quick", rc[1]["verdict"] == NOT_TESTABLE,
+                               -(rc[1].get("seeds") or 0), MODE_RANK.get(rc[0]["base_mode"], 9)))
     return found[0] if found else None
 
 
@@ -130,7 +134,8 @@ def write_paper_index(root: Path) -> Path:
         "",
         rule_paragraph(),
         "",
-        "Each claim shows the most decisive run that judged it (full, then decisive, then quick mode); *paired "
+        "Each claim shows the run that judged it on the most paired units (full or decisive mode before quick "
+        "mode, whose verdicts are indicative; on equal units full before decisive); *paired "
         "units* is the largest paired sample a part of its verdict rests on (seeds, or (setting, seed) pairs pooled "
         "over a sweep). *checked by "
         "tests*: a property of a function, checked by the named tests rather than by an experiment. *no committed "
