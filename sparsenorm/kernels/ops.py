@@ -445,7 +445,10 @@ def _r_softmax_backward_fake(g, p, x, tau, lo_idx, hi_idx, frac, dead):
 # input's leading dims (per-row parameters have a last dim of 1; a backward's incoming gradient may
 # broadcast). So the vmapped dim is just more rows: move it to the front of every tensor argument
 # (expanding an unbatched one), call the op once, and its outputs are batched along dim 0. Without
-# this rule torch.vmap falls back to one call per batch entry (slow, with a warning).
+# this rule torch.vmap falls back to one call per batch entry (slow, with a warning). Gradients: take
+# them with ordinary autograd outside vmap (what experiments/_shared/stacking.py does); torch.func.grad
+# through a custom op is refused by torch 2.13 (torch.library's generated autograd.Function has no
+# setup_context), and so is vmap through the autograd.Functions of r-softmax, t-softmax and sparsehourglass.
 # ---------------------------------------------------------------------------------------------
 def _rowwise_vmap_rule(op):
     def rule(info, in_dims, *args):
