@@ -66,7 +66,13 @@ class StackedModels:
             raise ValueError("StackedModels: the models must have the same parameter names")
         self.size = len(models)
         params, buffers = torch.func.stack_module_state(list(models))
-        self.params: Dict[str, Tensor] = params
+        # A copy's matrix W (out, in) is used as x @ W^T; under vmap its gradient comes out of a batched
+        # matmul as the transpose of a contiguous (S, in, out) tensor. Laid out that way from the start, the
+        # gradient is accumulated as it comes instead of being copied into (S, out, in) order every step
+        # (measured: about a fifth of a stacked CVAE step on CPU). Values and results are unchanged.
+        self.params: Dict[str, Tensor] = {
+            name: p.detach().transpose(1, 2).contiguous().transpose(1, 2).requires_grad_() if p.dim() == 3 else p
+            for name, p in params.items()}
         self.buffers: Dict[str, Tensor] = buffers
         # The holder of the structure: its own parameters are never used (functional_call swaps them).
         self._apply = _Apply(copy.deepcopy(models[0]).to("meta"))
