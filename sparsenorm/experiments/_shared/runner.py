@@ -10,6 +10,11 @@ mode, settings, the experiment's own body, the claims table, what ran and how lo
 
     config -> settings -> prepare -> jobs -> run_job (per seed, cached) -> aggregate -> claims -> report
 
+With ``RunOptions.stack`` > 1 and an experiment that defines ``stack_key`` and ``run_stack``, the
+pending jobs of one setting (other seeds) run as one stack (:func:`stacks`; the experiment trains
+them as one stacked network, see :mod:`.stacking`); their records are still cached one per job, so a
+seed trained stacked and the same seed trained alone are the same job.
+
 An experiment's ``report`` writes its figures and returns a :class:`Report` whose ``body`` is the
 Markdown between the skeleton's header and the claims table. Claims are :class:`Claim` objects;
 ``reproduce all`` collects them from every experiment's ``results.json`` into one index
