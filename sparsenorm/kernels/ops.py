@@ -448,7 +448,8 @@ def _r_softmax_backward_fake(g, p, x, tau, lo_idx, hi_idx, frac, dead):
 # this rule torch.vmap falls back to one call per batch entry (slow, with a warning). Gradients: take
 # them with ordinary autograd outside vmap (what experiments/_shared/stacking.py does); torch.func.grad
 # through a custom op is refused by torch 2.13 (torch.library's generated autograd.Function has no
-# setup_context), and so is vmap through the autograd.Functions of r-softmax, t-softmax and sparsehourglass.
+# setup_context). The autograd.Functions around these ops (r-/t-softmax, sparsehourglass, the bisections)
+# let torch generate their vmap rules from these.
 # ---------------------------------------------------------------------------------------------
 def _rowwise_vmap_rule(op):
     def rule(info, in_dims, *args):

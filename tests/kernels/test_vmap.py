@@ -110,17 +110,13 @@ def test_hourglass_and_r_softmax_backward_ops_equal_a_loop():
     _assert_exact(torch.vmap(ops.r_softmax_backward)(*args), _loop(ops.r_softmax_backward, args, [0] * 8))
 
 
-# The registry's normalizers whose forward is a registered op (or native torch) all the way down;
-# r_softmax, t_softmax and sparsehourglass wrap their ops in a torch.autograd.Function without
-# setup_context, which torch.vmap refuses (see the stacking module's docs).
-VMAPPABLE = ("softmax", "ev_softmax", "posthoc_evidential", "sparsemax", "entmax15", "entmax_bisect")
-
-
-@pytest.mark.parametrize("name", VMAPPABLE)
+@pytest.mark.parametrize("name", registry.names())
 def test_registry_forms_and_their_gradients_equal_a_loop(name):
     """Forward forms and the gradient through them, with autograd outside vmap as the stacked training uses it.
-    (``torch.func.grad`` through a custom op is not supported by torch 2.13's ``torch.library``: the
-    autograd.Function it generates has no ``setup_context``. The backward ops' own rules are tested above.)"""
+    Every normalizer: the registered ops through their rule, r-softmax, t-softmax and sparsehourglass
+    through the vmap rule torch generates for their autograd.Functions. (``torch.func.grad`` through a
+    custom op is not supported by torch 2.13's ``torch.library``: the autograd.Function it generates has
+    no ``setup_context``. The backward ops' own rules are tested above.)"""
     norm = registry.get(name)
     for form in ("train_forward", "forward", "log_prob"):
         fn = getattr(norm, form)
@@ -143,3 +139,34 @@ def test_no_fallback_loop(capfd):
         torch.vmap(FORWARDS["sparsemax"])(_x())
         torch.vmap(FORWARDS["ev_softmax"])(_x())
     assert "batching rule" not in capfd.readouterr().err
+
+
+def test_functions_with_a_shared_tensor_parameter():
+    """The autograd.Functions with a tensor parameter shared by every batch entry (one per row; a per-entry
+    parameter cannot be vmapped: its value checks are data-dependent), gradients to x and to the parameter."""
+    from sparsenorm import entmax_bisect, r_softmax, sparsehourglass, sparsemax_bisect, t_softmax
+
+    gen = torch.Generator().manual_seed(6)
+    rows = lambda lo, hi: (lo + (hi - lo) * torch.rand(B, 1, generator=gen, dtype=torch.float64)).requires_grad_()  # noqa: E731
+    alpha, r, t, q = rows(1.2, 2.2), rows(0.2, 0.8), rows(0.5, 2.0), rows(0.5, 2.0)
+    cases = {"entmax_bisect": (lambda v: entmax_bisect(v, alpha, dim=-1), alpha),
+             "sparsemax_bisect": (lambda v: sparsemax_bisect(v, dim=-1), None),
+             "r_softmax": (lambda v: r_softmax(v, r), r), "t_softmax": (lambda v: t_softmax(v, t), t),
+             "sparsehourglass": (lambda v: sparsehourglass(v, q), q)}
+    weights = torch.randn(S, B, K, generator=gen, dtype=torch.float64)
+    for name, (fn, param) in cases.items():
+        x = _x().requires_grad_()
+        batched, looped = torch.vmap(fn)(x), _loop(fn, [x], [0])
+        _assert_exact(batched.detach(), looped.detach())
+        (gx_batched,) = torch.autograd.grad((batched * weights).sum(), x, retain_graph=True)
+        (gx_looped,) = torch.autograd.grad((looped * weights).sum(), x, retain_graph=True)
+        _assert_exact(gx_batched, gx_looped)  # computed row by row
+        if param is None:
+            continue
+        # The shared parameter's gradient sums each batch entry's part, in another order under vmap than in
+        # the loop: the two differ by at most S ulps of the sum of the parts' magnitudes (Higham, Thm. 3.1).
+        parts = torch.stack([torch.autograd.grad((looped[s] * weights[s]).sum(), param, retain_graph=True)[0]
+                             for s in range(S)])
+        (g_batched,) = torch.autograd.grad((batched * weights).sum(), param)
+        bound = S * torch.finfo(torch.float64).eps * parts.abs().sum(0)
+        assert ((g_batched - parts.sum(0)).abs() <= bound).all(), name
