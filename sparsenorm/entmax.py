@@ -103,12 +103,15 @@ class EntmaxBisectFunction(Function):
     """alpha-entmax by bisection on ``tau`` for ``p = [(alpha - 1) x - tau]_+^(1/(alpha-1))`` over
     the last dim; ``a`` is alpha per row (shape ``X.shape[:-1] + (1,)``)."""
 
+    generate_vmap_rule = True  # forward is torch ops only, and separate from setup_context: torch.vmap works
+
     @staticmethod
-    def forward(ctx, X: Tensor, a: Tensor, n_iter: int, ensure_sum_one: bool, maybe_softmax: bool) -> Tensor:
-        z = shift_by_max(X)
-        p = bisect_forward(z, a, n_iter, ensure_sum_one, maybe_softmax)
-        ctx.save_for_backward(p, a)
-        return p
+    def forward(X: Tensor, a: Tensor, n_iter: int, ensure_sum_one: bool, maybe_softmax: bool) -> Tensor:
+        return bisect_forward(shift_by_max(X), a, n_iter, ensure_sum_one, maybe_softmax)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        ctx.save_for_backward(output, inputs[1])
 
     @staticmethod
     def backward(ctx, dY: Tensor):
@@ -133,15 +136,19 @@ class EntmaxBisectFunction(Function):
 class SparsemaxBisectFunction(Function):
     """sparsemax by bisection on ``tau`` for ``p = [x - tau]_+`` over the last dim; backward as sparsemax."""
 
+    generate_vmap_rule = True  # as EntmaxBisectFunction
+
     @staticmethod
-    def forward(ctx, X: Tensor, n_iter: int, ensure_sum_one: bool) -> Tensor:
+    def forward(X: Tensor, n_iter: int, ensure_sum_one: bool) -> Tensor:
         z = shift_by_max(X)
         shape = z.shape[:-1] + (1,)
         # alpha = 2: p = [z - tau]_+ (the identity hook); tau in [max - 1, max - 1/d]
-        p = bisect(z, z.new_full(shape, -1.0), z.new_full(shape, 1.0 - 1.0 / z.shape[-1]), n_iter, ensure_sum_one,
-                    lambda u: u)
-        ctx.save_for_backward(p)
-        return p
+        return bisect(z, z.new_full(shape, -1.0), z.new_full(shape, 1.0 - 1.0 / z.shape[-1]), n_iter, ensure_sum_one,
+                      lambda u: u)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        ctx.save_for_backward(output)
 
     @staticmethod
     def backward(ctx, grad_output: Tensor):

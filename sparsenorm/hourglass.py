@@ -35,17 +35,27 @@ def hourglass_scale(z: Tensor, q: Param = 1.0, dim: int = -1) -> Tensor:
 
 
 class HourglassFunction(Function):
-    """Sparsehourglass over the last dim; ``q`` a float or a tensor broadcastable to ``x[..., :1]``."""
+    """Sparsehourglass over the last dim; ``q`` a float or a tensor broadcastable to ``x[..., :1]``.
+
+    ``apply`` returns ``(p, alpha, sum z)``, only ``p`` differentiable: forward and ``setup_context``
+    are separate and the forward op carries a vmap rule, so torch generates this Function's vmap rule."""
+
+    generate_vmap_rule = True
 
     @staticmethod
-    def forward(ctx, x: Tensor, q: Union[float, Tensor]) -> Tensor:
-        p, alpha, total = ops.hourglass_forward(x, per_row_tensor(x, q))
+    def forward(x: Tensor, q: Union[float, Tensor]):
+        return ops.hourglass_forward(x, per_row_tensor(x, q))
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        x, q = inputs
+        p, alpha, total = output
         ctx.q = q if not isinstance(q, Tensor) else None
+        ctx.mark_non_differentiable(alpha, total)
         ctx.save_for_backward(p, x, alpha, total, q if isinstance(q, Tensor) else None)
-        return p
 
     @staticmethod
-    def backward(ctx, g: Tensor):
+    def backward(ctx, g: Tensor, *_unused):
         p, x, alpha, total, q = ctx.saved_tensors
         q_rows = per_row_tensor(x, ctx.q if q is None else q)
         if torch.is_grad_enabled():
@@ -88,7 +98,8 @@ def sparsehourglass(x: Tensor, q: Param = 1.0, dim: int = -1, mask: Optional[Ten
     double backward works.
     """
     check_param(q, "q", low=0.0, low_inclusive=False)
-    return normalize(HourglassFunction.apply, x, dim, mask, params={"q": q}, marks_not_there=False)
+    return normalize(lambda rows, q_rows: HourglassFunction.apply(rows, q_rows)[0], x, dim, mask, params={"q": q},
+                     marks_not_there=False)
 
 
 class SparseHourglass(nn.Module):

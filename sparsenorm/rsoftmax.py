@@ -69,22 +69,38 @@ def _first_order_only(backward):
     return wrapped
 
 
+def _first_output(function):
+    """``function.apply``'s differentiable output ``p`` (it also returns the per-row parts its backward saves)."""
+    return lambda *args: function.apply(*args)[0]
+
+
 # --------------------------------------------------------------------------------------------
 # t-softmax
 # --------------------------------------------------------------------------------------------
 class TSoftmaxFunction(Function):
-    """t-softmax over the last dim; ``t`` a float or a tensor broadcastable to ``x[..., :1]``."""
+    """t-softmax over the last dim; ``t`` a float or a tensor broadcastable to ``x[..., :1]``.
+
+    ``apply`` returns ``(p, tau, argmax, dead)`` (the per-row parts the backward needs; only ``p`` is
+    differentiable): forward and ``setup_context`` are separate, and the ops it calls carry vmap
+    rules, so torch generates its vmap rule (``torch.vmap`` over t-softmax works)."""
+
+    generate_vmap_rule = True
 
     @staticmethod
-    def forward(ctx, x: Tensor, t: Union[float, Tensor]) -> Tensor:
-        p, tau, argmax, dead = ops.t_softmax_forward(x, per_row_tensor(x, t))
+    def forward(x: Tensor, t: Union[float, Tensor]):
+        return ops.t_softmax_forward(x, per_row_tensor(x, t))
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        x, t = inputs
+        p, tau, argmax, dead = output
         ctx.t_shape = t.shape if isinstance(t, Tensor) else None
+        ctx.mark_non_differentiable(tau, argmax, dead)
         ctx.save_for_backward(p, x, tau, argmax, dead)
-        return p
 
     @staticmethod
     @_first_order_only
-    def backward(ctx, g: Tensor):
+    def backward(ctx, g: Tensor, *_unused):
         p, x, tau, argmax, dead = ctx.saved_tensors
         # d tau / d x = indicator of the arg-max: r-softmax's backward with lo = hi = arg-max, frac = 0
         grad, c = ops.r_softmax_backward(g, p, x, tau, argmax, argmax, torch.zeros_like(tau), dead)
@@ -120,7 +136,7 @@ def t_softmax(x: Tensor, t: Param, dim: int = -1, mask: Optional[Tensor] = None)
     raises a clear ``RuntimeError``.
     """
     check_param(t, "t", low=0.0, low_inclusive=False)
-    return normalize(TSoftmaxFunction.apply, x, dim, mask, params={"t": t}, marks_not_there=False)
+    return normalize(_first_output(TSoftmaxFunction), x, dim, mask, params={"t": t}, marks_not_there=False)
 
 
 # --------------------------------------------------------------------------------------------
@@ -132,18 +148,25 @@ class RSoftmaxFunction(Function):
     Forward and backward are the registered operators ``sparsenorm::r_softmax_forward`` /
     ``r_softmax_backward`` (a fused C++ kernel on CPU where built, else the reference)."""
 
+    generate_vmap_rule = True  # as TSoftmaxFunction: apply returns the forward op's outputs, p first
+
     @staticmethod
-    def forward(ctx, x: Tensor, r: Union[float, Tensor]) -> Tensor:
+    def forward(x: Tensor, r: Union[float, Tensor]):
         # tau >= max (r = 1, n = 1, or the quantile tied with the max) makes every weight 0: the
         # output is then the r -> 1 limit, uniform over the arg-max entries (a "dead" row).
-        p, tau, lo_idx, hi_idx, frac, dtau_dr, dead = ops.r_softmax_forward(x, per_row_tensor(x, r))
+        return ops.r_softmax_forward(x, per_row_tensor(x, r))
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        x, r = inputs
+        p, tau, lo_idx, hi_idx, frac, dtau_dr, dead = output
         ctx.r_shape = r.shape if isinstance(r, Tensor) else None
+        ctx.mark_non_differentiable(*output[1:])
         ctx.save_for_backward(p, x, tau, lo_idx, hi_idx, frac, dtau_dr, dead)
-        return p
 
     @staticmethod
     @_first_order_only
-    def backward(ctx, g: Tensor):
+    def backward(ctx, g: Tensor, *_unused):
         p, x, tau, lo_idx, hi_idx, frac, dtau_dr, dead = ctx.saved_tensors
         grad, c = ops.r_softmax_backward(g, p, x, tau, lo_idx, hi_idx, frac, dead)
         grad_r = None
@@ -190,7 +213,7 @@ def r_softmax(x: Tensor, r: Param, dim: int = -1, mask: Optional[Tensor] = None)
     a non-floating ``x`` raises ``TypeError``. Double backward (``create_graph=True``) raises a clear ``RuntimeError``.
     """
     check_param(r, "r", low=0.0, high=1.0)
-    return normalize(RSoftmaxFunction.apply, x, dim, mask, params={"r": r}, marks_not_there=False)
+    return normalize(_first_output(RSoftmaxFunction), x, dim, mask, params={"r": r}, marks_not_there=False)
 
 
 # --------------------------------------------------------------------------------------------

@@ -440,5 +440,38 @@ def _r_softmax_backward_fake(g, p, x, tau, lo_idx, hi_idx, frac, dead):
     return torch.empty_like(p, memory_format=torch.contiguous_format), tau.new_empty(tau.shape)
 
 
+# ---------------------------------------------------------------------------------------------
+# vmap: every op above works row by row along the last dim, and each tensor argument has the
+# input's leading dims (per-row parameters have a last dim of 1; a backward's incoming gradient may
+# broadcast). So the vmapped dim is just more rows: move it to the front of every tensor argument
+# (expanding an unbatched one), call the op once, and its outputs are batched along dim 0. Without
+# this rule torch.vmap falls back to one call per batch entry (slow, with a warning). Gradients: take
+# them with ordinary autograd outside vmap (what experiments/_shared/stacking.py does); torch.func.grad
+# through a custom op is refused by torch 2.13 (torch.library's generated autograd.Function has no
+# setup_context). The autograd.Functions around these ops (r-/t-softmax, sparsehourglass, the bisections)
+# let torch generate their vmap rules from these.
+# ---------------------------------------------------------------------------------------------
+def _rowwise_vmap_rule(op):
+    def rule(info, in_dims, *args):
+        tensors = [i for i, a in enumerate(args) if isinstance(a, Tensor)]
+        rank = max(args[i].dim() - (in_dims[i] is not None) for i in tensors)  # the largest per-entry rank
+        batched = list(args)
+        for i in tensors:
+            t, dim = args[i], in_dims[i]
+            t = t.unsqueeze(0).expand(info.batch_size, *t.shape) if dim is None else t.movedim(dim, 0)
+            # a broadcast argument of lower rank keeps broadcasting: its missing leading dims go after the batch dim
+            batched[i] = t[(slice(None),) + (None,) * (rank - (t.dim() - 1))]
+        out = op(*batched)
+        return out, (tuple(0 for _ in out) if isinstance(out, tuple) else 0)
+
+    torch.library.register_vmap(op, rule)
+
+
+for _op in (ev_softmax, ev_softmax_log_backward, project, project_backward, entmax_bisect, entmax_bisect_backward,
+            hourglass_forward, hourglass_backward, r_softmax_threshold, r_softmax_forward, t_softmax_forward,
+            r_softmax_backward):
+    _rowwise_vmap_rule(_op)
+
+
 __all__ = ["ev_softmax", "ev_softmax_log_backward", "project", "project_backward", "entmax_bisect", "entmax_bisect_backward", "hourglass_forward", "hourglass_backward", "r_softmax_threshold", "r_softmax_forward",
            "t_softmax_forward", "r_softmax_backward"]

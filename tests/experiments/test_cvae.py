@@ -293,3 +293,102 @@ def test_window_summary_uses_the_first_steps_only():
     scores = claims.seed_scores({"curve": curve}, window_steps=100)
     assert scores["w_digits"] == {"window": 1.0, "final": 0.0, "final_even": 0.0, "final_odd": 0.0}
     assert QUICK.sweep == ()
+
+
+# ----------------------------------------------------------------------------- seeds trained stacked
+# Error model for stacked vs separate (float64, u = 2^-53): stacking reorders sums only. The largest is
+# the reconstruction's, over a batch of 64 x 784 pixels: N ~ 5e4 terms, worst case gamma_N = N u ~ 6e-12
+# relative per step (Higham, Thm. 3.1), entering the parameters through the gradients (Adam's update is
+# scale-free: <= 2x a relative gradient error); over T = 5 steps ~ T x 2 x gamma_N ~ 6e-11. The scores
+# (priors, Wasserstein distances, support statistics) are Lipschitz in the parameters at this scale. We
+# allow rtol 1e-9 (~15x that bound) and atol 1e-12 for values that are 0 up to rounding; two seeds' records
+# differ by 1e-4 or more (checked below), so a seed given another's data order, noise or state would fail.
+STACK_RTOL, STACK_ATOL = 1e-9, 1e-12
+
+
+def _assert_records_close(got, want, path="record"):
+    """Equal structure, equal non-float leaves, floats within the stacking tolerance."""
+    if isinstance(want, dict):
+        assert sorted(got) == sorted(want), path
+        for key in want:
+            if key != "train_time_s":  # the stack's time is shared among its seeds
+                _assert_records_close(got[key], want[key], f"{path}.{key}")
+    elif isinstance(want, (list, tuple, np.ndarray)):
+        assert len(got) == len(want), path
+        for i, (g, w) in enumerate(zip(got, want)):
+            _assert_records_close(g, w, f"{path}[{i}]")
+    elif isinstance(want, float):
+        assert abs(got - want) <= STACK_ATOL + STACK_RTOL * abs(want), f"{path}: {got} != {want}"
+    else:
+        assert got == want, path
+
+
+@pytest.fixture
+def float64_default():
+    saved, threads = torch.get_default_dtype(), torch.get_num_threads()
+    torch.set_default_dtype(torch.float64)  # models, Gumbel noise and scores in float64: a tight tolerance
+    torch.set_num_threads(1)  # as the runner's jobs
+    yield
+    torch.set_default_dtype(saved)
+    torch.set_num_threads(threads)
+
+
+def _tiny64():
+    return {k: v.double() for k, v in tiny_tensors().items()}
+
+
+@pytest.mark.parametrize("names,setting", [(["softmax", "posthoc_evidential"], TrainingSetting("adam", 1e-3, 1.0)),
+                                           (["ev_softmax"], TrainingSetting("adam", 1e-3, 1.0)),
+                                           (["sparsemax"], TrainingSetting("sgd", 1e-2, 1.0))])
+def test_stacked_seeds_give_each_seed_its_separate_record(float64_default, names, setting):
+    """Loss curve (the running -ELBO per step), score curves at every checkpoint, final prior, support and
+    posterior statistics: each seed's record from the stack equals its record trained alone."""
+    seeds, data = [0, 1], _tiny64()
+    # 4 steps per epoch: step 5 is in the second epoch (each seed reshuffles with its own generator)
+    kw = dict(epochs=2, batch_size=64, temperature=0.67, smoothing=1e-6, eval_every=1, device=torch.device("cpu"),
+              max_steps=5)
+    stacked = training.train_group_stacked(names, seeds, setting, data, ConstantClassifier(), **kw,
+                                           keep_images=[True, False])
+    for seed, record in zip(seeds, stacked):
+        alone = training.train_group(names, seed, setting, data, ConstantClassifier(), **kw, keep_images=seed == 0)
+        assert len(alone["loss_curve"]["iteration"]) == 5  # one loss per step
+        _assert_records_close(record, alone)
+    # the seeds really differ (not two copies of one run), by 10^4 times the tolerance or more
+    first, second = (r["loss_curve"]["neg_elbo_per_example"] for r in stacked)
+    assert max(abs(a - b) / abs(a) for a, b in zip(first, second)) > 1e4 * STACK_RTOL
+
+
+def test_a_stacked_seed_ignores_its_neighbours(float64_default):
+    """Seed 0's record is the same, to the bit, whichever seeds it is stacked with."""
+    kw = dict(epochs=1, batch_size=64, temperature=0.67, smoothing=1e-6, eval_every=2, device=torch.device("cpu"),
+              max_steps=3)
+    setting, data = TrainingSetting("adam", 1e-3, 1.0), _tiny64()
+    with_1, with_5 = (training.train_group_stacked(["softmax"], [0, other], setting, data, ConstantClassifier(), **kw)
+                      for other in (1, 5))
+    with_1[0].pop("train_time_s"), with_5[0].pop("train_time_s")
+    assert with_1[0] == with_5[0]
+    assert with_1[1]["loss_curve"] != with_5[1]["loss_curve"]
+
+
+def test_stack_seeds_through_the_cli_keeps_one_record_per_seed(tiny_mnist, tmp_path):
+    """--stack-seeds 2: the seeds of each normalizer train as one stack; records and cache stay per seed, in the
+    same format and order as without stacking (their values are compared in float64 above)."""
+    common_args = ["reproduce", "cvae", "--quick", "--seeds", "2", "--normalizers", "softmax,ev_softmax", "--device",
+                   "cpu", "--data-dir", str(tiny_mnist), "--max-steps", "4", "--eval-every", "2", "--workers", "1"]
+    assert cli.main(common_args + ["--out", str(tmp_path / "alone")]) == 0
+    assert cli.main(common_args + ["--stack-seeds", "2", "--out", str(tmp_path / "stacked")]) == 0
+    load = lambda out: json.loads((out / "cvae" / "results.json").read_text())["results"]  # noqa: E731
+    alone, stacked = load(tmp_path / "alone"), load(tmp_path / "stacked")
+    assert stacked["settings"]["stack_seeds"] == 2
+    assert stacked["jobs"]["jobs"] == alone["jobs"]["jobs"]
+    assert len(list((tmp_path / "stacked" / "cvae" / "runs").glob("*.json"))) == 4
+    for got, want in zip(stacked["records"], alone["records"]):
+        assert (got["setting"], got["seed"], got["steps"]) == (want["setting"], want["seed"], want["steps"])
+        assert got["normalizers"].keys() == want["normalizers"].keys()
+        for name in want["normalizers"]:
+            assert got["normalizers"][name].keys() == want["normalizers"][name].keys()
+            assert got["normalizers"][name]["curve"]["iteration"] == [0, 2, 4]
+    # stacking does not change what a job is: the stacked run's records serve a run without stacking
+    assert cli.main(common_args + ["--out", str(tmp_path / "stacked")]) == 0
+    assert load(tmp_path / "stacked")["jobs"]["run_now"] == []
+    assert cli.main(common_args + ["--stack-seeds", "0", "--out", str(tmp_path / "bad")]) != 0

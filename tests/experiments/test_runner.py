@@ -201,3 +201,63 @@ def test_report_only_reports_the_cached_jobs_and_lists_the_missing(tmp_path):
     assert "Partial results for toy" in write_index(tmp_path).read_text()
     with pytest.raises(UserFacingError, match="no finished job"):
         runner.run_experiment(ToyExperiment(), RunConfig(out=tmp_path / "empty", device="cpu", report_only=True))
+
+
+class StackingToy(ToyExperiment):
+    """The toy with two settings ("a", "b") whose seeds may run as stacks; ``run_stack`` seeds each job itself."""
+
+    def __init__(self, stack: int, workers: int = 1):
+        super().__init__(workers)
+        self.stack, self.units = stack, []
+
+    def run_options(self, settings, device):
+        return runner.RunOptions(threads=1, workers=self.workers, stack=self.stack)
+
+    def jobs(self, settings, config):
+        return [runner.Job(key=f"{g}-seed{s}", seed=s, params={"group": g})
+                for s in range(settings.seeds) for g in ("a", "b")]
+
+    def stack_key(self, job):
+        return job.params["group"]
+
+    def run_stack(self, jobs, context, settings, device):
+        self.units.append([j.key for j in jobs])
+        records = []
+        for job in jobs:
+            torch.manual_seed(job.seed)
+            records.append(self.run_job(job, context, settings, device))
+        return records
+
+    def run_job(self, job, context, settings, device):
+        return {**super().run_job(job, context, settings, device), "group": job.params["group"]}
+
+
+def test_stacks_group_pending_seeds_of_one_setting_and_cache_one_record_per_job(tmp_path):
+    load = lambda out: json.loads((out / "results.json").read_text())["results"]  # noqa: E731
+    alone = StackingToy(stack=1)
+    runner.run_experiment(alone, config_for(tmp_path / "alone", seeds=3))
+    assert alone.units == []  # stack 1: every job by run_job
+    stacked = StackingToy(stack=2)
+    runner.run_experiment(stacked, config_for(tmp_path / "stacked", seeds=3))
+    # at most 2 per stack, same group only, in the order of each stack's first job
+    assert stacked.units == [["a-seed0", "a-seed1"], ["b-seed0", "b-seed1"]]
+    assert sorted(stacked.calls) == sorted(f"{g}-seed{s}" for g in "ab" for s in range(3))
+    assert load(tmp_path / "stacked")["records"] == load(tmp_path / "alone")["records"]  # same records, same order
+    assert len(list((tmp_path / "stacked" / "runs").glob("*.json"))) == 6  # one cache file per job
+
+    # Two more seeds: only the new ones run, stacked among themselves; the cached ones are reused.
+    more = StackingToy(stack=4)
+    runner.run_experiment(more, config_for(tmp_path / "stacked", seeds=5))
+    assert more.units == [["a-seed3", "a-seed4"], ["b-seed3", "b-seed4"]]
+    assert load(tmp_path / "stacked")["jobs"]["run_now"] == ["a-seed3", "b-seed3", "a-seed4", "b-seed4"]
+
+    parallel = StackingToy(stack=2, workers=2)
+    runner.run_experiment(parallel, config_for(tmp_path / "parallel", seeds=3))
+    assert load(tmp_path / "parallel")["records"] == load(tmp_path / "alone")["records"]
+
+
+def test_a_stack_must_return_one_record_per_job(tmp_path):
+    exp = StackingToy(stack=2)
+    exp.run_stack = lambda jobs, context, settings, device: [{"seed": 0, "value": 1.0}]
+    with pytest.raises(ValueError, match="1 records for 2 jobs"):
+        runner.run_experiment(exp, config_for(tmp_path))

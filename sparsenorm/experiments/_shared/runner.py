@@ -10,6 +10,11 @@ mode, settings, the experiment's own body, the claims table, what ran and how lo
 
     config -> settings -> prepare -> jobs -> run_job (per seed, cached) -> aggregate -> claims -> report
 
+With ``RunOptions.stack`` > 1 and an experiment that defines ``stack_key`` and ``run_stack``, the
+pending jobs of one setting (other seeds) run as one stack (:func:`stacks`; the experiment trains
+them as one stacked network, see :mod:`.stacking`); their records are still cached one per job, so a
+seed trained stacked and the same seed trained alone are the same job.
+
 An experiment's ``report`` writes its figures and returns a :class:`Report` whose ``body`` is the
 Markdown between the skeleton's header and the claims table. Claims are :class:`Claim` objects;
 ``reproduce all`` collects them from every experiment's ``results.json`` into one index
@@ -68,7 +73,12 @@ class Experiment(Protocol):
     full_runtime: str  # a sentence: how long full mode takes, and on what
     quick_note: str  # a sentence: what quick mode leaves out
     # Optional: ``fingerprint_exclude`` (settings fields that do not change a job's record, see
-    # :func:`fingerprint`) and ``run_options(settings, device) -> RunOptions`` (threads, workers).
+    # :func:`fingerprint`), ``run_options(settings, device) -> RunOptions`` (threads, workers, stack),
+    # and, to train several seeds as one stacked network (``RunOptions.stack`` > 1), both of
+    # ``stack_key(job) -> Hashable | None`` (jobs with equal keys, other than None, may train together:
+    # the same setting, other seeds) and ``run_stack(jobs, context, settings, device) -> [record per job]``
+    # (seeds each job itself; each record must equal what ``run_job`` returns for that job, up to float
+    # rounding, since the cache does not tell them apart).
 
     def add_arguments(self, parser) -> None:
         """Add the experiment's own CLI options; their values arrive in ``config.extra``."""
@@ -104,6 +114,8 @@ class RunOptions:
     """torch intra-op threads during the jobs on CPU (None: leave as is). Small models run fastest on one."""
     workers: int = 1
     """Processes running jobs in parallel (CPU only; spawn context, one thread each)."""
+    stack: int = 1
+    """At most this many pending jobs with the same ``stack_key`` run as one ``run_stack`` call (1: each alone)."""
 
 
 def _settings_dict(settings: Any) -> Dict[str, Any]:
@@ -167,20 +179,59 @@ def _run_seeded(experiment: Experiment, job: Job, context: Any, settings: Any, d
     return experiment.run_job(job, context, settings, device)
 
 
+def _run_unit(experiment: Experiment, unit: List[Job], context: Any, settings: Any, device: torch.device,
+              threads: Optional[int]) -> List[Dict[str, Any]]:
+    """The records of one unit: a job alone, or a stack of jobs trained together by ``run_stack``."""
+    if len(unit) == 1:
+        return [_run_seeded(experiment, unit[0], context, settings, device, threads)]
+    if threads is not None and device.type == "cpu":
+        torch.set_num_threads(threads)
+    records = experiment.run_stack(unit, context, settings, device)
+    if len(records) != len(unit):
+        raise ValueError(f"{experiment.name}.run_stack returned {len(records)} records for {len(unit)} jobs")
+    return list(records)
+
+
+def stacks(experiment: Experiment, pending: List[Job], size: int) -> List[List[Job]]:
+    """``pending`` cut into units: jobs with the same ``stack_key`` (not None) in groups of at most ``size``, in the
+    order of each group's first job; every other job alone. Only jobs not cached are stacked, so a stack
+    never retrains a seed already done."""
+    if size <= 1 or not hasattr(experiment, "stack_key"):
+        return [[job] for job in pending]
+    groups: Dict[Any, List[Job]] = {}
+    units: List[List[Job]] = []
+    for job in pending:
+        key = experiment.stack_key(job)
+        if key is None:
+            units.append([job])
+            continue
+        if key not in groups or len(groups[key]) == size:
+            groups[key] = []
+            units.append(groups[key])
+        groups[key].append(job)
+    return units
+
+
 def _execute(experiment: Experiment, pending: List[Job], context: Any, settings: Any, device: torch.device,
              options: RunOptions, on_done) -> None:
-    desc = f"{experiment.name}: {len(pending)} job(s)"
-    if options.workers <= 1 or device.type != "cpu" or len(pending) <= 1:
-        for job in progress(pending, total=len(pending), desc=desc):
-            on_done(job, _run_seeded(experiment, job, context, settings, device, options.threads))
+    units = stacks(experiment, pending, options.stack)
+    desc = f"{experiment.name}: {len(pending)} job(s)" + (f" in {len(units)} stacks" if len(units) < len(pending) else "")
+
+    def done(unit: List[Job], records: List[Dict[str, Any]]) -> None:
+        for job, record in zip(unit, records):
+            on_done(job, record)
+
+    if options.workers <= 1 or device.type != "cpu" or len(units) <= 1:
+        for unit in progress(units, total=len(units), desc=desc):
+            done(unit, _run_unit(experiment, unit, context, settings, device, options.threads))
         return
     # Jobs are independent and seeded, so which worker runs which does not change the results.
     spawn = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(options.workers, mp_context=spawn) as pool:
-        futures = {pool.submit(_run_seeded, experiment, job, context, settings, device, options.threads): job
-                   for job in pending}
-        for future in progress(as_completed(futures), total=len(pending), desc=f"{desc}, {options.workers} workers"):
-            on_done(futures[future], future.result())
+        futures = {pool.submit(_run_unit, experiment, unit, context, settings, device, options.threads): i
+                   for i, unit in enumerate(units)}
+        for future in progress(as_completed(futures), total=len(units), desc=f"{desc}, {options.workers} workers"):
+            done(units[futures[future]], future.result())
 
 
 def _run_jobs(experiment: Experiment, jobs: List[Job], config: RunConfig, settings, context, device: torch.device,

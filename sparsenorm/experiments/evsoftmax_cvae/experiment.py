@@ -19,7 +19,7 @@ from .._shared.runner import Job, Report, RunOptions
 from . import claims as verdicts
 from .paper import AUTHORS_KL_WEIGHT, DEFAULT_NORMALIZERS, PAPER
 from .report import body, figures
-from .training import OPTIMIZERS, TrainingSetting, data_tensors, train_group, training_groups
+from .training import OPTIMIZERS, TrainingSetting, data_tensors, train_group, train_group_stacked, training_groups
 
 FULL_SWEEP = (TrainingSetting("sgd", 1e-3, AUTHORS_KL_WEIGHT), TrainingSetting("sgd", 1e-3, 1 / 64),
               TrainingSetting("sgd", 1e-3, 1.0), TrainingSetting("adam", 1e-3, AUTHORS_KL_WEIGHT))
@@ -48,6 +48,7 @@ class Settings:
     classifier_epochs: int = 3
     posterior_eval_size: int = 2000  # validation images for the posterior statistics
     workers: int = 1
+    stack_seeds: int = 1  # seeds of one (setting, normalizer group) trained as one stacked network (1: each alone)
 
     @property
     def lead(self) -> TrainingSetting:
@@ -85,8 +86,9 @@ class CVAEExperiment:
                   "in the authors' setting only: no KL-weight / optimizer sweep, and the prior has barely moved from "
                   "its initialisation.")
     # Job.params carries the training setting and the normalizers, so these do not change a job's record.
+    # Stacking seeds changes a record by float rounding only (tested), so a seed trained alone or stacked is one job.
     fingerprint_exclude = ("normalizers", "optimizer", "learning_rate", "kl_weight", "sweep", "sweep_seeds",
-                           "window_steps", "workers")
+                           "window_steps", "workers", "stack_seeds")
 
     def add_arguments(self, parser) -> None:
         parser.add_argument("--kl-weight", type=common.positive_float,
@@ -101,13 +103,16 @@ class CVAEExperiment:
                                  "lead setting (default: on in full mode, off in quick mode)")
         parser.add_argument("--sweep-seeds", type=int, help="seeds per sweep setting (default 3)")
         parser.add_argument("--workers", type=int, help="processes running jobs in parallel on CPU (default: 2 on CPU)")
+        parser.add_argument("--stack-seeds", type=int,
+                            help="train up to N seeds of one setting and normalizer group as one stacked network per "
+                                 "step (the same per-seed records up to float rounding; default 1: each seed alone)")
 
     def settings(self, config: common.RunConfig) -> Settings:
         # Jobs are independent single-thread trainings: one per core (at most 2, the machine's own).
         base = replace({"quick": QUICK, "decisive": DECISIVE, "full": FULL}[config.mode],
                        workers=min(2, os.cpu_count() or 1))
         extra = {k: v for k, v in config.extra.items() if v is not None}
-        for flag in ("eval_every", "sweep_seeds", "workers"):
+        for flag in ("eval_every", "sweep_seeds", "workers", "stack_seeds"):
             if flag in extra and extra[flag] < 1:
                 raise common.UserFacingError(f"--{flag.replace('_', '-')} must be a positive integer, got {extra[flag]}")
         sweep = base.sweep
@@ -120,12 +125,13 @@ class CVAEExperiment:
             learning_rate=float(extra.get("lr", base.learning_rate)),
             optimizer=extra.get("optimizer", base.optimizer), temperature=float(extra.get("temperature", base.temperature)),
             eval_every=int(extra.get("eval_every", base.eval_every)),
-            sweep_seeds=int(extra.get("sweep_seeds", base.sweep_seeds)), workers=int(extra.get("workers", base.workers)))
+            sweep_seeds=int(extra.get("sweep_seeds", base.sweep_seeds)), workers=int(extra.get("workers", base.workers)),
+            stack_seeds=int(extra.get("stack_seeds", base.stack_seeds)))
 
     def run_options(self, settings: Settings, device: torch.device) -> RunOptions:
         # These layers are small: a second intra-op thread gains little and, on a shared machine,
         # oversubscribed threads slow every step several-fold.
-        return RunOptions(threads=1, workers=settings.workers)
+        return RunOptions(threads=1, workers=settings.workers, stack=settings.stack_seeds)
 
     def prepare(self, settings: Settings, config: common.RunConfig, device: torch.device) -> Dict[str, Any]:
         data = load_mnist(config.data_dir)
@@ -151,10 +157,28 @@ class CVAEExperiment:
         p = job.params
         setting = TrainingSetting(p["optimizer"], p["learning_rate"], p["kl_weight"])
         result = train_group(list(p["names"]), job.seed, setting, context["tensors"], context["classifier"],
-                             epochs=settings.epochs, batch_size=settings.batch_size, temperature=settings.temperature,
-                             smoothing=settings.smoothing, eval_every=settings.eval_every, device=device,
-                             max_steps=settings.max_steps, keep_images=p["keep_images"])
+                             **self._training_options(settings, device), keep_images=p["keep_images"])
         return {"setting": setting.label, "seed": job.seed, **result}
+
+    def stack_key(self, job: Job) -> Tuple[Any, ...]:
+        """Jobs of one training setting and normalizer group (other seeds) can train as one stacked network."""
+        p = job.params
+        return (p["optimizer"], p["learning_rate"], p["kl_weight"], tuple(p["names"]))
+
+    def run_stack(self, jobs: List[Job], context: Dict[str, Any], settings: Settings,
+                  device: torch.device) -> List[Dict[str, Any]]:
+        p = jobs[0].params
+        setting = TrainingSetting(p["optimizer"], p["learning_rate"], p["kl_weight"])
+        results = train_group_stacked(list(p["names"]), [job.seed for job in jobs], setting, context["tensors"],
+                                      context["classifier"], **self._training_options(settings, device),
+                                      keep_images=[job.params["keep_images"] for job in jobs])
+        return [{"setting": setting.label, "seed": job.seed, **result} for job, result in zip(jobs, results)]
+
+    @staticmethod
+    def _training_options(settings: Settings, device: torch.device) -> Dict[str, Any]:
+        return {"epochs": settings.epochs, "batch_size": settings.batch_size, "temperature": settings.temperature,
+                "smoothing": settings.smoothing, "eval_every": settings.eval_every, "device": device,
+                "max_steps": settings.max_steps}
 
     def aggregate(self, records: List[Dict[str, Any]], settings: Settings) -> Dict[str, Any]:
         titles = {s.label: s.title for s in settings.training_settings()}

@@ -8,7 +8,7 @@ sparse normalizer's zeros make log q or log p undefined (sparsemax and 1.5-entma
 """
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -58,19 +58,24 @@ def latent_log_probs(norm, scores: Tensor, smoothing: float) -> Tensor:
     return torch.log((probs + smoothing) / (1 + k * smoothing))
 
 
-def gumbel_softmax_sample(log_probs: Tensor, temperature: float, generator: torch.Generator) -> Tensor:
-    """A Concrete / Gumbel-Softmax relaxed one-hot sample (Jang et al.; Maddison et al.)."""
-    uniform = torch.rand(log_probs.shape, generator=generator, device=log_probs.device, dtype=log_probs.dtype)
+def gumbel_softmax_sample(log_probs: Tensor, temperature: float, noise: Union[torch.Generator, Tensor]) -> Tensor:
+    """A Concrete / Gumbel-Softmax relaxed one-hot sample (Jang et al.; Maddison et al.).
+
+    ``noise``: the generator to draw the uniform noise from, or that noise itself (a tensor shaped
+    like ``log_probs``, uniform on [0, 1); the stacked training draws it per seed outside ``vmap``)."""
+    uniform = noise if isinstance(noise, Tensor) else torch.rand(
+        log_probs.shape, generator=noise, device=log_probs.device, dtype=log_probs.dtype)
     gumbel = -torch.log(-torch.log(uniform.clamp(1e-20, 1.0 - 1e-7)))
     return torch.softmax((log_probs + gumbel) / temperature, dim=-1)
 
 
 def negative_elbo(model: CVAE, norm, x: Tensor, y: Tensor, *, kl_weight: float, temperature: float,
-                  smoothing: float, generator: torch.Generator) -> Tuple[Tensor, Tensor, Tensor]:
+                  smoothing: float, generator: Union[torch.Generator, Tensor]) -> Tuple[Tensor, Tensor, Tensor]:
     """Minus the conditional ELBO of Eq. 2, summed over the batch: (total, reconstruction, KL).
 
     ``kl_weight`` scales the KL term against the batch-summed reconstruction (1 is the textbook
-    ELBO; the authors' code uses 0.01 / batch size).
+    ELBO; the authors' code uses 0.01 / batch size). ``generator``: the Gumbel-Softmax sample's noise,
+    a generator or the ``(batch, latent)`` uniform draws themselves (see :func:`gumbel_softmax_sample`).
     """
     log_q = latent_log_probs(norm, model.posterior_scores(x, y), smoothing)
     log_p = latent_log_probs(norm, model.prior_scores(y), smoothing)

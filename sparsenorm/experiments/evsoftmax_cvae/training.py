@@ -129,6 +129,76 @@ def _results_per_normalizer(model: CVAE, norms: Dict[str, Any], trained_with: st
     return out
 
 
+class _SeedRun:
+    """One seed's own part of a training: its generators, data order, loss curve and checkpoints.
+
+    The draws happen in the order of a run alone (a data order per epoch, then each step's Gumbel
+    noise), so a seed's trajectory does not depend on whether it trains alone or stacked with others.
+    """
+
+    def __init__(self, seed: int, names: List[str], n: int, batch_size: int, latent: int, eval_every: int,
+                 total: int, device: torch.device) -> None:
+        self.seed, self.names, self.n, self.batch_size, self.latent = seed, names, n, batch_size, latent
+        self.eval_every, self.total, self.device = eval_every, total, device
+        self.steps_per_epoch = max(1, n // batch_size)
+        self.gen = common.seed_everything(seed)  # also seeds the global generator the model's initialisation uses
+        self.noise_gen = self.gen if device.type == "cpu" else torch.Generator(device=device).manual_seed(seed)
+        self.curves = {name: {"iteration": [], **{m: {q: [] for q in QUERIES} for m in METRICS}} for name in names}
+        self.initial: Dict[str, Dict[str, Any]] = {}
+        self.loss_curve: Dict[str, List[float]] = {"iteration": [], "neg_elbo_per_example": []}
+        # The running loss stays on the device (float64, so the sum is the one float() would give):
+        # read once per evaluation, not every step.
+        self.running, self.running_count = torch.zeros((), dtype=torch.float64, device=device), 0
+        self.order: Tensor = torch.empty(0)
+
+    def start(self) -> None:
+        """The first epoch's data order (drawn after the checkpoint at step 0, as always)."""
+        self.order = torch.randperm(self.n, generator=self.gen).to(self.device)
+
+    def batch(self, step: int) -> Tuple[Tensor, Tensor]:
+        """Step ``step``'s example indices and its Gumbel-Softmax uniform noise."""
+        offset = (step % self.steps_per_epoch) * self.batch_size
+        if step > 0 and offset == 0:
+            self.order = torch.randperm(self.n, generator=self.gen).to(self.device)
+        idx = self.order[offset:offset + self.batch_size]
+        uniform = torch.rand((len(idx), self.latent), generator=self.noise_gen, device=self.device)
+        return idx, uniform
+
+    def checkpoint(self, model: CVAE, norms: Dict[str, Any], classifier, step: int) -> None:
+        model.eval()
+        for name, norm in norms.items():
+            result = evaluate_prior(model, norm, classifier)
+            self.initial.setdefault(name, result)
+            self.curves[name]["iteration"].append(step)
+            for m in METRICS:
+                for q in QUERIES:
+                    self.curves[name][m][q].append(result["scores"][m][q])
+        model.train()
+
+    def after_step(self, step: int, loss: Tensor, batch: int) -> bool:
+        """Add the step's loss to the running mean; True when a checkpoint is due (the loss curve gets its point)."""
+        self.running += loss.detach().double() / batch
+        self.running_count += 1
+        done = step + 1
+        if done % self.eval_every == 0 or done == self.total:
+            self.loss_curve["iteration"].append(done)
+            self.loss_curve["neg_elbo_per_example"].append(self.running.item() / self.running_count)
+            self.running, self.running_count = self.running.new_zeros(()), 0
+            return True
+        return False
+
+
+def _optimizer(setting: TrainingSetting, params) -> torch.optim.Optimizer:
+    if setting.optimizer not in OPTIMIZERS:
+        raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {setting.optimizer!r}")
+    return OPTIMIZERS[setting.optimizer](params, lr=setting.learning_rate)
+
+
+def _total_steps(n: int, batch_size: int, epochs: int, max_steps) -> int:
+    total = epochs * max(1, n // batch_size)
+    return total if max_steps is None else min(total, max_steps)
+
+
 def train_group(names: List[str], seed: int, setting: TrainingSetting, data: Dict[str, Tensor], classifier, *,
                 epochs: int, batch_size: int, temperature: float, smoothing: float, eval_every: int,
                 device: torch.device, max_steps=None, keep_images: bool = False) -> Dict[str, Dict[str, Any]]:
@@ -140,57 +210,83 @@ def train_group(names: List[str], seed: int, setting: TrainingSetting, data: Dic
     """
     norms = {name: registry.get(name) for name in names}
     train_norm = norms[names[0]]
-    gen = common.seed_everything(seed)
-    noise_gen = gen if device.type == "cpu" else torch.Generator(device=device).manual_seed(seed)
-    model = CVAE().to(device)
-    if setting.optimizer not in OPTIMIZERS:
-        raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {setting.optimizer!r}")
-    optimizer = OPTIMIZERS[setting.optimizer](model.parameters(), lr=setting.learning_rate)
     x_train, y_train = data["x_train"], data["y_train"]
-    n = len(x_train)
-    steps_per_epoch = max(1, n // batch_size)
-    total = epochs * steps_per_epoch if max_steps is None else min(epochs * steps_per_epoch, max_steps)
-
-    curves = {name: {"iteration": [], **{m: {q: [] for q in QUERIES} for m in METRICS}} for name in names}
-    initial: Dict[str, Dict[str, Any]] = {}
-    loss_curve = {"iteration": [], "neg_elbo_per_example": []}
-    # The running loss stays on the device (float64, so the sum is the one float() would give):
-    # read once per evaluation, not every step.
-    running, running_count = torch.zeros((), dtype=torch.float64, device=device), 0
-
-    def checkpoint(step: int) -> None:
-        model.eval()
-        for name, norm in norms.items():
-            result = evaluate_prior(model, norm, classifier)
-            initial.setdefault(name, result)
-            curves[name]["iteration"].append(step)
-            for m in METRICS:
-                for q in QUERIES:
-                    curves[name][m][q].append(result["scores"][m][q])
-        model.train()
+    total = _total_steps(len(x_train), batch_size, epochs, max_steps)
+    run = _SeedRun(seed, names, len(x_train), batch_size, LATENT_CLASSES, eval_every, total, device)
+    model = CVAE().to(device)
+    optimizer = _optimizer(setting, model.parameters())
 
     clock = common.Stopwatch()
-    checkpoint(0)
-    order = torch.randperm(n, generator=gen).to(device)
+    run.checkpoint(model, norms, classifier, 0)
+    run.start()
     for step in common.progress(range(total), total=total, desc=f"cvae {setting.label} {'+'.join(names)} seed {seed}"):
-        offset = (step % steps_per_epoch) * batch_size
-        if step > 0 and offset == 0:
-            order = torch.randperm(n, generator=gen).to(device)
-        idx = order[offset:offset + batch_size]
+        idx, uniform = run.batch(step)
         loss, _, _ = negative_elbo(model, train_norm, x_train[idx], y_train[idx], kl_weight=setting.kl_weight,
-                                   temperature=temperature, smoothing=smoothing, generator=noise_gen)
+                                   temperature=temperature, smoothing=smoothing, generator=uniform)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
-        running += loss.detach().double() / len(idx)
-        running_count += 1
-        done = step + 1
-        if done % eval_every == 0 or done == total:
-            checkpoint(done)
-            loss_curve["iteration"].append(done)
-            loss_curve["neg_elbo_per_example"].append(running.item() / running_count)
-            running, running_count = running.new_zeros(()), 0
+        if run.after_step(step, loss, len(idx)):
+            run.checkpoint(model, norms, classifier, step + 1)
     train_time = clock.elapsed
 
-    out = _results_per_normalizer(model, norms, train_norm.name, classifier, initial, curves, data, keep_images)
-    return {"steps": total, "train_time_s": round(train_time, 1), "loss_curve": loss_curve, "normalizers": out}
+    out = _results_per_normalizer(model, norms, train_norm.name, classifier, run.initial, run.curves, data, keep_images)
+    return {"steps": total, "train_time_s": round(train_time, 1), "loss_curve": run.loss_curve, "normalizers": out}
+
+
+def train_group_stacked(names: List[str], seeds: Sequence[int], setting: TrainingSetting, data: Dict[str, Tensor],
+                        classifier, *, epochs: int, batch_size: int, temperature: float, smoothing: float,
+                        eval_every: int, device: torch.device, max_steps=None,
+                        keep_images: Sequence[bool] = ()) -> List[Dict[str, Dict[str, Any]]]:
+    """:func:`train_group` for several seeds at once, one result per seed, trained as one stacked network
+    per step (:mod:`.._shared.stacking`: each seed's initialisation, data order, Gumbel noise and optimizer
+    state are its own, so each result equals :func:`train_group`'s for that seed up to float rounding).
+
+    Each result's ``train_time_s`` is the stack's training time divided by the number of seeds (the
+    seed's share). ``keep_images[i]``: keep seed ``seeds[i]``'s decoded images (default: none).
+    """
+    from .._shared.stacking import StackedModels
+
+    seeds = list(seeds)
+    keep = list(keep_images) or [False] * len(seeds)
+    if len(keep) != len(seeds):
+        raise ValueError(f"keep_images: one flag per seed, got {len(keep)} for {len(seeds)} seeds")
+    norms = {name: registry.get(name) for name in names}
+    train_norm = norms[names[0]]
+    x_train, y_train = data["x_train"], data["y_train"]
+    total = _total_steps(len(x_train), batch_size, epochs, max_steps)
+    runs, models = [], []
+    for seed in seeds:  # as train_group: seed, then build the model from the seeded global generator
+        runs.append(_SeedRun(seed, names, len(x_train), batch_size, LATENT_CLASSES, eval_every, total, device))
+        models.append(CVAE().to(device))
+    stacked = StackedModels(models)
+    optimizer = _optimizer(setting, stacked.parameters())
+    reader = models[0]  # a seed's current parameters are copied into it for its checkpoints
+
+    def loss_of(model: CVAE, x: Tensor, y: Tensor, uniform: Tensor) -> Tensor:
+        return negative_elbo(model, train_norm, x, y, kl_weight=setting.kl_weight, temperature=temperature,
+                             smoothing=smoothing, generator=uniform)[0]
+
+    clock = common.Stopwatch()
+    for s, run in enumerate(runs):
+        run.checkpoint(stacked.copy(s, reader), norms, classifier, 0)
+        run.start()
+    label = f"cvae {setting.label} {'+'.join(names)} seeds {','.join(map(str, seeds))} (stacked)"
+    for step in common.progress(range(total), total=total, desc=label):
+        idx, uniform = zip(*(run.batch(step) for run in runs))
+        idx, uniform = torch.stack(idx), torch.stack(uniform)
+        losses = stacked(loss_of, x_train[idx], y_train[idx], uniform)  # (S,)
+        optimizer.zero_grad(set_to_none=True)
+        losses.sum().backward()  # copy s's parameters enter its own loss only: the sum's gradient is each loss's
+        optimizer.step()
+        for s, run in enumerate(runs):
+            if run.after_step(step, losses[s], idx.shape[1]):
+                run.checkpoint(stacked.copy(s, reader), norms, classifier, step + 1)
+    share = round(clock.elapsed / len(seeds), 1)
+
+    results = []
+    for s, run in enumerate(runs):
+        out = _results_per_normalizer(stacked.copy(s, reader), norms, train_norm.name, classifier, run.initial,
+                                      run.curves, data, keep[s])
+        results.append({"steps": total, "train_time_s": share, "loss_curve": run.loss_curve, "normalizers": out})
+    return results
