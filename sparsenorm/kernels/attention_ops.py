@@ -40,6 +40,7 @@ from torch import Tensor
 
 from .._validation import compute_dtype
 from . import flex_attention
+from . import cpu
 from .attention_projection_ops import projection_attention_op
 from .ops import triton_launchers
 from .reference import evidential_attention as ref_attention
@@ -163,11 +164,65 @@ def ev_softmax_attention_blockwise_op(
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """``(out, lse, thr, support, count)``; see :func:`.reference.evidential_attention.forward`
     (``support`` is empty unless ``count_support``)."""
+    return _blockwise_reference(q, k, v, keep, bias, is_causal, scale, count_support, block_q, block_k)
+
+
+def _blockwise_reference(q, k, v, keep, bias, is_causal, scale, count_support, block_q, block_k):
     out, lse, thr, support, count = ref_attention.forward(q, k, v, keep, bias, is_causal, scale, count_support,
                                                           block_q, block_k)
     if support is None:
         support = torch.empty((0,), dtype=torch.long, device=q.device)
     return out, lse, thr, support, count.contiguous()
+
+
+def _batch_offsets(mask: Tensor, batch: Tuple[int, ...], L: int, S: int) -> Tuple[Tensor, Tensor]:
+    """``(view, offsets)``: ``mask`` expanded to (*batch, L, S) without a copy, and the element
+    offset of each flattened batch index in it, (N,) int64 (broadcast dims have stride 0)."""
+    view = mask.expand(*batch, L, S)
+    offsets = torch.zeros(batch, dtype=torch.long)
+    for d, size in enumerate(batch):
+        shape = [1] * len(batch)
+        shape[d] = size
+        offsets = offsets + torch.arange(size, dtype=torch.long).reshape(shape) * view.stride(d)
+    return view, offsets.reshape(-1)
+
+
+def _fused_cpu_applies(q: Tensor, k: Tensor, v: Tensor, keep: Optional[Tensor], bias: Optional[Tensor]) -> bool:
+    """Whether the C++ forward takes these inputs: float32/float64 with one dtype for ``q, k, v`` and
+    ``bias``, one batch shape (masks broadcastable to it), a boolean ``keep``, no empty dim. Anything else (e.g. a float64 bias on float32 inputs,
+    zero keys) runs the reference, which defines what it does."""
+    dt = q.dtype
+    return (k.dtype == dt and v.dtype == dt and (bias is None or bias.dtype == dt)
+            and (keep is None or keep.dtype == torch.bool)
+            and q.dim() >= 2 and k.shape[:-2] == q.shape[:-2] and v.shape[:-2] == q.shape[:-2]
+            and all(m.dim() <= q.dim() for m in (keep, bias) if m is not None)
+            and min(q.shape[-2:]) > 0 and min(k.shape[-2:]) > 0 and v.shape[-1] > 0
+            and all(t.device.type == "cpu" for t in (k, v, *(m for m in (keep, bias) if m is not None))))
+
+
+@ev_softmax_attention_blockwise_op.register_kernel("cpu")
+def _blockwise_cpu(q, k, v, keep, bias, is_causal, scale, count_support, block_q, block_k):
+    """The fused C++ forward (``kernels/cpu/evidential_attention.cpp``) where it is built and allowed
+    (see :mod:`.cpu`) and :func:`_fused_cpu_applies`; else the reference. Each query's threshold
+    and valid-key count come from the reference's own :func:`.reference.evidential_attention.threshold`
+    (O(L E) work without a general mask), so both paths share them bit for bit; the kernel then
+    makes the one pass over the key tiles (same tile sizes as the reference)."""
+    ext = cpu.EVIDENTIAL_ATTENTION.kernel_for(q)
+    if ext is None or not _fused_cpu_applies(q, k, v, keep, bias):
+        return _blockwise_reference(q, k, v, keep, bias, is_causal, scale, count_support, block_q, block_k)
+    batch, (L, E), S, Ev = tuple(q.shape[:-2]), q.shape[-2:], k.shape[-2], v.shape[-1]
+    qs = q * scale  # the scores are qs @ k^T, as in the reference (and its backward)
+    thr, count = ref_attention.threshold(qs, k, keep, bias, is_causal, 1.0, block_k)
+    count = count.expand_as(thr).reshape(-1, L).contiguous()
+    keep_view, keep_offsets = _batch_offsets(keep, batch, L, S) if keep is not None else (None, None)
+    bias_view, bias_offsets = _batch_offsets(bias, batch, L, S) if bias is not None else (None, None)
+    out, lse, thr, support = ext.ev_softmax_attention_forward(
+        qs.reshape(-1, L, E).contiguous(), k.reshape(-1, S, E).contiguous(), v.reshape(-1, S, Ev).contiguous(),
+        thr.reshape(-1, L).contiguous(), count, keep_view, keep_offsets, bias_view, bias_offsets, bool(is_causal),
+        bool(count_support), int(block_q), int(block_k))
+    rows = batch + (L,)
+    return (out.reshape(rows + (Ev,)), lse.reshape(rows + (1,)), thr.reshape(rows + (1,)),
+            support.reshape(rows) if count_support else support, count.reshape(rows))
 
 
 @ev_softmax_attention_blockwise_op.register_fake

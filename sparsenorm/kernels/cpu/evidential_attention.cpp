@@ -1,0 +1,361 @@
+// Fused CPU forward of blockwise ev-softmax attention: the CPU kernel of the registered op
+// sparsenorm::ev_softmax_attention_blockwise (its Python side is in kernels/attention_ops.py).
+//
+// ev-softmax (ev-softmax paper, Eq. 7) keeps, in query row i, the valid keys whose score
+// s_ij = (q_i * scale) . k_j (+ b_ij) is at least the row's mean valid score t_i. The mean is
+// linear in the keys, so t_i is known before any score is computed; the caller passes it in
+// (computed by kernels/reference/evidential_attention.threshold, the reference's own function,
+// so both paths share it bit for bit). What is left is one flash-style pass per tile of queries
+// over the tiles of keys with the online-softmax recurrence restricted to the support:
+//
+//   c_ij = s_ij - t_i  if key j is valid and c_ij >= 0, else -inf       (Eq. 7's support)
+//   m_i  = max_j c_ij,  l_i = sum_j exp(c_ij - m_i),  o_i = sum_j exp(c_ij - m_i) v_j
+//   out_i = o_i / l_i,  lse_i = m_i + log(l_i)   (lse of the shifted scores, as the backward reads it)
+//
+// exactly the recurrence of the reference's _forward_block, tile for tile (the same tile sizes),
+// so the results differ from the reference only by the rounding of the tile products. A key tile
+// in which no score of the query tile reaches its threshold adds nothing: its P.V product is
+// skipped. Under a causal mask, key tiles wholly after the query tile are not visited and a tile's
+// products stop at the last key its last query sees.
+//
+// As in the reference: "c >= 0" is tested as c > -smallest_normal (NaN is never kept); a row whose
+// threshold rounding put above every valid score ("stranded": no support, some valid key) is redone
+// with the threshold set to its largest valid score; a row with no valid key gives out 0, lse +inf.
+//
+// Tile products go to the BLAS torch links (MKL's exported SGEMM/DGEMM, as ATen's own
+// flash-attention CPU kernel calls cpublas::gemm); where that symbol is absent (another BLAS),
+// to at::mm on views of the tiles. Work is split over batch x query tiles with at::parallel_for;
+// the BLAS calls inside run on one thread each.
+#include <torch/extension.h>
+
+#include <ATen/Parallel.h>
+#include <ATen/cpu/vec/functional.h>
+#include <ATen/cpu/vec/vec.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+// MKL's Fortran BLAS entry points (LP64), exported by libtorch_cpu where torch links MKL; weak, so
+// that the library loads against a torch without them (then the at::mm fallback runs).
+extern "C" {
+void SGEMM(const char* transa, const char* transb, const int* m, const int* n, const int* k, const float* alpha,
+           const float* a, const int* lda, const float* b, const int* ldb, const float* beta, float* c,
+           const int* ldc) __attribute__((weak));
+void DGEMM(const char* transa, const char* transb, const int* m, const int* n, const int* k, const double* alpha,
+           const double* a, const int* lda, const double* b, const int* ldb, const double* beta, double* c,
+           const int* ldc) __attribute__((weak));
+}
+
+namespace {
+
+using at::vec::Vectorized;
+
+bool have_blas() { return SGEMM != nullptr && DGEMM != nullptr; }
+
+template <typename scalar_t>
+void fortran_gemm(char ta, char tb, int m, int n, int k, scalar_t alpha, const scalar_t* a, int lda,
+                  const scalar_t* b, int ldb, scalar_t beta, scalar_t* c, int ldc) {
+  if constexpr (std::is_same_v<scalar_t, float>) {
+    SGEMM(&ta, &tb, &m, &n, &k, &alpha, a, &lda, b, &ldb, &beta, c, &ldc);
+  } else {
+    DGEMM(&ta, &tb, &m, &n, &k, &alpha, a, &lda, b, &ldb, &beta, c, &ldc);
+  }
+}
+
+// c (rows x cols, row-major, leading dim ldc) = a (rows x depth, lda) . b^T, b (cols x depth, ldb).
+template <typename scalar_t>
+void gemm_abt(int64_t rows, int64_t cols, int64_t depth, const scalar_t* a, int64_t lda, const scalar_t* b,
+              int64_t ldb, scalar_t* c, int64_t ldc) {
+  if (have_blas()) {  // column-major view: c^T (cols x rows) = b (cols x depth) . a^T
+    fortran_gemm<scalar_t>('T', 'N', static_cast<int>(cols), static_cast<int>(rows), static_cast<int>(depth),
+                           scalar_t(1), b, static_cast<int>(ldb), a, static_cast<int>(lda), scalar_t(0), c,
+                           static_cast<int>(ldc));
+    return;
+  }
+  auto opt = at::TensorOptions().dtype(c10::CppTypeToScalarType<scalar_t>::value);
+  at::Tensor at_ = at::from_blob(const_cast<scalar_t*>(a), {rows, depth}, {lda, 1}, opt);
+  at::Tensor bt = at::from_blob(const_cast<scalar_t*>(b), {cols, depth}, {ldb, 1}, opt);
+  at::Tensor ct = at::from_blob(c, {rows, cols}, {ldc, 1}, opt);
+  at::mm_out(ct, at_, bt.t());
+}
+
+// c (rows x cols, ldc) += a (rows x depth, lda) . b, b (depth x cols, ldb).
+template <typename scalar_t>
+void gemm_ab_acc(int64_t rows, int64_t cols, int64_t depth, const scalar_t* a, int64_t lda, const scalar_t* b,
+                 int64_t ldb, scalar_t* c, int64_t ldc) {
+  if (have_blas()) {  // column-major view: c^T (cols x rows) += b^T (cols x depth) . a^T
+    fortran_gemm<scalar_t>('N', 'N', static_cast<int>(cols), static_cast<int>(rows), static_cast<int>(depth),
+                           scalar_t(1), b, static_cast<int>(ldb), a, static_cast<int>(lda), scalar_t(1), c,
+                           static_cast<int>(ldc));
+    return;
+  }
+  auto opt = at::TensorOptions().dtype(c10::CppTypeToScalarType<scalar_t>::value);
+  at::Tensor at_ = at::from_blob(const_cast<scalar_t*>(a), {rows, depth}, {lda, 1}, opt);
+  at::Tensor bt = at::from_blob(const_cast<scalar_t*>(b), {depth, cols}, {ldb, 1}, opt);
+  at::Tensor ct = at::from_blob(c, {rows, cols}, {ldc, 1}, opt);
+  ct.addmm_(at_, bt);
+}
+
+// A mask broadcast to (N, L, S): element (n, i, j) at base + offset[n] + i * row_stride + j * col_stride.
+template <typename T>
+struct Strided {
+  const T* base = nullptr;
+  const int64_t* offset = nullptr;
+  int64_t row_stride = 0, col_stride = 0;
+  bool present() const { return base != nullptr; }
+  const T* row(int64_t n, int64_t i) const { return base + offset[n] + i * row_stride; }
+};
+
+template <typename T>
+Strided<T> strided(const c10::optional<at::Tensor>& mask, const c10::optional<at::Tensor>& offsets) {
+  Strided<T> s;
+  if (mask.has_value() && mask->defined()) {
+    s.base = mask->const_data_ptr<T>();
+    s.offset = offsets->const_data_ptr<int64_t>();
+    s.row_stride = mask->stride(-2);
+    s.col_stride = mask->stride(-1);
+  }
+  return s;
+}
+
+template <typename scalar_t>
+struct Problem {
+  const scalar_t *q, *k, *v;  // contiguous (N, L, E), (N, S, E), (N, S, Ev); q pre-scaled
+  int64_t L, S, E, Ev;
+  Strided<bool> keep;
+  Strided<scalar_t> bias;
+  bool causal;
+  int64_t block_q, block_k;
+  const scalar_t* count;  // (N, L): valid keys per row (the threshold's divisor)
+  scalar_t *out, *lse, *thr;  // (N, L, Ev), (N, L), (N, L); thr holds the input threshold
+  int64_t* support;  // (N, L) or nullptr
+};
+
+// One query tile [i0, i1) of batch n: the online softmax over the key tiles (see the header).
+template <typename scalar_t>
+class QueryTile {
+ public:
+  QueryTile(const Problem<scalar_t>& p) : p_(p), scores_(p.block_q * p.block_k), o_(p.block_q * p.Ev),
+      m_(p.block_q), l_(p.block_q), n_(p.block_q), corr_(p.block_q) {}
+
+  void run(int64_t n, int64_t i0, int64_t i1) {
+    const int64_t rows = i1 - i0;
+    scalar_t* thr = p_.thr + n * p_.L + i0;
+    online_softmax(n, i0, i1, thr);
+    bool stranded = false;
+    for (int64_t r = 0; r < rows; ++r) stranded |= l_[r] == 0 && p_.count[n * p_.L + i0 + r] > 0;
+    if (stranded) {  // rare: cap the threshold at the row's largest valid score, redo the tile
+      std::vector<scalar_t> best(rows);
+      row_max(n, i0, i1, best.data());
+      for (int64_t r = 0; r < rows; ++r) {
+        if (l_[r] == 0 && p_.count[n * p_.L + i0 + r] > 0) thr[r] = best[r];
+      }
+      online_softmax(n, i0, i1, thr);
+    }
+    constexpr scalar_t kInf = std::numeric_limits<scalar_t>::infinity();
+    for (int64_t r = 0; r < rows; ++r) {
+      scalar_t* out = p_.out + (n * p_.L + i0 + r) * p_.Ev;
+      const bool empty = l_[r] == 0;
+      const scalar_t l = empty ? scalar_t(1) : l_[r];
+      for (int64_t e = 0; e < p_.Ev; ++e) out[e] = empty ? scalar_t(0) : o_[r * p_.Ev + e] / l;
+      p_.lse[n * p_.L + i0 + r] = empty ? kInf : m_[r] + std::log(l);
+      if (p_.support) p_.support[n * p_.L + i0 + r] = n_[r];
+    }
+  }
+
+ private:
+  // Key columns [j0, j0 + width) of the tile that some row of [i0, i1) may see (causal: j <= i).
+  int64_t visible_width(int64_t i1, int64_t j0) const {
+    const int64_t width = std::min(p_.block_k, p_.S - j0);
+    return p_.causal ? std::min(width, i1 - j0) : width;
+  }
+
+  // scores_[r, 0:width) = q_i . k_j (+ b_ij) for the tile (masks are applied by the caller).
+  void tile_scores(int64_t n, int64_t i0, int64_t i1, int64_t j0, int64_t width) {
+    const int64_t rows = i1 - i0;
+    gemm_abt<scalar_t>(rows, width, p_.E, p_.q + (n * p_.L + i0) * p_.E, p_.E, p_.k + (n * p_.S + j0) * p_.E,
+                       p_.E, scores_.data(), p_.block_k);
+    if (p_.bias.present()) {
+      for (int64_t r = 0; r < rows; ++r) {
+        const scalar_t* b = p_.bias.row(n, i0 + r) + j0 * p_.bias.col_stride;
+        scalar_t* s = scores_.data() + r * p_.block_k;
+        for (int64_t j = 0; j < width; ++j) s[j] += b[j * p_.bias.col_stride];
+      }
+    }
+  }
+
+  // The end of query i's causally visible columns in the tile starting at key j0.
+  int64_t causal_end(int64_t i, int64_t j0, int64_t width) const {
+    return p_.causal ? std::max<int64_t>(0, std::min(width, i - j0 + 1)) : width;
+  }
+
+  void online_softmax(int64_t n, int64_t i0, int64_t i1, const scalar_t* thr) {
+    using Vec = Vectorized<scalar_t>;
+    constexpr int64_t W = Vec::size();
+    constexpr scalar_t kInf = std::numeric_limits<scalar_t>::infinity();
+    const scalar_t tiny = -std::numeric_limits<scalar_t>::min();  // c > -smallest_normal <=> c >= 0 (up to subnormals)
+    const int64_t rows = i1 - i0;
+    std::fill(o_.begin(), o_.begin() + rows * p_.Ev, scalar_t(0));
+    std::fill(m_.begin(), m_.begin() + rows, -kInf);
+    std::fill(l_.begin(), l_.begin() + rows, scalar_t(0));
+    std::fill(n_.begin(), n_.begin() + rows, int64_t(0));
+    for (int64_t j0 = 0; j0 < p_.S; j0 += p_.block_k) {
+      if (p_.causal && j0 > i1 - 1) break;
+      const int64_t width = visible_width(i1, j0);
+      tile_scores(n, i0, i1, j0, width);
+      bool any_support = false;
+      for (int64_t r = 0; r < rows; ++r) {
+        scalar_t* c = scores_.data() + r * p_.block_k;
+        const int64_t end = causal_end(i0 + r, j0, width);
+        const scalar_t t = thr[r];
+        const bool* keep = p_.keep.present() ? p_.keep.row(n, i0 + r) + j0 * p_.keep.col_stride : nullptr;
+        const int64_t ks = p_.keep.col_stride;
+        int64_t count = 0;
+        scalar_t mx = -kInf;
+        for (int64_t j = 0; j < end; ++j) {
+          const scalar_t x = c[j] - t;
+          const bool kept = x > tiny && (keep == nullptr || keep[j * ks]);
+          c[j] = kept ? x : -kInf;
+          count += kept;
+          mx = std::max(mx, c[j]);
+        }
+        for (int64_t j = end; j < width; ++j) c[j] = -kInf;
+        n_[r] += count;
+        const scalar_t m_new = std::max(m_[r], mx);
+        const scalar_t m_safe = m_new == -kInf ? scalar_t(0) : m_new;
+        corr_[r] = std::exp(m_[r] - m_safe);
+        m_[r] = m_new;
+        if (count == 0) {  // p = 0 in this tile: zero the row so the tile's P.V (if any) adds nothing
+          std::fill(c, c + width, scalar_t(0));
+          l_[r] *= corr_[r];
+          continue;
+        }
+        any_support = true;
+        const Vec vm(m_safe);
+        Vec acc(scalar_t(0));
+        int64_t j = 0;
+        for (; j + W <= width; j += W) {
+          const Vec e = (Vec::loadu(c + j) - vm).exp();
+          e.store(c + j);
+          acc = acc + e;
+        }
+        scalar_t sum = at::vec::vec_reduce_all<scalar_t>([](const Vec& a, const Vec& b) { return a + b; }, acc);
+        for (; j < width; ++j) {
+          c[j] = std::exp(c[j] - m_safe);
+          sum += c[j];
+        }
+        l_[r] = l_[r] * corr_[r] + sum;
+      }
+      if (!any_support) continue;  // no score of the tile reaches its threshold: P.V is zero
+      for (int64_t r = 0; r < rows; ++r) {
+        if (corr_[r] != scalar_t(1)) {
+          scalar_t* o = o_.data() + r * p_.Ev;
+          for (int64_t e = 0; e < p_.Ev; ++e) o[e] *= corr_[r];
+        }
+      }
+      gemm_ab_acc<scalar_t>(rows, p_.Ev, width, scores_.data(), p_.block_k, p_.v + (n * p_.S + j0) * p_.Ev, p_.Ev,
+                            o_.data(), p_.Ev);
+    }
+  }
+
+  // Each row's largest valid score (NaN propagates, as torch.amax; -inf where none is valid).
+  void row_max(int64_t n, int64_t i0, int64_t i1, scalar_t* best) {
+    constexpr scalar_t kInf = std::numeric_limits<scalar_t>::infinity();
+    const int64_t rows = i1 - i0;
+    std::fill(best, best + rows, -kInf);
+    for (int64_t j0 = 0; j0 < p_.S; j0 += p_.block_k) {
+      if (p_.causal && j0 > i1 - 1) break;
+      const int64_t width = visible_width(i1, j0);
+      tile_scores(n, i0, i1, j0, width);
+      for (int64_t r = 0; r < rows; ++r) {
+        const scalar_t* c = scores_.data() + r * p_.block_k;
+        const bool* keep = p_.keep.present() ? p_.keep.row(n, i0 + r) + j0 * p_.keep.col_stride : nullptr;
+        const int64_t end = causal_end(i0 + r, j0, width);
+        for (int64_t j = 0; j < end; ++j) {
+          if (keep != nullptr && !keep[j * p_.keep.col_stride]) continue;
+          if (std::isnan(c[j]) || c[j] > best[r]) best[r] = std::isnan(best[r]) ? best[r] : c[j];
+        }
+      }
+    }
+  }
+
+  const Problem<scalar_t>& p_;
+  std::vector<scalar_t> scores_, o_, m_, l_;
+  std::vector<int64_t> n_;
+  std::vector<scalar_t> corr_;
+};
+
+void check_mask(const c10::optional<at::Tensor>& mask, const c10::optional<at::Tensor>& offsets, int64_t N,
+                at::ScalarType dtype, const char* name) {
+  if (!mask.has_value() || !mask->defined()) return;
+  TORCH_CHECK(mask->scalar_type() == dtype, "ev_softmax_attention_forward: ", name, " has the wrong dtype");
+  TORCH_CHECK(mask->dim() >= 2, "ev_softmax_attention_forward: ", name, " needs 2 dims or more");
+  TORCH_CHECK(offsets.has_value() && offsets->defined() && offsets->scalar_type() == at::kLong &&
+                  offsets->dim() == 1 && offsets->size(0) == N && offsets->is_contiguous(),
+              "ev_softmax_attention_forward: ", name, "_offsets must be a contiguous int64 (N,) tensor");
+}
+
+}  // namespace
+
+// (out (N, L, Ev), lse (N, L), thr (N, L), support (N, L) int64 or (0,)).
+// q (N, L, E) pre-scaled, k (N, S, E), v (N, S, Ev): contiguous, one float dtype; thr, count (N, L)
+// contiguous; keep (bool) / bias (q's dtype): the (.., L, S) expanded masks with per-batch offsets.
+std::vector<at::Tensor> ev_softmax_attention_forward(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& thr, const at::Tensor& count,
+    const c10::optional<at::Tensor>& keep, const c10::optional<at::Tensor>& keep_offsets,
+    const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& bias_offsets, bool causal,
+    bool count_support, int64_t block_q, int64_t block_k) {
+  TORCH_CHECK(q.device().is_cpu() && k.device().is_cpu() && v.device().is_cpu(),
+              "ev_softmax_attention_forward: CPU tensors only");
+  TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3 && q.is_contiguous() && k.is_contiguous() &&
+                  v.is_contiguous(), "ev_softmax_attention_forward: q, k, v must be contiguous 3-D tensors");
+  const int64_t N = q.size(0), L = q.size(1), E = q.size(2), S = k.size(1), Ev = v.size(2);
+  TORCH_CHECK(k.size(0) == N && v.size(0) == N && k.size(2) == E && v.size(1) == S,
+              "ev_softmax_attention_forward: q, k, v shapes do not match");
+  TORCH_CHECK(k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type() &&
+                  thr.scalar_type() == q.scalar_type() && count.scalar_type() == q.scalar_type(),
+              "ev_softmax_attention_forward: q, k, v, thr, count must have one dtype");
+  TORCH_CHECK(thr.is_contiguous() && count.is_contiguous() && thr.numel() == N * L && count.numel() == N * L,
+              "ev_softmax_attention_forward: thr and count must be contiguous (N, L)");
+  TORCH_CHECK(block_q > 0 && block_k > 0, "ev_softmax_attention_forward: block sizes must be positive");
+  TORCH_CHECK(N > 0 && L > 0 && S > 0 && E > 0 && Ev > 0, "ev_softmax_attention_forward: empty dims");
+  check_mask(keep, keep_offsets, N, at::kBool, "keep");
+  check_mask(bias, bias_offsets, N, q.scalar_type(), "bias");
+  // The BLAS takes 32-bit sizes and leading dims.
+  TORCH_CHECK(std::max({E, Ev, block_k, block_q}) < (int64_t(1) << 31),
+              "ev_softmax_attention_forward: dims too large");
+
+  at::Tensor out = at::empty({N, L, Ev}, q.options());
+  at::Tensor lse = at::empty({N, L}, q.options());
+  at::Tensor thr_out = thr.reshape({N, L}).clone();
+  at::Tensor support = count_support ? at::empty({N, L}, q.options().dtype(at::kLong))
+                                     : at::empty({0}, q.options().dtype(at::kLong));
+  const int64_t bq = std::min(block_q, L), bk = std::min(block_k, S);
+  const int64_t q_tiles = (L + bq - 1) / bq;
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "ev_softmax_attention_forward", [&] {
+    Problem<scalar_t> p{q.const_data_ptr<scalar_t>(), k.const_data_ptr<scalar_t>(), v.const_data_ptr<scalar_t>(),
+                        L, S, E, Ev, strided<bool>(keep, keep_offsets), strided<scalar_t>(bias, bias_offsets),
+                        causal, bq, bk, count.const_data_ptr<scalar_t>(), out.mutable_data_ptr<scalar_t>(),
+                        lse.mutable_data_ptr<scalar_t>(), thr_out.mutable_data_ptr<scalar_t>(),
+                        count_support ? support.mutable_data_ptr<int64_t>() : nullptr};
+    // Causal tiles late in the sequence cost more; interleaving keeps the split across threads even.
+    at::parallel_for(0, N * q_tiles, 1, [&](int64_t begin, int64_t end) {
+      QueryTile<scalar_t> tile(p);
+      for (int64_t task = begin; task < end; ++task) {
+        const int64_t n = task / q_tiles, t = task % q_tiles;
+        tile.run(n, t * bq, std::min(L, (t + 1) * bq));
+      }
+    });
+  });
+  return {out, lse, thr_out, support};
+}
+
+bool uses_blas() { return have_blas(); }
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("ev_softmax_attention_forward", &ev_softmax_attention_forward,
+        "Fused forward of blockwise ev-softmax attention (Eq. 7 per query) given each query's threshold");
+  m.def("uses_blas", &uses_blas, "Whether the tile products go to the BLAS torch links (else at::mm)");
+}
