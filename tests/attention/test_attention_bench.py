@@ -42,3 +42,12 @@ def test_report_of_a_saved_json_repeats_the_printed_tables(tmp_path, capsys):
     report = capsys.readouterr().out
     table = printed[printed.index("| candidate"):].strip()
     assert table and table in report
+
+
+def test_forward_only_times_the_forward_and_says_so(capsys):
+    assert bench_attention.main(["--lengths", "32", "--rounds", "1", "--no-memory", "--batch-heads", "2",
+                                 "--dim", "8", "--forward-only", "--candidates",
+                                 f"{bench_attention.FUSED},ev_softmax (blockwise),{bench_attention.EV_REFERENCE}"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("# sparse_attention vs SDPA: forward, float32")
+    assert f"| {bench_attention.EV_REFERENCE} |" in out and "x sdpa (default CPU kernel)" in out

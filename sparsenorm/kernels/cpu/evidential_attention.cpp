@@ -214,7 +214,24 @@ class QueryTile {
         const int64_t ks = p_.keep.col_stride;
         int64_t count = 0;
         scalar_t mx = -kInf;
-        for (int64_t j = 0; j < end; ++j) {
+        int64_t j = 0;
+        if (keep == nullptr) {  // the common case, in SIMD: c = x if x >= 0 (as below) else -inf
+          const Vec vt(t), vtiny(tiny), vneg_inf(-kInf), zero(scalar_t(0)), one(scalar_t(1));
+          Vec vmax(-kInf), vcount(scalar_t(0));
+          for (; j + W <= end; j += W) {
+            const Vec x = Vec::loadu(c + j) - vt;
+            const Vec kept = x > vtiny;
+            const Vec z = Vec::blendv(vneg_inf, x, kept);
+            z.store(c + j);
+            vmax = at::vec::maximum(vmax, z);
+            vcount = vcount + Vec::blendv(zero, one, kept);
+          }
+          mx = at::vec::vec_reduce_all<scalar_t>([](const Vec& a, const Vec& b) { return at::vec::maximum(a, b); },
+                                                 vmax);
+          count = static_cast<int64_t>(
+              at::vec::vec_reduce_all<scalar_t>([](const Vec& a, const Vec& b) { return a + b; }, vcount));
+        }
+        for (; j < end; ++j) {
           const scalar_t x = c[j] - t;
           const bool kept = x > tiny && (keep == nullptr || keep[j * ks]);
           c[j] = kept ? x : -kInf;
@@ -235,7 +252,7 @@ class QueryTile {
         any_support = true;
         const Vec vm(m_safe);
         Vec acc(scalar_t(0));
-        int64_t j = 0;
+        j = 0;
         for (; j + W <= width; j += W) {
           const Vec e = (Vec::loadu(c + j) - vm).exp();
           e.store(c + j);
