@@ -203,10 +203,17 @@ def _fused_cpu_applies(q: Tensor, k: Tensor, v: Tensor, keep: Optional[Tensor], 
 @ev_softmax_attention_blockwise_op.register_kernel("cpu")
 def _blockwise_cpu(q, k, v, keep, bias, is_causal, scale, count_support, block_q, block_k):
     """The fused C++ forward (``kernels/cpu/evidential_attention.cpp``) where it is built and allowed
-    (see :mod:`.cpu`) and :func:`_fused_cpu_applies`; else the reference. Each query's threshold
-    and valid-key count come from the reference's own :func:`.reference.evidential_attention.threshold`
-    (O(L E) work without a general mask), so both paths share them bit for bit; the kernel then
-    makes the one pass over the key tiles (same tile sizes as the reference)."""
+    (see :mod:`.cpu`) and :func:`_fused_cpu_applies`; else the reference.
+
+    ev-softmax (Eq. 7) of query ``i``'s scores ``s_ij = (q_i scale) . k_j (+ b_ij)`` keeps the valid
+    keys with ``s_ij >= t_i``, ``t_i`` the mean valid score, which is linear in the keys:
+    ``t_i = (q_i scale) . mean_j k_j (+ mean_j b_ij)``. So ``t_i`` and the valid-key count come first,
+    from the reference's own :func:`.reference.evidential_attention.threshold` (O(L E) work without
+    a general mask; both paths share them bit for bit), and the kernel makes one pass over the key
+    tiles with the online softmax on the support: ``c_ij = s_ij - t_i`` on it, ``-inf`` off it,
+    ``out_i = sum_j exp(c_ij - m_i) v_j / l_i`` with ``m_i = max_j c_ij``, ``l_i = sum_j exp(c_ij - m_i)``,
+    and ``lse_i = m_i + log l_i``, the log-normalizer of the shifted scores the backward reads. Its
+    gradient is softmax's restricted to the support (Eq. 9): the reference backward, unchanged."""
     ext = cpu.EVIDENTIAL_ATTENTION.kernel_for(q)
     if ext is None or not _fused_cpu_applies(q, k, v, keep, bias):
         return _blockwise_reference(q, k, v, keep, bias, is_causal, scale, count_support, block_q, block_k)
