@@ -250,6 +250,28 @@ def ev_softmax_attention_blockwise_backward(
                                   block_q, block_k)
 
 
+@ev_softmax_attention_blockwise_backward.register_kernel("cpu")
+def _blockwise_backward_cpu(grad_out, q, k, v, out, lse, thr, keep, bias, is_causal, scale, block_q, block_k):
+    """The fused C++ backward where the forward's kernel applies (and ``grad_out`` has q's dtype), else
+    the reference. FlashAttention-2 from the saved ``out, lse, thr``: ``P = exp(c - lse)`` on the
+    support (Eq. 7's, from the saved threshold), ``dV = P^T dO``, ``dS = P * (dO V^T - delta)`` with
+    ``delta_i = dO_i . out_i`` (softmax's Jacobian on the support, Eq. 9), ``dQ = scale dS K``,
+    ``dK = dS^T (Q scale)``; the threshold carries no gradient."""
+    ext = cpu.EVIDENTIAL_ATTENTION.kernel_for(q)
+    if ext is None or not _fused_cpu_applies(q, k, v, keep, bias) or grad_out.dtype != q.dtype:
+        return ref_attention.backward(grad_out.contiguous(), q, k, v, out, lse, thr, keep, bias, is_causal, scale,
+                                      block_q, block_k)
+    batch, (L, E), S, Ev = tuple(q.shape[:-2]), q.shape[-2:], k.shape[-2], v.shape[-1]
+    keep_view, keep_offsets = _batch_offsets(keep, batch, L, S) if keep is not None else (None, None)
+    bias_view, bias_offsets = _batch_offsets(bias, batch, L, S) if bias is not None else (None, None)
+    rows = lambda t, last: t.expand(*batch, L, last).reshape(-1, L, last).contiguous()
+    dq, dk, dv = ext.ev_softmax_attention_backward(
+        rows(grad_out, Ev), (q * scale).reshape(-1, L, E).contiguous(), k.reshape(-1, S, E).contiguous(),
+        v.reshape(-1, S, Ev).contiguous(), rows(out, Ev), rows(lse, 1).reshape(-1, L), rows(thr, 1).reshape(-1, L),
+        keep_view, keep_offsets, bias_view, bias_offsets, bool(is_causal), int(block_q), int(block_k))
+    return dq.mul_(scale).reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape)
+
+
 @ev_softmax_attention_blockwise_backward.register_fake
 def _blockwise_backward_fake(grad_out, q, k, v, out, lse, thr, keep, bias, is_causal, scale, block_q, block_k):
     return (torch.empty_like(q, memory_format=torch.contiguous_format),

@@ -64,38 +64,28 @@ void fortran_gemm(char ta, char tb, int m, int n, int k, scalar_t alpha, const s
   }
 }
 
-// c (rows x cols, row-major, leading dim ldc) = a (rows x depth, lda) . b^T, b (cols x depth, ldb).
+// Row-major c (m x n, leading dim ldc) = op(a) . op(b) (+ c when `accumulate`), op(a) (m x k) and
+// op(b) (k x n) the matrices a, b (row-major, leading dims lda, ldb) or their transposes.
 template <typename scalar_t>
-void gemm_abt(int64_t rows, int64_t cols, int64_t depth, const scalar_t* a, int64_t lda, const scalar_t* b,
-              int64_t ldb, scalar_t* c, int64_t ldc) {
-  if (have_blas()) {  // column-major view: c^T (cols x rows) = b (cols x depth) . a^T
-    fortran_gemm<scalar_t>('T', 'N', static_cast<int>(cols), static_cast<int>(rows), static_cast<int>(depth),
-                           scalar_t(1), b, static_cast<int>(ldb), a, static_cast<int>(lda), scalar_t(0), c,
-                           static_cast<int>(ldc));
+void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const scalar_t* a, int64_t lda,
+          const scalar_t* b, int64_t ldb, bool accumulate, scalar_t* c, int64_t ldc) {
+  if (have_blas()) {  // column-major view of row-major storage: c^T = op(b)^T . op(a)^T
+    fortran_gemm<scalar_t>(trans_b ? 'T' : 'N', trans_a ? 'T' : 'N', static_cast<int>(n), static_cast<int>(m),
+                           static_cast<int>(k), scalar_t(1), b, static_cast<int>(ldb), a, static_cast<int>(lda),
+                           scalar_t(accumulate ? 1 : 0), c, static_cast<int>(ldc));
     return;
   }
   auto opt = at::TensorOptions().dtype(c10::CppTypeToScalarType<scalar_t>::value);
-  at::Tensor at_ = at::from_blob(const_cast<scalar_t*>(a), {rows, depth}, {lda, 1}, opt);
-  at::Tensor bt = at::from_blob(const_cast<scalar_t*>(b), {cols, depth}, {ldb, 1}, opt);
-  at::Tensor ct = at::from_blob(c, {rows, cols}, {ldc, 1}, opt);
-  at::mm_out(ct, at_, bt.t());
-}
-
-// c (rows x cols, ldc) += a (rows x depth, lda) . b, b (depth x cols, ldb).
-template <typename scalar_t>
-void gemm_ab_acc(int64_t rows, int64_t cols, int64_t depth, const scalar_t* a, int64_t lda, const scalar_t* b,
-                 int64_t ldb, scalar_t* c, int64_t ldc) {
-  if (have_blas()) {  // column-major view: c^T (cols x rows) += b^T (cols x depth) . a^T
-    fortran_gemm<scalar_t>('N', 'N', static_cast<int>(cols), static_cast<int>(rows), static_cast<int>(depth),
-                           scalar_t(1), b, static_cast<int>(ldb), a, static_cast<int>(lda), scalar_t(1), c,
-                           static_cast<int>(ldc));
-    return;
+  at::Tensor at_ = trans_a ? at::from_blob(const_cast<scalar_t*>(a), {k, m}, {lda, 1}, opt).t()
+                           : at::from_blob(const_cast<scalar_t*>(a), {m, k}, {lda, 1}, opt);
+  at::Tensor bt = trans_b ? at::from_blob(const_cast<scalar_t*>(b), {n, k}, {ldb, 1}, opt).t()
+                          : at::from_blob(const_cast<scalar_t*>(b), {k, n}, {ldb, 1}, opt);
+  at::Tensor ct = at::from_blob(c, {m, n}, {ldc, 1}, opt);
+  if (accumulate) {
+    ct.addmm_(at_, bt);
+  } else {
+    at::mm_out(ct, at_, bt);
   }
-  auto opt = at::TensorOptions().dtype(c10::CppTypeToScalarType<scalar_t>::value);
-  at::Tensor at_ = at::from_blob(const_cast<scalar_t*>(a), {rows, depth}, {lda, 1}, opt);
-  at::Tensor bt = at::from_blob(const_cast<scalar_t*>(b), {depth, cols}, {ldb, 1}, opt);
-  at::Tensor ct = at::from_blob(c, {rows, cols}, {ldc, 1}, opt);
-  ct.addmm_(at_, bt);
 }
 
 // A mask broadcast to (N, L, S): element (n, i, j) at base + offset[n] + i * row_stride + j * col_stride.
@@ -128,55 +118,36 @@ struct Problem {
   Strided<scalar_t> bias;
   bool causal;
   int64_t block_q, block_k;
-  const scalar_t* count;  // (N, L): valid keys per row (the threshold's divisor)
-  scalar_t *out, *lse, *thr;  // (N, L, Ev), (N, L), (N, L); thr holds the input threshold
-  int64_t* support;  // (N, L) or nullptr
 };
 
-// One query tile [i0, i1) of batch n: the online softmax over the key tiles (see the header).
+// What the forward and the backward share: a tile's scores and its support (as the reference's
+// _support_scores), for one query tile [i0, i1) of batch n against the key tile starting at j0.
 template <typename scalar_t>
-class QueryTile {
+class Tiles {
  public:
-  QueryTile(const Problem<scalar_t>& p) : p_(p), scores_(p.block_q * p.block_k), o_(p.block_q * p.Ev),
-      m_(p.block_q), l_(p.block_q), n_(p.block_q), corr_(p.block_q) {}
+  explicit Tiles(const Problem<scalar_t>& p) : p_(p), scores_(p.block_q * p.block_k) {}
 
-  void run(int64_t n, int64_t i0, int64_t i1) {
-    const int64_t rows = i1 - i0;
-    scalar_t* thr = p_.thr + n * p_.L + i0;
-    online_softmax(n, i0, i1, thr);
-    bool stranded = false;
-    for (int64_t r = 0; r < rows; ++r) stranded |= l_[r] == 0 && p_.count[n * p_.L + i0 + r] > 0;
-    if (stranded) {  // rare: cap the threshold at the row's largest valid score, redo the tile
-      std::vector<scalar_t> best(rows);
-      row_max(n, i0, i1, best.data());
-      for (int64_t r = 0; r < rows; ++r) {
-        if (l_[r] == 0 && p_.count[n * p_.L + i0 + r] > 0) thr[r] = best[r];
-      }
-      online_softmax(n, i0, i1, thr);
-    }
-    constexpr scalar_t kInf = std::numeric_limits<scalar_t>::infinity();
-    for (int64_t r = 0; r < rows; ++r) {
-      scalar_t* out = p_.out + (n * p_.L + i0 + r) * p_.Ev;
-      const bool empty = l_[r] == 0;
-      const scalar_t l = empty ? scalar_t(1) : l_[r];
-      for (int64_t e = 0; e < p_.Ev; ++e) out[e] = empty ? scalar_t(0) : o_[r * p_.Ev + e] / l;
-      p_.lse[n * p_.L + i0 + r] = empty ? kInf : m_[r] + std::log(l);
-      if (p_.support) p_.support[n * p_.L + i0 + r] = n_[r];
-    }
-  }
-
- private:
+ protected:
   // Key columns [j0, j0 + width) of the tile that some row of [i0, i1) may see (causal: j <= i).
   int64_t visible_width(int64_t i1, int64_t j0) const {
     const int64_t width = std::min(p_.block_k, p_.S - j0);
     return p_.causal ? std::min(width, i1 - j0) : width;
   }
 
+  // The end of query i's causally visible columns in the tile starting at key j0.
+  int64_t causal_end(int64_t i, int64_t j0, int64_t width) const {
+    return p_.causal ? std::max<int64_t>(0, std::min(width, i - j0 + 1)) : width;
+  }
+
+  const bool* keep_row(int64_t n, int64_t i, int64_t j0) const {
+    return p_.keep.present() ? p_.keep.row(n, i) + j0 * p_.keep.col_stride : nullptr;
+  }
+
   // scores_[r, 0:width) = q_i . k_j (+ b_ij) for the tile (masks are applied by the caller).
   void tile_scores(int64_t n, int64_t i0, int64_t i1, int64_t j0, int64_t width) {
     const int64_t rows = i1 - i0;
-    gemm_abt<scalar_t>(rows, width, p_.E, p_.q + (n * p_.L + i0) * p_.E, p_.E, p_.k + (n * p_.S + j0) * p_.E,
-                       p_.E, scores_.data(), p_.block_k);
+    gemm<scalar_t>(false, true, rows, width, p_.E, p_.q + (n * p_.L + i0) * p_.E, p_.E,
+                   p_.k + (n * p_.S + j0) * p_.E, p_.E, false, scores_.data(), p_.block_k);
     if (p_.bias.present()) {
       for (int64_t r = 0; r < rows; ++r) {
         const scalar_t* b = p_.bias.row(n, i0 + r) + j0 * p_.bias.col_stride;
@@ -186,16 +157,118 @@ class QueryTile {
     }
   }
 
-  // The end of query i's causally visible columns in the tile starting at key j0.
-  int64_t causal_end(int64_t i, int64_t j0, int64_t width) const {
-    return p_.causal ? std::max<int64_t>(0, std::min(width, i - j0 + 1)) : width;
-  }
-
-  void online_softmax(int64_t n, int64_t i0, int64_t i1, const scalar_t* thr) {
+  // Row r of the tile's scores (query i) in place: c = s - t on the support (valid and c >= 0,
+  // tested as c > -smallest_normal, so NaN is left out), -inf off it. Returns the row's max of c
+  // and adds the support's size to `count`.
+  scalar_t support_row(int64_t n, int64_t i, int64_t j0, int64_t width, int64_t r, scalar_t t, int64_t& count) {
     using Vec = Vectorized<scalar_t>;
     constexpr int64_t W = Vec::size();
     constexpr scalar_t kInf = std::numeric_limits<scalar_t>::infinity();
-    const scalar_t tiny = -std::numeric_limits<scalar_t>::min();  // c > -smallest_normal <=> c >= 0 (up to subnormals)
+    const scalar_t tiny = -std::numeric_limits<scalar_t>::min();
+    scalar_t* c = scores_.data() + r * p_.block_k;
+    const int64_t end = causal_end(i, j0, width);
+    const bool* keep = keep_row(n, i, j0);
+    const int64_t ks = p_.keep.col_stride;
+    scalar_t mx = -kInf;
+    int64_t j = 0;
+    if (keep == nullptr) {  // the common case, in SIMD
+      const Vec vt(t), vtiny(tiny), vneg_inf(-kInf), zero(scalar_t(0)), one(scalar_t(1));
+      Vec vmax(-kInf), vcount(scalar_t(0));
+      for (; j + W <= end; j += W) {
+        const Vec x = Vec::loadu(c + j) - vt;
+        const Vec kept = x > vtiny;
+        const Vec z = Vec::blendv(vneg_inf, x, kept);
+        z.store(c + j);
+        vmax = at::vec::maximum(vmax, z);
+        vcount = vcount + Vec::blendv(zero, one, kept);
+      }
+      mx = at::vec::vec_reduce_all<scalar_t>([](const Vec& a, const Vec& b) { return at::vec::maximum(a, b); },
+                                             vmax);
+      count += static_cast<int64_t>(
+          at::vec::vec_reduce_all<scalar_t>([](const Vec& a, const Vec& b) { return a + b; }, vcount));
+    }
+    for (; j < end; ++j) {
+      const scalar_t x = c[j] - t;
+      const bool kept = x > tiny && (keep == nullptr || keep[j * ks]);
+      c[j] = kept ? x : -kInf;
+      count += kept;
+      mx = std::max(mx, c[j]);
+    }
+    for (j = end; j < width; ++j) c[j] = -kInf;
+    return mx;
+  }
+
+  // In place over row r's first `width` entries: exp(c - shift); returns their sum.
+  scalar_t exp_row(int64_t r, int64_t width, scalar_t shift) {
+    using Vec = Vectorized<scalar_t>;
+    constexpr int64_t W = Vec::size();
+    scalar_t* c = scores_.data() + r * p_.block_k;
+    const Vec vm(shift);
+    Vec acc(scalar_t(0));
+    int64_t j = 0;
+    for (; j + W <= width; j += W) {
+      const Vec e = (Vec::loadu(c + j) - vm).exp();
+      e.store(c + j);
+      acc = acc + e;
+    }
+    scalar_t sum = at::vec::vec_reduce_all<scalar_t>([](const Vec& a, const Vec& b) { return a + b; }, acc);
+    for (; j < width; ++j) {
+      c[j] = std::exp(c[j] - shift);
+      sum += c[j];
+    }
+    return sum;
+  }
+
+  const Problem<scalar_t>& p_;
+  std::vector<scalar_t> scores_;
+};
+
+template <typename scalar_t>
+struct Forward {
+  const scalar_t* count;  // (N, L): valid keys per row (the threshold's divisor)
+  scalar_t *out, *lse, *thr;  // (N, L, Ev), (N, L), (N, L); thr holds the input threshold
+  int64_t* support;  // (N, L) or nullptr
+};
+
+// One query tile [i0, i1) of batch n: the online softmax over the key tiles (see the header).
+template <typename scalar_t>
+class ForwardTile : Tiles<scalar_t> {
+  using Tiles<scalar_t>::p_;
+  using Tiles<scalar_t>::scores_;
+
+ public:
+  ForwardTile(const Problem<scalar_t>& p, const Forward<scalar_t>& f) : Tiles<scalar_t>(p), f_(f),
+      o_(p.block_q * p.Ev), m_(p.block_q), l_(p.block_q), corr_(p.block_q), n_(p.block_q) {}
+
+  void run(int64_t n, int64_t i0, int64_t i1) {
+    const int64_t rows = i1 - i0;
+    scalar_t* thr = f_.thr + n * p_.L + i0;
+    const scalar_t* count = f_.count + n * p_.L + i0;
+    online_softmax(n, i0, i1, thr);
+    bool stranded = false;
+    for (int64_t r = 0; r < rows; ++r) stranded |= l_[r] == 0 && count[r] > 0;
+    if (stranded) {  // rare: cap the threshold at the row's largest valid score, redo the tile
+      std::vector<scalar_t> best(rows);
+      row_max(n, i0, i1, best.data());
+      for (int64_t r = 0; r < rows; ++r) {
+        if (l_[r] == 0 && count[r] > 0) thr[r] = best[r];
+      }
+      online_softmax(n, i0, i1, thr);
+    }
+    constexpr scalar_t kInf = std::numeric_limits<scalar_t>::infinity();
+    for (int64_t r = 0; r < rows; ++r) {
+      scalar_t* out = f_.out + (n * p_.L + i0 + r) * p_.Ev;
+      const bool empty = l_[r] == 0;
+      const scalar_t l = empty ? scalar_t(1) : l_[r];
+      for (int64_t e = 0; e < p_.Ev; ++e) out[e] = empty ? scalar_t(0) : o_[r * p_.Ev + e] / l;
+      f_.lse[n * p_.L + i0 + r] = empty ? kInf : m_[r] + std::log(l);
+      if (f_.support) f_.support[n * p_.L + i0 + r] = n_[r];
+    }
+  }
+
+ private:
+  void online_softmax(int64_t n, int64_t i0, int64_t i1, const scalar_t* thr) {
+    constexpr scalar_t kInf = std::numeric_limits<scalar_t>::infinity();
     const int64_t rows = i1 - i0;
     std::fill(o_.begin(), o_.begin() + rows * p_.Ev, scalar_t(0));
     std::fill(m_.begin(), m_.begin() + rows, -kInf);
@@ -203,67 +276,24 @@ class QueryTile {
     std::fill(n_.begin(), n_.begin() + rows, int64_t(0));
     for (int64_t j0 = 0; j0 < p_.S; j0 += p_.block_k) {
       if (p_.causal && j0 > i1 - 1) break;
-      const int64_t width = visible_width(i1, j0);
-      tile_scores(n, i0, i1, j0, width);
+      const int64_t width = this->visible_width(i1, j0);
+      this->tile_scores(n, i0, i1, j0, width);
       bool any_support = false;
       for (int64_t r = 0; r < rows; ++r) {
-        scalar_t* c = scores_.data() + r * p_.block_k;
-        const int64_t end = causal_end(i0 + r, j0, width);
-        const scalar_t t = thr[r];
-        const bool* keep = p_.keep.present() ? p_.keep.row(n, i0 + r) + j0 * p_.keep.col_stride : nullptr;
-        const int64_t ks = p_.keep.col_stride;
         int64_t count = 0;
-        scalar_t mx = -kInf;
-        int64_t j = 0;
-        if (keep == nullptr) {  // the common case, in SIMD: c = x if x >= 0 (as below) else -inf
-          const Vec vt(t), vtiny(tiny), vneg_inf(-kInf), zero(scalar_t(0)), one(scalar_t(1));
-          Vec vmax(-kInf), vcount(scalar_t(0));
-          for (; j + W <= end; j += W) {
-            const Vec x = Vec::loadu(c + j) - vt;
-            const Vec kept = x > vtiny;
-            const Vec z = Vec::blendv(vneg_inf, x, kept);
-            z.store(c + j);
-            vmax = at::vec::maximum(vmax, z);
-            vcount = vcount + Vec::blendv(zero, one, kept);
-          }
-          mx = at::vec::vec_reduce_all<scalar_t>([](const Vec& a, const Vec& b) { return at::vec::maximum(a, b); },
-                                                 vmax);
-          count = static_cast<int64_t>(
-              at::vec::vec_reduce_all<scalar_t>([](const Vec& a, const Vec& b) { return a + b; }, vcount));
-        }
-        for (; j < end; ++j) {
-          const scalar_t x = c[j] - t;
-          const bool kept = x > tiny && (keep == nullptr || keep[j * ks]);
-          c[j] = kept ? x : -kInf;
-          count += kept;
-          mx = std::max(mx, c[j]);
-        }
-        for (int64_t j = end; j < width; ++j) c[j] = -kInf;
+        const scalar_t mx = this->support_row(n, i0 + r, j0, width, r, thr[r], count);
         n_[r] += count;
         const scalar_t m_new = std::max(m_[r], mx);
         const scalar_t m_safe = m_new == -kInf ? scalar_t(0) : m_new;
         corr_[r] = std::exp(m_[r] - m_safe);
         m_[r] = m_new;
         if (count == 0) {  // p = 0 in this tile: zero the row so the tile's P.V (if any) adds nothing
-          std::fill(c, c + width, scalar_t(0));
+          std::fill(scores_.data() + r * p_.block_k, scores_.data() + r * p_.block_k + width, scalar_t(0));
           l_[r] *= corr_[r];
           continue;
         }
         any_support = true;
-        const Vec vm(m_safe);
-        Vec acc(scalar_t(0));
-        j = 0;
-        for (; j + W <= width; j += W) {
-          const Vec e = (Vec::loadu(c + j) - vm).exp();
-          e.store(c + j);
-          acc = acc + e;
-        }
-        scalar_t sum = at::vec::vec_reduce_all<scalar_t>([](const Vec& a, const Vec& b) { return a + b; }, acc);
-        for (; j < width; ++j) {
-          c[j] = std::exp(c[j] - m_safe);
-          sum += c[j];
-        }
-        l_[r] = l_[r] * corr_[r] + sum;
+        l_[r] = l_[r] * corr_[r] + this->exp_row(r, width, m_safe);
       }
       if (!any_support) continue;  // no score of the tile reaches its threshold: P.V is zero
       for (int64_t r = 0; r < rows; ++r) {
@@ -272,8 +302,8 @@ class QueryTile {
           for (int64_t e = 0; e < p_.Ev; ++e) o[e] *= corr_[r];
         }
       }
-      gemm_ab_acc<scalar_t>(rows, p_.Ev, width, scores_.data(), p_.block_k, p_.v + (n * p_.S + j0) * p_.Ev, p_.Ev,
-                            o_.data(), p_.Ev);
+      gemm<scalar_t>(false, false, rows, p_.Ev, width, scores_.data(), p_.block_k, p_.v + (n * p_.S + j0) * p_.Ev,
+                     p_.Ev, true, o_.data(), p_.Ev);
     }
   }
 
@@ -284,12 +314,12 @@ class QueryTile {
     std::fill(best, best + rows, -kInf);
     for (int64_t j0 = 0; j0 < p_.S; j0 += p_.block_k) {
       if (p_.causal && j0 > i1 - 1) break;
-      const int64_t width = visible_width(i1, j0);
-      tile_scores(n, i0, i1, j0, width);
+      const int64_t width = this->visible_width(i1, j0);
+      this->tile_scores(n, i0, i1, j0, width);
       for (int64_t r = 0; r < rows; ++r) {
         const scalar_t* c = scores_.data() + r * p_.block_k;
-        const bool* keep = p_.keep.present() ? p_.keep.row(n, i0 + r) + j0 * p_.keep.col_stride : nullptr;
-        const int64_t end = causal_end(i0 + r, j0, width);
+        const bool* keep = this->keep_row(n, i0 + r, j0);
+        const int64_t end = this->causal_end(i0 + r, j0, width);
         for (int64_t j = 0; j < end; ++j) {
           if (keep != nullptr && !keep[j * p_.keep.col_stride]) continue;
           if (std::isnan(c[j]) || c[j] > best[r]) best[r] = std::isnan(best[r]) ? best[r] : c[j];
@@ -298,20 +328,127 @@ class QueryTile {
     }
   }
 
-  const Problem<scalar_t>& p_;
-  std::vector<scalar_t> scores_, o_, m_, l_;
+  const Forward<scalar_t>& f_;
+  std::vector<scalar_t> o_, m_, l_, corr_;
   std::vector<int64_t> n_;
-  std::vector<scalar_t> corr_;
+};
+
+template <typename scalar_t>
+struct Backward {
+  const scalar_t *grad_out, *out, *lse, *thr;  // (N, L, Ev), (N, L, Ev), (N, L), (N, L)
+  scalar_t *dq, *dk, *dv;  // (N, L, E), (N, S, E), (N, S, Ev), zeroed; dq of the pre-scaled q
+};
+
+// FlashAttention-2's backward for all query tiles of batch n (the reference's backward, tile for
+// tile): P = exp(c - lse) on the support (0 off it), dV += P^T dO, dS = (dO V^T - delta) * P with
+// delta_i = dO_i . out_i, dQ += dS K, dK += dS^T Q. Key tiles where P is zero are skipped.
+template <typename scalar_t>
+class BackwardBatch : Tiles<scalar_t> {
+  using Tiles<scalar_t>::p_;
+  using Tiles<scalar_t>::scores_;
+
+ public:
+  BackwardBatch(const Problem<scalar_t>& p, const Backward<scalar_t>& b) : Tiles<scalar_t>(p), b_(b),
+      dp_(p.block_q * p.block_k), delta_(p.block_q) {}
+
+  void run(int64_t n) {
+    constexpr scalar_t kInf = std::numeric_limits<scalar_t>::infinity();
+    for (int64_t i0 = 0; i0 < p_.L; i0 += p_.block_q) {
+      const int64_t i1 = std::min(p_.L, i0 + p_.block_q), rows = i1 - i0;
+      const scalar_t* dout = b_.grad_out + (n * p_.L + i0) * p_.Ev;
+      for (int64_t r = 0; r < rows; ++r) {
+        const scalar_t* o = b_.out + (n * p_.L + i0 + r) * p_.Ev;
+        scalar_t d = 0;
+        for (int64_t e = 0; e < p_.Ev; ++e) d += dout[r * p_.Ev + e] * o[e];
+        delta_[r] = d;
+      }
+      for (int64_t j0 = 0; j0 < p_.S; j0 += p_.block_k) {
+        if (p_.causal && j0 > i1 - 1) break;
+        const int64_t width = this->visible_width(i1, j0);
+        this->tile_scores(n, i0, i1, j0, width);
+        bool any_support = false;
+        for (int64_t r = 0; r < rows; ++r) {
+          int64_t count = 0;
+          this->support_row(n, i0 + r, j0, width, r, b_.thr[n * p_.L + i0 + r], count);
+          const scalar_t lse = b_.lse[n * p_.L + i0 + r];
+          if (count == 0 || lse == kInf) {
+            std::fill(scores_.data() + r * p_.block_k, scores_.data() + r * p_.block_k + width, scalar_t(0));
+            continue;
+          }
+          any_support = true;
+          this->exp_row(r, width, lse);  // P = exp(c - lse)
+        }
+        if (!any_support) continue;
+        const scalar_t* kt = p_.k + (n * p_.S + j0) * p_.E;
+        const scalar_t* vt = p_.v + (n * p_.S + j0) * p_.Ev;
+        const scalar_t* qt = p_.q + (n * p_.L + i0) * p_.E;
+        gemm<scalar_t>(true, false, width, p_.Ev, rows, scores_.data(), p_.block_k, dout, p_.Ev, true,
+                       b_.dv + (n * p_.S + j0) * p_.Ev, p_.Ev);  // dV += P^T dO
+        gemm<scalar_t>(false, true, rows, width, p_.Ev, dout, p_.Ev, vt, p_.Ev, false, dp_.data(),
+                       p_.block_k);  // dO V^T
+        for (int64_t r = 0; r < rows; ++r) {
+          scalar_t* ds = dp_.data() + r * p_.block_k;
+          const scalar_t* pr = scores_.data() + r * p_.block_k;
+          const scalar_t d = delta_[r];
+          for (int64_t j = 0; j < width; ++j) ds[j] = (ds[j] - d) * pr[j];
+        }
+        gemm<scalar_t>(false, false, rows, p_.E, width, dp_.data(), p_.block_k, kt, p_.E, true,
+                       b_.dq + (n * p_.L + i0) * p_.E, p_.E);  // dQ += dS K
+        gemm<scalar_t>(true, false, width, p_.E, rows, dp_.data(), p_.block_k, qt, p_.E, true,
+                       b_.dk + (n * p_.S + j0) * p_.E, p_.E);  // dK += dS^T Q
+      }
+    }
+  }
+
+ private:
+  const Backward<scalar_t>& b_;
+  std::vector<scalar_t> dp_, delta_;
 };
 
 void check_mask(const c10::optional<at::Tensor>& mask, const c10::optional<at::Tensor>& offsets, int64_t N,
                 at::ScalarType dtype, const char* name) {
   if (!mask.has_value() || !mask->defined()) return;
-  TORCH_CHECK(mask->scalar_type() == dtype, "ev_softmax_attention_forward: ", name, " has the wrong dtype");
-  TORCH_CHECK(mask->dim() >= 2, "ev_softmax_attention_forward: ", name, " needs 2 dims or more");
+  TORCH_CHECK(mask->scalar_type() == dtype, "ev_softmax_attention: ", name, " has the wrong dtype");
+  TORCH_CHECK(mask->dim() >= 2, "ev_softmax_attention: ", name, " needs 2 dims or more");
   TORCH_CHECK(offsets.has_value() && offsets->defined() && offsets->scalar_type() == at::kLong &&
                   offsets->dim() == 1 && offsets->size(0) == N && offsets->is_contiguous(),
-              "ev_softmax_attention_forward: ", name, "_offsets must be a contiguous int64 (N,) tensor");
+              "ev_softmax_attention: ", name, "_offsets must be a contiguous int64 (N,) tensor");
+}
+
+// Checks what the forward and the backward take alike; the problem's sizes (block sizes clamped).
+template <typename scalar_t>
+Problem<scalar_t> problem(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                          const c10::optional<at::Tensor>& keep, const c10::optional<at::Tensor>& keep_offsets,
+                          const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& bias_offsets,
+                          bool causal, int64_t block_q, int64_t block_k) {
+  const int64_t N = q.size(0), L = q.size(1), E = q.size(2), S = k.size(1), Ev = v.size(2);
+  check_mask(keep, keep_offsets, N, at::kBool, "keep");
+  check_mask(bias, bias_offsets, N, q.scalar_type(), "bias");
+  return {q.const_data_ptr<scalar_t>(), k.const_data_ptr<scalar_t>(), v.const_data_ptr<scalar_t>(), L, S, E, Ev,
+          strided<bool>(keep, keep_offsets), strided<scalar_t>(bias, bias_offsets), causal, std::min(block_q, L),
+          std::min(block_k, S)};
+}
+
+void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t block_q, int64_t block_k,
+                  std::initializer_list<at::Tensor> rows) {
+  TORCH_CHECK(q.device().is_cpu() && k.device().is_cpu() && v.device().is_cpu(), "ev_softmax_attention: CPU tensors only");
+  TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3 && q.is_contiguous() && k.is_contiguous() &&
+                  v.is_contiguous(), "ev_softmax_attention: q, k, v must be contiguous 3-D tensors");
+  const int64_t N = q.size(0), L = q.size(1), E = q.size(2), S = k.size(1), Ev = v.size(2);
+  TORCH_CHECK(k.size(0) == N && v.size(0) == N && k.size(2) == E && v.size(1) == S,
+              "ev_softmax_attention: q, k, v shapes do not match");
+  TORCH_CHECK(N > 0 && L > 0 && S > 0 && E > 0 && Ev > 0, "ev_softmax_attention: empty dims");
+  TORCH_CHECK(block_q > 0 && block_k > 0, "ev_softmax_attention: block sizes must be positive");
+  TORCH_CHECK(std::max({E, Ev, block_k, block_q}) < (int64_t(1) << 31),  // the BLAS takes 32-bit sizes
+              "ev_softmax_attention: dims too large");
+  for (const at::Tensor& t : {k, v}) {
+    TORCH_CHECK(t.scalar_type() == q.scalar_type(), "ev_softmax_attention: q, k, v must have one dtype");
+  }
+  for (const at::Tensor& t : rows) {  // per-row (N, L) or (N, L, Ev) tensors
+    TORCH_CHECK(t.scalar_type() == q.scalar_type() && t.is_contiguous() && t.size(0) == N && t.size(1) == L &&
+                    (t.dim() == 2 || (t.dim() == 3 && t.size(2) == Ev)),
+                "ev_softmax_attention: per-query tensors must be contiguous (N, L[, Ev]) in q's dtype");
+  }
 }
 
 }  // namespace
@@ -324,49 +461,53 @@ std::vector<at::Tensor> ev_softmax_attention_forward(
     const c10::optional<at::Tensor>& keep, const c10::optional<at::Tensor>& keep_offsets,
     const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& bias_offsets, bool causal,
     bool count_support, int64_t block_q, int64_t block_k) {
-  TORCH_CHECK(q.device().is_cpu() && k.device().is_cpu() && v.device().is_cpu(),
-              "ev_softmax_attention_forward: CPU tensors only");
-  TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3 && q.is_contiguous() && k.is_contiguous() &&
-                  v.is_contiguous(), "ev_softmax_attention_forward: q, k, v must be contiguous 3-D tensors");
-  const int64_t N = q.size(0), L = q.size(1), E = q.size(2), S = k.size(1), Ev = v.size(2);
-  TORCH_CHECK(k.size(0) == N && v.size(0) == N && k.size(2) == E && v.size(1) == S,
-              "ev_softmax_attention_forward: q, k, v shapes do not match");
-  TORCH_CHECK(k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type() &&
-                  thr.scalar_type() == q.scalar_type() && count.scalar_type() == q.scalar_type(),
-              "ev_softmax_attention_forward: q, k, v, thr, count must have one dtype");
-  TORCH_CHECK(thr.is_contiguous() && count.is_contiguous() && thr.numel() == N * L && count.numel() == N * L,
-              "ev_softmax_attention_forward: thr and count must be contiguous (N, L)");
-  TORCH_CHECK(block_q > 0 && block_k > 0, "ev_softmax_attention_forward: block sizes must be positive");
-  TORCH_CHECK(N > 0 && L > 0 && S > 0 && E > 0 && Ev > 0, "ev_softmax_attention_forward: empty dims");
-  check_mask(keep, keep_offsets, N, at::kBool, "keep");
-  check_mask(bias, bias_offsets, N, q.scalar_type(), "bias");
-  // The BLAS takes 32-bit sizes and leading dims.
-  TORCH_CHECK(std::max({E, Ev, block_k, block_q}) < (int64_t(1) << 31),
-              "ev_softmax_attention_forward: dims too large");
-
+  check_inputs(q, k, v, block_q, block_k, {thr, count});
+  const int64_t N = q.size(0), L = q.size(1), Ev = v.size(2);
   at::Tensor out = at::empty({N, L, Ev}, q.options());
   at::Tensor lse = at::empty({N, L}, q.options());
-  at::Tensor thr_out = thr.reshape({N, L}).clone();
-  at::Tensor support = count_support ? at::empty({N, L}, q.options().dtype(at::kLong))
-                                     : at::empty({0}, q.options().dtype(at::kLong));
-  const int64_t bq = std::min(block_q, L), bk = std::min(block_k, S);
-  const int64_t q_tiles = (L + bq - 1) / bq;
+  at::Tensor thr_out = thr.clone();
+  at::Tensor support = at::empty({count_support ? N * L : 0}, q.options().dtype(at::kLong));
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "ev_softmax_attention_forward", [&] {
-    Problem<scalar_t> p{q.const_data_ptr<scalar_t>(), k.const_data_ptr<scalar_t>(), v.const_data_ptr<scalar_t>(),
-                        L, S, E, Ev, strided<bool>(keep, keep_offsets), strided<scalar_t>(bias, bias_offsets),
-                        causal, bq, bk, count.const_data_ptr<scalar_t>(), out.mutable_data_ptr<scalar_t>(),
-                        lse.mutable_data_ptr<scalar_t>(), thr_out.mutable_data_ptr<scalar_t>(),
-                        count_support ? support.mutable_data_ptr<int64_t>() : nullptr};
-    // Causal tiles late in the sequence cost more; interleaving keeps the split across threads even.
+    const Problem<scalar_t> p = problem<scalar_t>(q, k, v, keep, keep_offsets, bias, bias_offsets, causal, block_q,
+                                                  block_k);
+    const Forward<scalar_t> f{count.const_data_ptr<scalar_t>(), out.mutable_data_ptr<scalar_t>(),
+                              lse.mutable_data_ptr<scalar_t>(), thr_out.mutable_data_ptr<scalar_t>(),
+                              count_support ? support.mutable_data_ptr<int64_t>() : nullptr};
+    const int64_t q_tiles = (L + p.block_q - 1) / p.block_q;
     at::parallel_for(0, N * q_tiles, 1, [&](int64_t begin, int64_t end) {
-      QueryTile<scalar_t> tile(p);
+      ForwardTile<scalar_t> tile(p, f);
       for (int64_t task = begin; task < end; ++task) {
         const int64_t n = task / q_tiles, t = task % q_tiles;
-        tile.run(n, t * bq, std::min(L, (t + 1) * bq));
+        tile.run(n, t * p.block_q, std::min(L, (t + 1) * p.block_q));
       }
     });
   });
-  return {out, lse, thr_out, support};
+  return {out, lse, thr_out, count_support ? support.view({N, L}) : support};
+}
+
+// (dq, dk, dv) of the forward from its out, lse, thr (N, L[, Ev]) and grad_out (N, L, Ev); q as in
+// the forward (pre-scaled): dq is the gradient of the pre-scaled q (the caller multiplies by scale).
+// Parallel over the batch (each batch entry owns its rows of dk, dv).
+std::vector<at::Tensor> ev_softmax_attention_backward(
+    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
+    const at::Tensor& lse, const at::Tensor& thr, const c10::optional<at::Tensor>& keep,
+    const c10::optional<at::Tensor>& keep_offsets, const c10::optional<at::Tensor>& bias,
+    const c10::optional<at::Tensor>& bias_offsets, bool causal, int64_t block_q, int64_t block_k) {
+  check_inputs(q, k, v, block_q, block_k, {grad_out, out, lse, thr});
+  at::Tensor dq = at::zeros_like(q), dk = at::zeros_like(k), dv = at::zeros_like(v);
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "ev_softmax_attention_backward", [&] {
+    const Problem<scalar_t> p = problem<scalar_t>(q, k, v, keep, keep_offsets, bias, bias_offsets, causal, block_q,
+                                                  block_k);
+    const Backward<scalar_t> b{grad_out.const_data_ptr<scalar_t>(), out.const_data_ptr<scalar_t>(),
+                               lse.const_data_ptr<scalar_t>(), thr.const_data_ptr<scalar_t>(),
+                               dq.mutable_data_ptr<scalar_t>(), dk.mutable_data_ptr<scalar_t>(),
+                               dv.mutable_data_ptr<scalar_t>()};
+    at::parallel_for(0, q.size(0), 1, [&](int64_t begin, int64_t end) {
+      BackwardBatch<scalar_t> batch(p, b);
+      for (int64_t n = begin; n < end; ++n) batch.run(n);
+    });
+  });
+  return {dq, dk, dv};
 }
 
 bool uses_blas() { return have_blas(); }
@@ -374,5 +515,7 @@ bool uses_blas() { return have_blas(); }
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("ev_softmax_attention_forward", &ev_softmax_attention_forward,
         "Fused forward of blockwise ev-softmax attention (Eq. 7 per query) given each query's threshold");
+  m.def("ev_softmax_attention_backward", &ev_softmax_attention_backward,
+        "Fused backward (FlashAttention-2) of blockwise ev-softmax attention from its out, lse, thr");
   m.def("uses_blas", &uses_blas, "Whether the tile products go to the BLAS torch links (else at::mm)");
 }
