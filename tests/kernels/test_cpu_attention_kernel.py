@@ -23,6 +23,17 @@ the same, and with e_i = max_j e_ij, every weight exp(c - m) has relative error 
     |lse_i - oracle_i| <= 2 e_i + 8 sqrt(S + 4) u + u |lse_i|
 
 (the sums of up to S terms and the exp; the factor 2 in the first: the ratio of two such sums).
+Gradients (the C++ backward against the float64 reference backward): every term of dV, dS, dQ, dK
+is a product of a weight P_ij = exp(c_ij - lse_i) (relative error at most 2 e_i + 8 sqrt(S + 4) u)
+with dot products and sums of at most n = L + S + Ev terms (relative error 8 sqrt(n) u of their
+magnitudes). With rho_i = 2 e_i + 8 sqrt(n + 4) u and the oracle's P,
+
+    |dV - o| <= 2 (P rho)^T |dO|,  |dQ - o| <= 2 scale D |K|,  |dK - o| <= 2 D^T |Q scale|,
+    D = P rho (|dO| |V|^T + |delta|) (a bound on |dS - o|),  delta_i = dO_i . out_i
+
+(2: a product of two rounded factors). An ambiguous entry (which either path may keep or drop)
+is given the weight of a score at the threshold, exp(-lse_i), a relative error of 1, and moves its
+row's normalizer by that weight: every weight of the row, and delta_i, get that much more error.
 ``thr`` and the valid-key counts come from the reference's own threshold function in both paths,
 so they are compared bit for bit with the reference in the dtype under test, except the threshold
 of a row whose rounded mean fell above all its valid scores, which either path caps at its
@@ -59,14 +70,18 @@ def kernel():
 
 
 class Spy:
-    """Stands in for the built extension and counts the calls of its forward."""
+    """Stands in for the built extension and counts the calls of its forward and backward."""
 
     def __init__(self, ext):
-        self.ext, self.calls = ext, 0
+        self.ext, self.calls, self.backward_calls = ext, 0, 0
 
     def ev_softmax_attention_forward(self, *args):
         self.calls += 1
         return self.ext.ev_softmax_attention_forward(*args)
+
+    def ev_softmax_attention_backward(self, *args):
+        self.backward_calls += 1
+        return self.ext.ev_softmax_attention_backward(*args)
 
 
 @pytest.fixture
@@ -131,7 +146,8 @@ def oracle_check(q, k, v, keep, bias, causal, scale, block_q, block_k):
     # A row's largest valid score is kept in both paths either way (a row whose rounded mean is above
     # it is capped at it), so only entries clearly below the maximum can be ambiguous.
     row_max = scores.masked_fill(~valid, NEG_INF).amax(-1, keepdim=True)
-    ambiguous = (((scores - o_thr).abs() <= err) & (row_max - scores > err) & valid).any(-1)  # (..., L)
+    ambiguous_entries = ((scores - o_thr).abs() <= err) & (row_max - scores > err) & valid
+    ambiguous = ambiguous_entries.any(-1)  # (..., L)
     assert ambiguous.float().mean() <= 0.1
     rows = ~ambiguous
     e_row = torch.where(valid, err, 0.0).amax(-1, keepdim=True)
@@ -149,7 +165,48 @@ def oracle_check(q, k, v, keep, bias, causal, scale, block_q, block_k):
     assert lse_ok[rows].all()
     assert torch.equal(support[rows], o_support[rows])
     assert torch.equal(count, o_count.to(dtype))
+    gradient_check(q, k, v, keep, bias, causal, scale, block_q, block_k, o_out, o_lse, o_thr, valid,
+                   ambiguous_entries, e_row)
     return got
+
+
+def gradient_check(q, k, v, keep, bias, causal, scale, block_q, block_k, o_out, o_lse, o_thr, valid,
+                   ambiguous, e_row):
+    """The backward (kernel where it applies) against the float64 reference backward, by the error model."""
+    u = torch.finfo(q.dtype).eps / 2
+    L, S, Ev = q.shape[-2], k.shape[-2], v.shape[-1]
+    g = torch.Generator().manual_seed(9)
+    dout = torch.randn(o_out.shape, generator=g, dtype=q.dtype)
+
+    def grads(q, k, v, bias):
+        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+        out = attention_ops.ev_softmax_attention_blockwise(*leaves, keep, bias, causal, scale, False, block_q,
+                                                           block_k)[0]
+        return torch.autograd.grad(out, leaves, dout.to(q.dtype))
+
+    got = grads(q, k, v, bias)
+    with kernels.disabled():
+        d = lambda t: None if t is None else t.double()
+        oracle = grads(d(q), d(k), d(v), d(bias))
+    assert all(a.dtype == q.dtype and a.shape == b.shape for a, b in zip(got, oracle))
+    qs, k64, v64 = q.double() * scale, k.double(), v.double()
+    c = qs @ k64.transpose(-2, -1) + (0 if bias is None else bias.double()) - o_thr
+    p = torch.where(valid & (c > -torch.finfo(torch.float64).smallest_normal), torch.exp(c - o_lse), 0.0)
+    # Ambiguous entries may be in the support in one path and not in the other: such an entry has the
+    # weight of a score at the threshold, exp(-lse_i) (relative error 1), and moves its row's
+    # normalizer, hence every weight of the row and out_i, by at most `flip_i` relative.
+    at_threshold = torch.exp(-o_lse)
+    p_hi = torch.where(ambiguous, torch.maximum(p, at_threshold), p)
+    flip = torch.where(ambiguous, at_threshold, 0.0).sum(-1, keepdim=True)
+    rel = 2 * e_row + LAMBDA * (L + S + Ev + 4) ** 0.5 * u + 2 * flip + ambiguous.double()
+    adout = dout.double().abs()
+    delta = (dout.double() * o_out).sum(-1, keepdim=True).abs()
+    delta_err = 2 * flip * adout.sum(-1, keepdim=True) * v64.abs().amax()
+    ds_err = p_hi * (rel * (adout @ v64.abs().transpose(-2, -1) + delta) + delta_err)  # bounds |dS - oracle|
+    tolerances = (2 * scale * ds_err @ k64.abs(), 2 * ds_err.transpose(-2, -1) @ qs.abs(),
+                  2 * (p_hi * rel).transpose(-2, -1) @ adout)
+    for name, got_, want, tol in zip("qkv", got, oracle, tolerances):
+        assert ((got_.double() - want).abs() <= tol).all(), name
 
 
 MASKS = ["none", "1-d key padding", "key padding", "general bool", "bias", "bias + bool"]
@@ -163,7 +220,7 @@ def test_matches_the_reference_within_the_error_model(spy, dtype, causal, mask):
     q, k, v = make(batch, L, S, 8, 5, dtype)
     keep, bias = make_masks(mask, batch, L, S, dtype)
     out, lse, _, support, count = oracle_check(q, k, v, keep, bias, causal, 0.4, 16, 16)
-    assert spy.calls == 1
+    assert spy.calls == 2 and spy.backward_calls == 1  # the op's forward, then forward + backward
     if mask in ("general bool", "bias + bool"):  # the all-masked row: 0 out, +inf lse, nothing counted
         empty = (slice(0, 1), slice(None), L // 2)
         assert (out[empty] == 0).all() and (lse[empty] == INF).all()
@@ -178,7 +235,7 @@ def test_odd_sizes_and_tiles(spy, dtype, causal, L, S, block_q, block_k):
     q, k, v = make((2,), L, S, 6, 3, dtype, seed=L + S)
     keep = (torch.arange(S) < torch.tensor([[S], [max(S // 2, 1)]])).reshape(2, 1, S)
     oracle_check(q, k, v, keep, None, causal, 6 ** -0.5, block_q, block_k)
-    assert spy.calls == 1
+    assert spy.calls == 2 and spy.backward_calls == 1
 
 
 def test_rows_whose_rounded_mean_is_above_every_score_are_capped(spy):
@@ -210,7 +267,7 @@ def test_gradcheck_float64_through_the_kernel(spy, causal, mask):
     fn = lambda q, k, v: attention_ops.ev_softmax_attention_blockwise(q, k, v, keep, bias, causal,
                                                                       block_q=4, block_k=4)[0]
     assert torch.autograd.gradcheck(fn, (q, k, v))
-    assert spy.calls > 0
+    assert spy.calls > 0 and spy.backward_calls > 0
 
 
 def test_sparse_attention_uses_the_kernel_by_default_with_key_lengths_and_gqa(spy, monkeypatch):
