@@ -1,5 +1,5 @@
-// Fused CPU forward of blockwise ev-softmax attention: the CPU kernel of the registered op
-// sparsenorm::ev_softmax_attention_blockwise (its Python side is in kernels/attention_ops.py).
+// Fused CPU forward and backward of blockwise ev-softmax attention: the CPU kernels of the registered
+// ops sparsenorm::ev_softmax_attention_blockwise and ..._backward (Python side: kernels/attention_ops.py).
 //
 // ev-softmax (ev-softmax paper, Eq. 7) keeps, in query row i, the valid keys whose score
 // s_ij = (q_i * scale) . k_j (+ b_ij) is at least the row's mean valid score t_i. The mean is
@@ -18,14 +18,20 @@
 // skipped. Under a causal mask, key tiles wholly after the query tile are not visited and a tile's
 // products stop at the last key its last query sees.
 //
+// The backward is FlashAttention-2's from the saved out, lse and thr (the reference's backward, tile
+// for tile): P = exp(c - lse) on the support, dV += P^T dO, dS = P * (dO V^T - delta) with
+// delta_i = dO_i . out_i (softmax's Jacobian on the support, Eq. 9; the threshold carries no
+// gradient), dQ += dS K, dK += dS^T Q; key tiles with no support are skipped. It is split over the
+// batch only (each batch entry owns its rows of dK and dV).
+//
 // As in the reference: "c >= 0" is tested as c > -smallest_normal (NaN is never kept); a row whose
 // threshold rounding put above every valid score ("stranded": no support, some valid key) is redone
 // with the threshold set to its largest valid score; a row with no valid key gives out 0, lse +inf.
 //
 // Tile products go to the BLAS torch links (MKL's exported SGEMM/DGEMM, as ATen's own
 // flash-attention CPU kernel calls cpublas::gemm); where that symbol is absent (another BLAS),
-// to at::mm on views of the tiles. Work is split over batch x query tiles with at::parallel_for;
-// the BLAS calls inside run on one thread each.
+// to at::mm on views of the tiles. The forward is split over batch x query tiles with
+// at::parallel_for; the BLAS calls inside run on one thread each.
 #include <torch/extension.h>
 
 #include <ATen/Parallel.h>
