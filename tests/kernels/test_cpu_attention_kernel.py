@@ -238,6 +238,21 @@ def test_odd_sizes_and_tiles(spy, dtype, causal, L, S, block_q, block_k):
     assert spy.calls == 2 and spy.backward_calls == 1
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_aten_gemm_fallback_agrees_too(kernel, spy, dtype):
+    """The tile products by at::mm (what runs where torch links no MKL) instead of the BLAS symbols."""
+    batch, L, S = (2, 3), 37, 45
+    q, k, v = make(batch, L, S, 8, 5, dtype, seed=4)
+    keep, bias = make_masks("bias + bool", batch, L, S, dtype)
+    kernel.set_force_aten_gemm(True)
+    try:
+        assert not kernel.uses_blas()
+        oracle_check(q, k, v, keep, bias, True, 0.4, 16, 16)
+    finally:
+        kernel.set_force_aten_gemm(False)
+    assert spy.calls == 2 and spy.backward_calls == 1
+
+
 def test_rows_whose_rounded_mean_is_above_every_score_are_capped(spy):
     """Identical keys: every score is equal and the rounded mean of the keys may exceed it; the row
     then keeps its maximum (here every key, all tied) as in the reference: out = mean of v."""

@@ -39,6 +39,7 @@
 #include <ATen/cpu/vec/vec.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -58,7 +59,9 @@ namespace {
 
 using at::vec::Vectorized;
 
-bool have_blas() { return SGEMM != nullptr && DGEMM != nullptr; }
+std::atomic<bool> force_aten_gemm{false};  // tests: run the at::mm fallback where the BLAS is there
+
+bool have_blas() { return !force_aten_gemm.load() && SGEMM != nullptr && DGEMM != nullptr; }
 
 template <typename scalar_t>
 void fortran_gemm(char ta, char tb, int m, int n, int k, scalar_t alpha, const scalar_t* a, int lda,
@@ -518,10 +521,14 @@ std::vector<at::Tensor> ev_softmax_attention_backward(
 
 bool uses_blas() { return have_blas(); }
 
+void set_force_aten_gemm(bool force) { force_aten_gemm.store(force); }
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("ev_softmax_attention_forward", &ev_softmax_attention_forward,
         "Fused forward of blockwise ev-softmax attention (Eq. 7 per query) given each query's threshold");
   m.def("ev_softmax_attention_backward", &ev_softmax_attention_backward,
         "Fused backward (FlashAttention-2) of blockwise ev-softmax attention from its out, lse, thr");
   m.def("uses_blas", &uses_blas, "Whether the tile products go to the BLAS torch links (else at::mm)");
+  m.def("set_force_aten_gemm", &set_force_aten_gemm,
+        "Tests only: send the tile products to at::mm even where the BLAS symbols are there");
 }
