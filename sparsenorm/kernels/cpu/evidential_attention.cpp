@@ -166,6 +166,18 @@ class Tiles {
     }
   }
 
+  // fn(j0, width) for each key tile [j0, j0 + width) some query of [i0, i1) may see, with the
+  // tile's scores in scores_ (key tiles after the query tile are skipped under a causal mask).
+  template <typename Fn>
+  void for_each_key_tile(int64_t n, int64_t i0, int64_t i1, Fn&& fn) {
+    for (int64_t j0 = 0; j0 < p_.S; j0 += p_.block_k) {
+      if (p_.causal && j0 > i1 - 1) break;
+      const int64_t width = visible_width(i1, j0);
+      tile_scores(n, i0, i1, j0, width);
+      fn(j0, width);
+    }
+  }
+
   // Row r of the tile's scores (query i) in place: c = s - t on the support (valid and c >= 0,
   // tested as c > -smallest_normal, so NaN is left out), -inf off it. Returns the row's max of c
   // and adds the support's size to `count`.
@@ -283,10 +295,7 @@ class ForwardTile : Tiles<scalar_t> {
     std::fill(m_.begin(), m_.begin() + rows, -kInf);
     std::fill(l_.begin(), l_.begin() + rows, scalar_t(0));
     std::fill(n_.begin(), n_.begin() + rows, int64_t(0));
-    for (int64_t j0 = 0; j0 < p_.S; j0 += p_.block_k) {
-      if (p_.causal && j0 > i1 - 1) break;
-      const int64_t width = this->visible_width(i1, j0);
-      this->tile_scores(n, i0, i1, j0, width);
+    this->for_each_key_tile(n, i0, i1, [&](int64_t j0, int64_t width) {
       bool any_support = false;
       for (int64_t r = 0; r < rows; ++r) {
         int64_t count = 0;
@@ -304,7 +313,7 @@ class ForwardTile : Tiles<scalar_t> {
         any_support = true;
         l_[r] = l_[r] * corr_[r] + this->exp_row(r, width, m_safe);
       }
-      if (!any_support) continue;  // no score of the tile reaches its threshold: P.V is zero
+      if (!any_support) return;  // no score of the tile reaches its threshold: P.V is zero
       for (int64_t r = 0; r < rows; ++r) {
         if (corr_[r] != scalar_t(1)) {
           scalar_t* o = o_.data() + r * p_.Ev;
@@ -313,7 +322,7 @@ class ForwardTile : Tiles<scalar_t> {
       }
       gemm<scalar_t>(false, false, rows, p_.Ev, width, scores_.data(), p_.block_k, p_.v + (n * p_.S + j0) * p_.Ev,
                      p_.Ev, true, o_.data(), p_.Ev);
-    }
+    });
   }
 
   // Each row's largest valid score (NaN propagates, as torch.amax; -inf where none is valid).
@@ -321,10 +330,7 @@ class ForwardTile : Tiles<scalar_t> {
     constexpr scalar_t kInf = std::numeric_limits<scalar_t>::infinity();
     const int64_t rows = i1 - i0;
     std::fill(best, best + rows, -kInf);
-    for (int64_t j0 = 0; j0 < p_.S; j0 += p_.block_k) {
-      if (p_.causal && j0 > i1 - 1) break;
-      const int64_t width = this->visible_width(i1, j0);
-      this->tile_scores(n, i0, i1, j0, width);
+    this->for_each_key_tile(n, i0, i1, [&](int64_t j0, int64_t width) {
       for (int64_t r = 0; r < rows; ++r) {
         const scalar_t* c = scores_.data() + r * p_.block_k;
         const bool* keep = this->keep_row(n, i0 + r, j0);
@@ -334,7 +340,7 @@ class ForwardTile : Tiles<scalar_t> {
           if (std::isnan(c[j]) || c[j] > best[r]) best[r] = std::isnan(best[r]) ? best[r] : c[j];
         }
       }
-    }
+    });
   }
 
   const Forward<scalar_t>& f_;
@@ -371,10 +377,7 @@ class BackwardBatch : Tiles<scalar_t> {
         for (int64_t e = 0; e < p_.Ev; ++e) d += dout[r * p_.Ev + e] * o[e];
         delta_[r] = d;
       }
-      for (int64_t j0 = 0; j0 < p_.S; j0 += p_.block_k) {
-        if (p_.causal && j0 > i1 - 1) break;
-        const int64_t width = this->visible_width(i1, j0);
-        this->tile_scores(n, i0, i1, j0, width);
+      this->for_each_key_tile(n, i0, i1, [&](int64_t j0, int64_t width) {
         bool any_support = false;
         for (int64_t r = 0; r < rows; ++r) {
           int64_t count = 0;
@@ -387,7 +390,7 @@ class BackwardBatch : Tiles<scalar_t> {
           any_support = true;
           this->exp_row(r, width, lse);  // P = exp(c - lse)
         }
-        if (!any_support) continue;
+        if (!any_support) return;
         const scalar_t* kt = p_.k + (n * p_.S + j0) * p_.E;
         const scalar_t* vt = p_.v + (n * p_.S + j0) * p_.Ev;
         const scalar_t* qt = p_.q + (n * p_.L + i0) * p_.E;
@@ -405,7 +408,7 @@ class BackwardBatch : Tiles<scalar_t> {
                        b_.dq + (n * p_.L + i0) * p_.E, p_.E);  // dQ += dS K
         gemm<scalar_t>(true, false, width, p_.E, rows, dp_.data(), p_.block_k, qt, p_.E, true,
                        b_.dk + (n * p_.S + j0) * p_.E, p_.E);  // dK += dS^T Q
-      }
+      });
     }
   }
 
