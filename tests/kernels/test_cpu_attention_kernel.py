@@ -46,6 +46,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import sparsenorm
 from sparsenorm import kernels
@@ -146,7 +148,8 @@ def oracle_check(q, k, v, keep, bias, causal, scale, block_q, block_k):
     # A row's largest valid score is kept in both paths either way (a row whose rounded mean is above
     # it is capped at it), so only entries clearly below the maximum can be ambiguous.
     row_max = scores.masked_fill(~valid, NEG_INF).amax(-1, keepdim=True)
-    ambiguous_entries = ((scores - o_thr).abs() <= err) & (row_max - scores > err) & valid
+    near = ((scores - o_thr).abs() <= err) & valid  # within rounding of the threshold
+    ambiguous_entries = near & (row_max - scores > err)
     ambiguous = ambiguous_entries.any(-1)  # (..., L)
     assert ambiguous.float().mean() <= 0.1
     rows = ~ambiguous
@@ -165,12 +168,12 @@ def oracle_check(q, k, v, keep, bias, causal, scale, block_q, block_k):
     assert lse_ok[rows].all()
     assert torch.equal(support[rows], o_support[rows])
     assert torch.equal(count, o_count.to(dtype))
-    gradient_check(q, k, v, keep, bias, causal, scale, block_q, block_k, o_out, o_lse, o_thr, valid,
+    gradient_check(q, k, v, keep, bias, causal, scale, block_q, block_k, o_out, o_lse, o_thr, valid, near,
                    ambiguous_entries, e_row)
     return got
 
 
-def gradient_check(q, k, v, keep, bias, causal, scale, block_q, block_k, o_out, o_lse, o_thr, valid,
+def gradient_check(q, k, v, keep, bias, causal, scale, block_q, block_k, o_out, o_lse, o_thr, valid, near,
                    ambiguous, e_row):
     """The backward (kernel where it applies) against the float64 reference backward, by the error model."""
     u = torch.finfo(q.dtype).eps / 2
@@ -192,11 +195,12 @@ def gradient_check(q, k, v, keep, bias, causal, scale, block_q, block_k, o_out, 
     qs, k64, v64 = q.double() * scale, k.double(), v.double()
     c = qs @ k64.transpose(-2, -1) + (0 if bias is None else bias.double()) - o_thr
     p = torch.where(valid & (c > -torch.finfo(torch.float64).smallest_normal), torch.exp(c - o_lse), 0.0)
-    # Ambiguous entries may be in the support in one path and not in the other: such an entry has the
-    # weight of a score at the threshold, exp(-lse_i) (relative error 1), and moves its row's
-    # normalizer, hence every weight of the row and out_i, by at most `flip_i` relative.
+    # An entry within rounding of the threshold has at most the weight of a score at the threshold,
+    # exp(-lse_i), in either path (the test's own float64 scores may put it on the other side). The
+    # ambiguous ones may be in the support in one path and not in the other (relative error 1), and
+    # move their row's normalizer, hence every weight of the row and out_i, by at most `flip_i` relative.
     at_threshold = torch.exp(-o_lse)
-    p_hi = torch.where(ambiguous, torch.maximum(p, at_threshold), p)
+    p_hi = torch.where(near, torch.maximum(p, at_threshold), p)
     flip = torch.where(ambiguous, at_threshold, 0.0).sum(-1, keepdim=True)
     rel = 2 * e_row + LAMBDA * (L + S + Ev + 4) ** 0.5 * u + 2 * flip + ambiguous.double()
     adout = dout.double().abs()
@@ -251,6 +255,18 @@ def test_the_aten_gemm_fallback_agrees_too(kernel, spy, dtype):
     finally:
         kernel.set_force_aten_gemm(False)
     assert spy.calls == 2 and spy.backward_calls == 1
+
+
+@settings(max_examples=30, deadline=None)
+@given(L=st.integers(1, 40), S=st.integers(1, 40), E=st.integers(1, 9), Ev=st.integers(1, 7),
+       block_q=st.integers(1, 24), block_k=st.integers(1, 24), causal=st.booleans(),
+       mask=st.sampled_from(MASKS), float64=st.booleans(), seed=st.integers(0, 2**16))
+def test_any_sizes_tiles_and_masks_property(L, S, E, Ev, block_q, block_k, causal, mask, float64, seed):
+    """Any sizes, tile sizes (1 included), masks and causal: values and gradients within the error model."""
+    dtype = torch.float64 if float64 else torch.float32
+    q, k, v = make((2, 2), L, S, E, Ev, dtype, seed=seed)
+    keep, bias = make_masks(mask, (2, 2), L, S, dtype)
+    oracle_check(q, k, v, keep, bias, causal, E ** -0.5, block_q, block_k)
 
 
 def test_rows_whose_rounded_mean_is_above_every_score_are_capped(spy):
