@@ -97,7 +97,9 @@ def run_once(fn: Callable, q, k, v, grad, forward_only: bool = False) -> None:
 
 
 def dense_fits(label: str, bh: int, length: int, limit_gb: float) -> bool:
-    return label in BLOCKWISE or DENSE_TENSORS * bh * length * length * 4 <= limit_gb * 2**30
+    """Whether the candidate runs at this size: the O(L)-memory ones (blockwise, and SDPA's default
+    CPU kernel, a flash kernel forward and backward) always, dense ones within ``limit_gb``."""
+    return label in BLOCKWISE or label == FUSED or DENSE_TENSORS * bh * length * length * 4 <= limit_gb * 2**30
 
 
 def time_length(labels: List[str], bh: int, length: int, dim: int, rounds: int, clock,
