@@ -96,10 +96,13 @@ def run_once(fn: Callable, q, k, v, grad, forward_only: bool = False) -> None:
     fn(q, k, v).backward(grad)
 
 
-def dense_fits(label: str, bh: int, length: int, limit_gb: float) -> bool:
-    """Whether the candidate runs at this size: the O(L)-memory ones (blockwise, and SDPA's default
-    CPU kernel, a flash kernel forward and backward) always, dense ones within ``limit_gb``."""
-    return label in BLOCKWISE or label == FUSED or DENSE_TENSORS * bh * length * length * 4 <= limit_gb * 2**30
+def dense_fits(label: str, bh: int, length: int, limit_gb: float, forward_only: bool = False) -> bool:
+    """Whether the candidate runs at this size: the O(L)-memory ones always (blockwise; SDPA's default
+    CPU kernel in a forward without autograd, its flash kernel), dense ones within ``limit_gb``. With
+    autograd SDPA's default CPU kernel holds L x L matrices as the math backend does (peak memory
+    measured equal to it), so it counts as dense there."""
+    return (label in BLOCKWISE or (forward_only and label == FUSED)
+            or DENSE_TENSORS * bh * length * length * 4 <= limit_gb * 2**30)
 
 
 def time_length(labels: List[str], bh: int, length: int, dim: int, rounds: int, clock,
@@ -232,7 +235,7 @@ def main(argv: Optional[List[str]] = None) -> int:
           f"clock={args.clock}, SIMD level {torch.backends.cpu.get_cpu_capability()}, "
           f"median of {args.rounds} interleaved rounds; memory = peak RSS increase")
     for length in lengths:
-        fit = [label for label in labels if dense_fits(label, bh, length, args.dense_limit_gb)]
+        fit = [label for label in labels if dense_fits(label, bh, length, args.dense_limit_gb, args.forward_only)]
         times = {} if args.no_time else time_length(fit, bh, length, dim, args.rounds, clock, args.forward_only)
         peaks = {} if args.no_memory else {label: measure_peak(label, bh, length, dim) for label in fit}
         results["time_s"][length], results["peak_bytes"][length] = times, peaks
