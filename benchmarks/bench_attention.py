@@ -183,7 +183,8 @@ def scaling_table(scaling: Dict) -> str:
 
 def markdown_report(results: dict) -> str:
     """The tables of a ``--json`` file, as ``main`` printed them when it was measured."""
-    lines = [f"{results.get('pass', 'forward+backward')}, float32, B*H = {results['batch_heads']}, D = {results['dim']}, "
+    lines = [f"{results.get('pass', 'forward+backward')}, float32, B*H = {results['batch_heads']}, "
+             f"D = {results['dim']}, "
              f"clock {results['clock']}, median of {results['rounds']} interleaved rounds; memory = peak RSS increase"]
     for length, times in results["time_s"].items():
         peaks = results["peak_bytes"].get(length, {})

@@ -39,8 +39,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .._validation import compute_dtype
-from . import flex_attention
-from . import cpu
+from . import cpu, flex_attention
 from .attention_projection_ops import projection_attention_op
 from .ops import triton_launchers
 from .reference import evidential_attention as ref_attention
@@ -188,9 +187,9 @@ def _batch_offsets(mask: Tensor, batch: Tuple[int, ...], L: int, S: int) -> Tupl
 
 
 def _fused_cpu_applies(q: Tensor, k: Tensor, v: Tensor, keep: Optional[Tensor], bias: Optional[Tensor]) -> bool:
-    """Whether the C++ forward takes these inputs: float32/float64 with one dtype for ``q, k, v`` and
-    ``bias``, one batch shape (masks broadcastable to it), a boolean ``keep``, no empty dim. Anything else (e.g. a float64 bias on float32 inputs,
-    zero keys) runs the reference, which defines what it does."""
+    """Whether the C++ kernels take these inputs: float32/float64 with one dtype for ``q, k, v`` and
+    ``bias``, one batch shape (masks broadcastable to it), a boolean ``keep``, no empty dim. Anything
+    else (e.g. a float64 bias on float32 inputs, zero keys) runs the reference, which defines it."""
     dt = q.dtype
     return (k.dtype == dt and v.dtype == dt and (bias is None or bias.dtype == dt)
             and (keep is None or keep.dtype == torch.bool)
@@ -198,6 +197,15 @@ def _fused_cpu_applies(q: Tensor, k: Tensor, v: Tensor, keep: Optional[Tensor], 
             and all(m.dim() <= q.dim() for m in (keep, bias) if m is not None)
             and min(q.shape[-2:]) > 0 and min(k.shape[-2:]) > 0 and v.shape[-1] > 0
             and all(t.device.type == "cpu" for t in (k, v, *(m for m in (keep, bias) if m is not None))))
+
+
+def _kernel_inputs(qs: Tensor, k: Tensor, v: Tensor, keep: Optional[Tensor], bias: Optional[Tensor]) -> tuple:
+    """The C++ kernels' shared arguments: ``qs`` (= q * scale), ``k``, ``v`` as contiguous (N, ., .)
+    tensors, then ``keep``, its offsets, ``bias``, its offsets (None where absent)."""
+    batch, (L, E), S, Ev = tuple(qs.shape[:-2]), qs.shape[-2:], k.shape[-2], v.shape[-1]
+    masks = [_batch_offsets(m, batch, L, S) if m is not None else (None, None) for m in (keep, bias)]
+    return (qs.reshape(-1, L, E).contiguous(), k.reshape(-1, S, E).contiguous(), v.reshape(-1, S, Ev).contiguous(),
+            *masks[0], *masks[1])
 
 
 @ev_softmax_attention_blockwise_op.register_kernel("cpu")
@@ -212,22 +220,19 @@ def _blockwise_cpu(q, k, v, keep, bias, is_causal, scale, count_support, block_q
     a general mask; both paths share them bit for bit), and the kernel makes one pass over the key
     tiles with the online softmax on the support: ``c_ij = s_ij - t_i`` on it, ``-inf`` off it,
     ``out_i = sum_j exp(c_ij - m_i) v_j / l_i`` with ``m_i = max_j c_ij``, ``l_i = sum_j exp(c_ij - m_i)``,
-    and ``lse_i = m_i + log l_i``, the log-normalizer of the shifted scores the backward reads. Its
-    gradient is softmax's restricted to the support (Eq. 9): the reference backward, unchanged."""
+    and ``lse_i = m_i + log l_i``, the log-normalizer of the shifted scores the backward
+    (:func:`_blockwise_backward_cpu`) reads."""
     ext = cpu.EVIDENTIAL_ATTENTION.kernel_for(q)
     if ext is None or not _fused_cpu_applies(q, k, v, keep, bias):
         return _blockwise_reference(q, k, v, keep, bias, is_causal, scale, count_support, block_q, block_k)
-    batch, (L, E), S, Ev = tuple(q.shape[:-2]), q.shape[-2:], k.shape[-2], v.shape[-1]
+    rows, Ev = q.shape[:-1], v.shape[-1]
     qs = q * scale  # the scores are qs @ k^T, as in the reference (and its backward)
     thr, count = ref_attention.threshold(qs, k, keep, bias, is_causal, 1.0, block_k)
-    count = count.expand_as(thr).reshape(-1, L).contiguous()
-    keep_view, keep_offsets = _batch_offsets(keep, batch, L, S) if keep is not None else (None, None)
-    bias_view, bias_offsets = _batch_offsets(bias, batch, L, S) if bias is not None else (None, None)
+    qs, k, v, *masks = _kernel_inputs(qs, k, v, keep, bias)
+    count = count.expand_as(thr).reshape(-1, rows[-1]).contiguous()
     out, lse, thr, support = ext.ev_softmax_attention_forward(
-        qs.reshape(-1, L, E).contiguous(), k.reshape(-1, S, E).contiguous(), v.reshape(-1, S, Ev).contiguous(),
-        thr.reshape(-1, L).contiguous(), count, keep_view, keep_offsets, bias_view, bias_offsets, bool(is_causal),
-        bool(count_support), int(block_q), int(block_k))
-    rows = batch + (L,)
+        qs, k, v, thr.reshape(-1, rows[-1]).contiguous(), count, *masks, bool(is_causal), bool(count_support),
+        int(block_q), int(block_k))
     return (out.reshape(rows + (Ev,)), lse.reshape(rows + (1,)), thr.reshape(rows + (1,)),
             support.reshape(rows) if count_support else support, count.reshape(rows))
 
@@ -261,14 +266,12 @@ def _blockwise_backward_cpu(grad_out, q, k, v, out, lse, thr, keep, bias, is_cau
     if ext is None or not _fused_cpu_applies(q, k, v, keep, bias) or grad_out.dtype != q.dtype:
         return ref_attention.backward(grad_out.contiguous(), q, k, v, out, lse, thr, keep, bias, is_causal, scale,
                                       block_q, block_k)
-    batch, (L, E), S, Ev = tuple(q.shape[:-2]), q.shape[-2:], k.shape[-2], v.shape[-1]
-    keep_view, keep_offsets = _batch_offsets(keep, batch, L, S) if keep is not None else (None, None)
-    bias_view, bias_offsets = _batch_offsets(bias, batch, L, S) if bias is not None else (None, None)
-    rows = lambda t, last: t.expand(*batch, L, last).reshape(-1, L, last).contiguous()
+    rows, Ev = q.shape[:-1], v.shape[-1]
+    per_row = lambda t, last: t.expand(*rows, last).reshape(-1, rows[-1], last).contiguous()
+    qs, k_flat, v_flat, *masks = _kernel_inputs(q * scale, k, v, keep, bias)
     dq, dk, dv = ext.ev_softmax_attention_backward(
-        rows(grad_out, Ev), (q * scale).reshape(-1, L, E).contiguous(), k.reshape(-1, S, E).contiguous(),
-        v.reshape(-1, S, Ev).contiguous(), rows(out, Ev), rows(lse, 1).reshape(-1, L), rows(thr, 1).reshape(-1, L),
-        keep_view, keep_offsets, bias_view, bias_offsets, bool(is_causal), int(block_q), int(block_k))
+        per_row(grad_out, Ev), qs, k_flat, v_flat, per_row(out, Ev), per_row(lse, 1).squeeze(-1),
+        per_row(thr, 1).squeeze(-1), *masks, bool(is_causal), int(block_q), int(block_k))
     return dq.mul_(scale).reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape)
 
 

@@ -1,5 +1,6 @@
-"""The fused C++ CPU forward of ev-softmax attention (sparsenorm/kernels/cpu/evidential_attention.cpp),
-the CPU kernel of ``sparsenorm::ev_softmax_attention_blockwise``.
+"""The fused C++ CPU forward and backward of ev-softmax attention (sparsenorm/kernels/cpu/
+evidential_attention.cpp), the CPU kernels of ``sparsenorm::ev_softmax_attention_blockwise`` and its
+backward op.
 
 Oracle: the op's pure-PyTorch reference (``kernels/reference/evidential_attention.py``, itself tested
 against the dense path and SDPA in tests/attention) run in float64 on the same inputs, inside
@@ -13,7 +14,8 @@ would be met only by correlated roundings). A score's shifted value
 
     e_ij = 8 u (sqrt(E + S) sum_e |qs_ie| (|k_je| + mean_j |k_je|) + |b_ij|)
 
-(dot product of E terms; the threshold's key mean of up to S keys; the bias addition). Entries with ``|c_ij| <= e_ij`` in the oracle, other than the row's largest valid
+(dot product of E terms; the threshold's key mean of up to S keys; the bias addition). Entries
+with ``|c_ij| <= e_ij`` in the oracle, other than the row's largest valid
 score (kept in both paths either way), are *ambiguous*: rounding may put them on either side of
 the threshold in either path; rows holding one are left out of the value checks
 (at most 10 % of rows may be, so a check never passes vacuously). On the other rows the support is
@@ -31,7 +33,9 @@ magnitudes). With rho_i = 2 e_i + 8 sqrt(n + 4) u and the oracle's P,
     |dV - o| <= 2 (P rho)^T |dO|,  |dQ - o| <= 2 scale D |K|,  |dK - o| <= 2 D^T |Q scale|,
     D = P rho (|dO| |V|^T + |delta|) (a bound on |dS - o|),  delta_i = dO_i . out_i
 
-(2: a product of two rounded factors). An ambiguous entry (which either path may keep or drop)
+(2: a product of two rounded factors). An entry within e_ij of the threshold gets at least the
+weight of a score at the threshold, exp(-lse_i), in P (the test's own float64 scores may put it
+on the other side). An ambiguous entry (which either path may keep or drop)
 is given the weight of a score at the threshold, exp(-lse_i), a relative error of 1, and moves its
 row's normalizer by that weight: every weight of the row, and delta_i, get that much more error.
 ``thr`` and the valid-key counts come from the reference's own threshold function in both paths,
@@ -164,7 +168,8 @@ def oracle_check(q, k, v, keep, bias, causal, scale, block_q, block_k):
     sums = LAMBDA * (S + 4) ** 0.5 * u  # a sum of up to S terms and the exp
     tol_out = 2 * (2 * e_row + sums) * v.double().abs().amax()
     assert ((out.double() - o_out).abs() <= tol_out)[rows].all()
-    lse_ok = torch.where(o_lse.isinf(), lse == o_lse, (lse.double() - o_lse).abs() <= 2 * e_row + sums + u * o_lse.abs())
+    lse_ok = torch.where(o_lse.isinf(), lse == o_lse,
+                         (lse.double() - o_lse).abs() <= 2 * e_row + sums + u * o_lse.abs())
     assert lse_ok[rows].all()
     assert torch.equal(support[rows], o_support[rows])
     assert torch.equal(count, o_count.to(dtype))

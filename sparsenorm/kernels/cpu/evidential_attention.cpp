@@ -443,7 +443,8 @@ Problem<scalar_t> problem(const at::Tensor& q, const at::Tensor& k, const at::Te
 
 void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t block_q, int64_t block_k,
                   std::initializer_list<at::Tensor> rows) {
-  TORCH_CHECK(q.device().is_cpu() && k.device().is_cpu() && v.device().is_cpu(), "ev_softmax_attention: CPU tensors only");
+  TORCH_CHECK(q.device().is_cpu() && k.device().is_cpu() && v.device().is_cpu(),
+              "ev_softmax_attention: CPU tensors only");
   TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3 && q.is_contiguous() && k.is_contiguous() &&
                   v.is_contiguous(), "ev_softmax_attention: q, k, v must be contiguous 3-D tensors");
   const int64_t N = q.size(0), L = q.size(1), E = q.size(2), S = k.size(1), Ev = v.size(2);
