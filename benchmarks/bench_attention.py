@@ -2,13 +2,17 @@
 
     python -m benchmarks.bench_attention [--lengths 512,2048,8192] [--batch-heads 8] [--dim 64]
         [--rounds 5] [--memory-lengths 1024,2048,4096,8192,16384] [--clock thread|wall]
-        [--dense-limit-gb 16] [--json FILE] [--no-time] [--no-memory]
+        [--dense-limit-gb 16] [--json FILE] [--no-time] [--no-memory] [--forward-only]
     python -m benchmarks.bench_attention --report FILE.json   # the tables of a saved --json file
 
 Self-attention without a mask, float32 on the CPU, queries/keys/values of shape (B*H, L, D).
-Each candidate runs forward + backward (a fixed random output gradient). Candidates: SDPA (math
-backend, default CPU kernel), ev-softmax blockwise and dense, sparsemax/entmax15 dense (the L x S
-weights) and blockwise (``sparsenorm::projection_attention``, O(L) extra memory).
+Each candidate runs forward + backward (a fixed random output gradient), or with ``--forward-only``
+the forward alone under ``torch.no_grad()``. Candidates: SDPA (math backend, default CPU kernel),
+ev-softmax blockwise (the op's CPU kernel: the fused C++ forward where built, see
+``sparsenorm.kernels.cpu``; and its pure-PyTorch reference, run inside
+``sparsenorm.kernels.disabled()``) and dense, sparsemax/entmax15 dense (the L x S weights) and
+blockwise (``sparsenorm::projection_attention``, O(L) extra memory). Times are also given as a ratio
+to SDPA's default CPU kernel, the target of issue 28.
 
 * Time: every candidate once per round, in a fresh random order each round (interleaved), median
   over rounds; ratios against SDPA with the math backend (``sdpa_kernel(SDPBackend.MATH)``), the
@@ -44,14 +48,17 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from sparsenorm._text import markdown_table
 from sparsenorm.attention import sparse_attention
+from sparsenorm.kernels import disabled
 
 _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 MATH = "sdpa (math)"
 PROJECTION = ["sparsemax (blockwise)", "entmax15 (blockwise)"]  # their threshold searched blockwise
-CANDIDATES = [MATH, "sdpa (default CPU kernel)", "ev_softmax (blockwise)", "ev_softmax (dense)",
+FUSED = "sdpa (default CPU kernel)"
+EV_REFERENCE = "ev_softmax (blockwise reference)"  # the blockwise op with the C++ kernels disabled
+CANDIDATES = [MATH, FUSED, "ev_softmax (blockwise)", EV_REFERENCE, "ev_softmax (dense)",
               "sparsemax (dense)", "entmax15 (dense)", *PROJECTION]
-BLOCKWISE = {"ev_softmax (blockwise)", *PROJECTION}
+BLOCKWISE = {"ev_softmax (blockwise)", EV_REFERENCE, *PROJECTION}
 DENSE_TENSORS = 5  # estimated live B*H*L*L float32 tensors of a dense forward + backward
 
 
@@ -62,8 +69,13 @@ def attention_fn(label: str) -> Callable:
             with sdpa_kernel(SDPBackend.MATH):
                 return F.scaled_dot_product_attention(q, k, v)
         return fn
-    if label == "sdpa (default CPU kernel)":
+    if label == FUSED:
         return F.scaled_dot_product_attention
+    if label == EV_REFERENCE:
+        def fn(q, k, v):
+            with disabled():
+                return sparse_attention(q, k, v, "ev_softmax", backend="blockwise")
+        return fn
     name, backend = label.split(" ")
     return lambda q, k, v: sparse_attention(q, k, v, name, backend=backend.strip("()"))
 
@@ -74,20 +86,30 @@ def make_inputs(bh: int, length: int, dim: int, seed: int = 0):
     return q, k, v, torch.randn(bh, length, dim, generator=g)
 
 
-def run_once(fn: Callable, q, k, v, grad) -> None:
+def run_once(fn: Callable, q, k, v, grad, forward_only: bool = False) -> None:
+    if forward_only:
+        with torch.no_grad():
+            fn(q, k, v)
+        return
     for t in (q, k, v):
         t.grad = None
     fn(q, k, v).backward(grad)
 
 
-def dense_fits(label: str, bh: int, length: int, limit_gb: float) -> bool:
-    return label in BLOCKWISE or DENSE_TENSORS * bh * length * length * 4 <= limit_gb * 2**30
+def dense_fits(label: str, bh: int, length: int, limit_gb: float, forward_only: bool = False) -> bool:
+    """Whether the candidate runs at this size: the O(L)-memory ones always (blockwise; SDPA's default
+    CPU kernel in a forward without autograd, its flash kernel), dense ones within ``limit_gb``. With
+    autograd SDPA's default CPU kernel holds L x L matrices as the math backend does (peak memory
+    measured equal to it), so it counts as dense there."""
+    return (label in BLOCKWISE or (forward_only and label == FUSED)
+            or DENSE_TENSORS * bh * length * length * 4 <= limit_gb * 2**30)
 
 
-def time_length(labels: List[str], bh: int, length: int, dim: int, rounds: int, clock) -> Dict[str, float]:
+def time_length(labels: List[str], bh: int, length: int, dim: int, rounds: int, clock,
+                forward_only: bool = False) -> Dict[str, float]:
     fns = {label: attention_fn(label) for label in labels}
     for fn in fns.values():  # warm-up (first-call initialisation), on small inputs
-        run_once(fn, *make_inputs(bh, 64, dim))
+        run_once(fn, *make_inputs(bh, 64, dim), forward_only=forward_only)
     q, k, v, grad = make_inputs(bh, length, dim)
     times: Dict[str, List[float]] = {label: [] for label in labels}
     for _ in range(rounds):
@@ -95,7 +117,7 @@ def time_length(labels: List[str], bh: int, length: int, dim: int, rounds: int, 
         random.shuffle(order)
         for label in order:
             t0 = clock()
-            run_once(fns[label], q, k, v, grad)
+            run_once(fns[label], q, k, v, grad, forward_only)
             times[label].append(clock() - t0)
     return {label: statistics.median(ts) for label, ts in times.items()}
 
@@ -140,14 +162,16 @@ def _mb(n: Optional[int]) -> str:
 
 
 def length_table(labels: List[str], times: Dict[str, float], peaks: Dict[str, Optional[int]]) -> str:
-    """One length's Markdown table: time, ratio to SDPA's math backend, peak extra memory."""
-    base = times.get(MATH)
+    """One length's Markdown table: time, ratios to SDPA's math backend and default CPU kernel, peak
+    extra memory."""
+    bases = (times.get(MATH), times.get(FUSED))
     rows = []
     for label in labels:
         t = times.get(label)
         rows.append([label, "skipped" if t is None else f"{t:.3f}",
-                     "n/a" if t is None or base is None else f"{t / base:.2f}", _mb(peaks.get(label))])
-    return markdown_table(["candidate", "time (s)", f"x {MATH}", "peak extra (MB)"], rows)
+                     *("n/a" if t is None or base is None else f"{t / base:.2f}" for base in bases),
+                     _mb(peaks.get(label))])
+    return markdown_table(["candidate", "time (s)", f"x {MATH}", f"x {FUSED}", "peak extra (MB)"], rows)
 
 
 def scaling_table(scaling: Dict) -> str:
@@ -159,7 +183,8 @@ def scaling_table(scaling: Dict) -> str:
 
 def markdown_report(results: dict) -> str:
     """The tables of a ``--json`` file, as ``main`` printed them when it was measured."""
-    lines = [f"forward+backward, float32, B*H = {results['batch_heads']}, D = {results['dim']}, "
+    lines = [f"{results.get('pass', 'forward+backward')}, float32, B*H = {results['batch_heads']}, "
+             f"D = {results['dim']}, "
              f"clock {results['clock']}, median of {results['rounds']} interleaved rounds; memory = peak RSS increase"]
     for length, times in results["time_s"].items():
         peaks = results["peak_bytes"].get(length, {})
@@ -191,6 +216,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--clock", choices=("thread", "wall"), default="thread")
     p.add_argument("--no-time", action="store_true")
     p.add_argument("--no-memory", action="store_true")
+    p.add_argument("--forward-only", action="store_true",
+                   help="time the forward alone (under torch.no_grad); peak memory stays forward+backward")
     p.add_argument("--json")
     args = p.parse_args(argv)
     lengths = [int(x) for x in args.lengths.split(",") if x]
@@ -202,14 +229,15 @@ def main(argv: Optional[List[str]] = None) -> int:
         torch.set_num_threads(1)
     clock = time.thread_time if args.clock == "thread" else time.perf_counter
     bh, dim = args.batch_heads, args.dim
-    results: dict = {"batch_heads": bh, "dim": dim, "clock": args.clock, "rounds": args.rounds,
+    timed_pass = "forward" if args.forward_only else "forward+backward"
+    results: dict = {"batch_heads": bh, "dim": dim, "clock": args.clock, "rounds": args.rounds, "pass": timed_pass,
                      "time_s": {}, "peak_bytes": {}, "scaling_bytes": {}}
-    print(f"# sparse_attention vs SDPA: forward+backward, float32, B*H={bh}, D={dim}, "
+    print(f"# sparse_attention vs SDPA: {timed_pass}, float32, B*H={bh}, D={dim}, "
           f"clock={args.clock}, SIMD level {torch.backends.cpu.get_cpu_capability()}, "
           f"median of {args.rounds} interleaved rounds; memory = peak RSS increase")
     for length in lengths:
-        fit = [label for label in labels if dense_fits(label, bh, length, args.dense_limit_gb)]
-        times = {} if args.no_time else time_length(fit, bh, length, dim, args.rounds, clock)
+        fit = [label for label in labels if dense_fits(label, bh, length, args.dense_limit_gb, args.forward_only)]
+        times = {} if args.no_time else time_length(fit, bh, length, dim, args.rounds, clock, args.forward_only)
         peaks = {} if args.no_memory else {label: measure_peak(label, bh, length, dim) for label in fit}
         results["time_s"][length], results["peak_bytes"][length] = times, peaks
         print(f"\n## L = {length}\n")

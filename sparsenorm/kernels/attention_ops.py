@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .._validation import compute_dtype
-from . import flex_attention
+from . import cpu, flex_attention
 from .attention_projection_ops import projection_attention_op
 from .ops import triton_launchers
 from .reference import evidential_attention as ref_attention
@@ -163,11 +163,78 @@ def ev_softmax_attention_blockwise_op(
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """``(out, lse, thr, support, count)``; see :func:`.reference.evidential_attention.forward`
     (``support`` is empty unless ``count_support``)."""
+    return _blockwise_reference(q, k, v, keep, bias, is_causal, scale, count_support, block_q, block_k)
+
+
+def _blockwise_reference(q, k, v, keep, bias, is_causal, scale, count_support, block_q, block_k):
     out, lse, thr, support, count = ref_attention.forward(q, k, v, keep, bias, is_causal, scale, count_support,
                                                           block_q, block_k)
     if support is None:
         support = torch.empty((0,), dtype=torch.long, device=q.device)
     return out, lse, thr, support, count.contiguous()
+
+
+def _batch_offsets(mask: Tensor, batch: Tuple[int, ...], L: int, S: int) -> Tuple[Tensor, Tensor]:
+    """``(view, offsets)``: ``mask`` expanded to (*batch, L, S) without a copy, and the element
+    offset of each flattened batch index in it, (N,) int64 (broadcast dims have stride 0)."""
+    view = mask.expand(*batch, L, S)
+    offsets = torch.zeros(batch, dtype=torch.long)
+    for d, size in enumerate(batch):
+        shape = [1] * len(batch)
+        shape[d] = size
+        offsets = offsets + torch.arange(size, dtype=torch.long).reshape(shape) * view.stride(d)
+    return view, offsets.reshape(-1)
+
+
+def _fused_cpu_applies(q: Tensor, k: Tensor, v: Tensor, keep: Optional[Tensor], bias: Optional[Tensor]) -> bool:
+    """Whether the C++ kernels take these inputs: float32/float64 with one dtype for ``q, k, v`` and
+    ``bias``, one batch shape (masks broadcastable to it), a boolean ``keep``, no empty dim. Anything
+    else (e.g. a float64 bias on float32 inputs, zero keys) runs the reference, which defines it."""
+    dt = q.dtype
+    return (k.dtype == dt and v.dtype == dt and (bias is None or bias.dtype == dt)
+            and (keep is None or keep.dtype == torch.bool)
+            and q.dim() >= 2 and k.shape[:-2] == q.shape[:-2] and v.shape[:-2] == q.shape[:-2]
+            and all(m.dim() <= q.dim() for m in (keep, bias) if m is not None)
+            and min(q.shape[-2:]) > 0 and min(k.shape[-2:]) > 0 and v.shape[-1] > 0
+            and all(t.device.type == "cpu" for t in (k, v, *(m for m in (keep, bias) if m is not None))))
+
+
+def _kernel_inputs(qs: Tensor, k: Tensor, v: Tensor, keep: Optional[Tensor], bias: Optional[Tensor]) -> tuple:
+    """The C++ kernels' shared arguments: ``qs`` (= q * scale), ``k``, ``v`` as contiguous (N, ., .)
+    tensors, then ``keep``, its offsets, ``bias``, its offsets (None where absent)."""
+    batch, (L, E), S, Ev = tuple(qs.shape[:-2]), qs.shape[-2:], k.shape[-2], v.shape[-1]
+    masks = [_batch_offsets(m, batch, L, S) if m is not None else (None, None) for m in (keep, bias)]
+    return (qs.reshape(-1, L, E).contiguous(), k.reshape(-1, S, E).contiguous(), v.reshape(-1, S, Ev).contiguous(),
+            *masks[0], *masks[1])
+
+
+@ev_softmax_attention_blockwise_op.register_kernel("cpu")
+def _blockwise_cpu(q, k, v, keep, bias, is_causal, scale, count_support, block_q, block_k):
+    """The fused C++ forward (``kernels/cpu/evidential_attention.cpp``) where it is built and allowed
+    (see :mod:`.cpu`) and :func:`_fused_cpu_applies`; else the reference.
+
+    ev-softmax (Eq. 7) of query ``i``'s scores ``s_ij = (q_i scale) . k_j (+ b_ij)`` keeps the valid
+    keys with ``s_ij >= t_i``, ``t_i`` the mean valid score, which is linear in the keys:
+    ``t_i = (q_i scale) . mean_j k_j (+ mean_j b_ij)``. So ``t_i`` and the valid-key count come first,
+    from the reference's own :func:`.reference.evidential_attention.threshold` (O(L E) work without
+    a general mask; both paths share them bit for bit), and the kernel makes one pass over the key
+    tiles with the online softmax on the support: ``c_ij = s_ij - t_i`` on it, ``-inf`` off it,
+    ``out_i = sum_j exp(c_ij - m_i) v_j / l_i`` with ``m_i = max_j c_ij``, ``l_i = sum_j exp(c_ij - m_i)``,
+    and ``lse_i = m_i + log l_i``, the log-normalizer of the shifted scores the backward
+    (:func:`_blockwise_backward_cpu`) reads."""
+    ext = cpu.EVIDENTIAL_ATTENTION.kernel_for(q)
+    if ext is None or not _fused_cpu_applies(q, k, v, keep, bias):
+        return _blockwise_reference(q, k, v, keep, bias, is_causal, scale, count_support, block_q, block_k)
+    rows, Ev = q.shape[:-1], v.shape[-1]
+    qs = q * scale  # the scores are qs @ k^T, as in the reference (and its backward)
+    thr, count = ref_attention.threshold(qs, k, keep, bias, is_causal, 1.0, block_k)
+    qs, k, v, *masks = _kernel_inputs(qs, k, v, keep, bias)
+    count = count.expand_as(thr).reshape(-1, rows[-1]).contiguous()
+    out, lse, thr, support = ext.ev_softmax_attention_forward(
+        qs, k, v, thr.reshape(-1, rows[-1]).contiguous(), count, *masks, bool(is_causal), bool(count_support),
+        int(block_q), int(block_k))
+    return (out.reshape(rows + (Ev,)), lse.reshape(rows + (1,)), thr.reshape(rows + (1,)),
+            support.reshape(rows) if count_support else support, count.reshape(rows))
 
 
 @ev_softmax_attention_blockwise_op.register_fake
@@ -186,6 +253,26 @@ def ev_softmax_attention_blockwise_backward(
     """``(dq, dk, dv)`` of the blockwise op from its saved outputs (closed form, FlashAttention-2)."""
     return ref_attention.backward(grad_out.contiguous(), q, k, v, out, lse, thr, keep, bias, is_causal, scale,
                                   block_q, block_k)
+
+
+@ev_softmax_attention_blockwise_backward.register_kernel("cpu")
+def _blockwise_backward_cpu(grad_out, q, k, v, out, lse, thr, keep, bias, is_causal, scale, block_q, block_k):
+    """The fused C++ backward where the forward's kernel applies (and ``grad_out`` has q's dtype), else
+    the reference. FlashAttention-2 from the saved ``out, lse, thr``: ``P = exp(c - lse)`` on the
+    support (Eq. 7's, from the saved threshold), ``dV = P^T dO``, ``dS = P * (dO V^T - delta)`` with
+    ``delta_i = dO_i . out_i`` (softmax's Jacobian on the support, Eq. 9), ``dQ = scale dS K``,
+    ``dK = dS^T (Q scale)``; the threshold carries no gradient."""
+    ext = cpu.EVIDENTIAL_ATTENTION.kernel_for(q)
+    if ext is None or not _fused_cpu_applies(q, k, v, keep, bias) or grad_out.dtype != q.dtype:
+        return ref_attention.backward(grad_out.contiguous(), q, k, v, out, lse, thr, keep, bias, is_causal, scale,
+                                      block_q, block_k)
+    rows, Ev = q.shape[:-1], v.shape[-1]
+    per_row = lambda t, last: t.expand(*rows, last).reshape(-1, rows[-1], last).contiguous()
+    qs, k_flat, v_flat, *masks = _kernel_inputs(q * scale, k, v, keep, bias)
+    dq, dk, dv = ext.ev_softmax_attention_backward(
+        per_row(grad_out, Ev), qs, k_flat, v_flat, per_row(out, Ev), per_row(lse, 1).squeeze(-1),
+        per_row(thr, 1).squeeze(-1), *masks, bool(is_causal), int(block_q), int(block_k))
+    return dq.mul_(scale).reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape)
 
 
 @ev_softmax_attention_blockwise_backward.register_fake

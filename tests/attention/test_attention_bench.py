@@ -19,6 +19,9 @@ def test_tables_for_every_candidate(capsys):
 def test_dense_limit_skips_large_dense_candidates():
     assert bench_attention.dense_fits("ev_softmax (blockwise)", 8, 10**6, 0.001)
     assert not bench_attention.dense_fits("sparsemax (dense)", 8, 16384, 16.0)
+    # SDPA's default CPU kernel: a flash kernel without autograd, L x L matrices with it
+    assert bench_attention.dense_fits(bench_attention.FUSED, 8, 16384, 16.0, forward_only=True)
+    assert not bench_attention.dense_fits(bench_attention.FUSED, 8, 16384, 16.0)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="peak memory reads /proc (Linux only)")
@@ -42,3 +45,12 @@ def test_report_of_a_saved_json_repeats_the_printed_tables(tmp_path, capsys):
     report = capsys.readouterr().out
     table = printed[printed.index("| candidate"):].strip()
     assert table and table in report
+
+
+def test_forward_only_times_the_forward_and_says_so(capsys):
+    assert bench_attention.main(["--lengths", "32", "--rounds", "1", "--no-memory", "--batch-heads", "2",
+                                 "--dim", "8", "--forward-only", "--candidates",
+                                 f"{bench_attention.FUSED},ev_softmax (blockwise),{bench_attention.EV_REFERENCE}"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("# sparse_attention vs SDPA: forward, float32")
+    assert f"| {bench_attention.EV_REFERENCE} |" in out and "x sdpa (default CPU kernel)" in out

@@ -127,7 +127,7 @@ def test_capability_fields_match_what_the_functions_do():
             entmax = pytest.importorskip("entmax")
             twin = getattr(entmax, entry.entmax_twin)
             torch.testing.assert_close(entry.forward(x, dim=-1), twin(x, dim=-1, **entry.params))
-    assert {e.stem for e in cpu.EXTENSIONS} == {"evidential", "projection", "rsoftmax"}
+    assert {e.stem for e in cpu.EXTENSIONS} == {"evidential", "projection", "rsoftmax", "evidential_attention"}
 
 
 def test_for_mode_is_the_post_hoc_switch():

@@ -212,4 +212,5 @@ class Extension:
 EVIDENTIAL = Extension("evidential", "ev-softmax")
 PROJECTION = Extension("projection", "sparsemax/entmax15/sparsehourglass")
 RSOFTMAX = Extension("rsoftmax", "r-softmax/t-softmax")
-EXTENSIONS = (EVIDENTIAL, PROJECTION, RSOFTMAX)
+EVIDENTIAL_ATTENTION = Extension("evidential_attention", "ev-softmax attention (blockwise forward)")
+EXTENSIONS = (EVIDENTIAL, PROJECTION, RSOFTMAX, EVIDENTIAL_ATTENTION)
