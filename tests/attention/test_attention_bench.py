@@ -2,7 +2,6 @@
 import sys
 
 import pytest
-import torch
 
 from benchmarks import bench_attention
 
@@ -26,12 +25,11 @@ def test_dense_limit_skips_large_dense_candidates():
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="peak memory reads /proc (Linux only)")
 def test_peak_memory_of_one_forward_backward_is_measured():
-    threads = torch.get_num_threads()
-    try:
-        peak = bench_attention.measure_peak_here("sdpa (math)", 2, 512, 16)
-    finally:
-        torch.set_num_threads(threads)
-    assert peak >= 2 * 512 * 512 * 4  # at least the score matrix
+    # In a fresh process, as the benchmark does: inside this long-lived test process, blocks freed by
+    # earlier tests are reused without raising the resident size, so a peak measured here can fall
+    # short of the allocation (it did, once other tests ran first).
+    peak = bench_attention.measure_peak("sdpa (math)", 2, 512, 16)
+    assert peak is not None and peak >= 2 * 512 * 512 * 4  # at least the score matrix
 
 
 def test_report_of_a_saved_json_repeats_the_printed_tables(tmp_path, capsys):
