@@ -5,6 +5,7 @@ map, and the worked examples of the ev-softmax paper's slides / Fig. 1.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 
 import entmax
@@ -673,6 +674,14 @@ def test_cpu_kernel_entmax_bisect_matches_reference(dtype, alpha, cpu_kernel):
     atol = (x.shape[-1] + 32) * torch.finfo(dtype).eps
     torch.testing.assert_close(fused[ok] ** (alpha - 1), pure[ok] ** (alpha - 1), rtol=0, atol=atol)
     assert torch.all(fused[3, ::2] == 0) and torch.all(fused[0, :40] == 0)
+    # not there (finfo.min, -inf): exactly zero gradient on both paths (the op, not a marking pass
+    # in front of it, handles such entries)
+    g = torch.randn(x.shape, generator=gen, dtype=dtype)
+    for disabled in (True, False):
+        xr = x[[0, 3]].clone().requires_grad_(True)
+        with sparsenorm.kernels.disabled() if disabled else contextlib.nullcontext():
+            (grad,) = torch.autograd.grad(entmax_bisect(xr, alpha), xr, g[[0, 3]])
+        assert torch.all(grad[1, ::2] == 0) and torch.all(grad[0, :40] == 0) and torch.isfinite(grad).all()
 
 
 def test_cpu_kernel_entmax_bisect_gradients_and_coarse_n_iter(cpu_kernel):
