@@ -492,7 +492,8 @@ void bisect_row(const scalar_t* x, scalar_t* out, int64_t k, scalar_t alpha, boo
       const Vec dpos = Vec::blendv(Vec(scalar_t(1)), d, on);
       const Vec pw = square ? dpos * dpos : (dpos.log() * vinv).exp();
       s = s + Vec::blendv(vzero, pw, on);
-      sd = sd + Vec::blendv(vzero, pw / dpos, on);
+      // d^(inv - 1): for alpha = 1.5 d itself (a division per entry cost as much as the rest)
+      sd = sd + Vec::blendv(vzero, square ? dpos : pw / dpos, on);
     }
     const auto add = [](const Vec& a, const Vec& b) { return a + b; };
     scalar_t sum = at::vec::vec_reduce_all<scalar_t>(add, s), sum_d = at::vec::vec_reduce_all<scalar_t>(add, sd);
@@ -501,7 +502,7 @@ void bisect_row(const scalar_t* x, scalar_t* out, int64_t k, scalar_t alpha, boo
       if (d > 0 && x[i] > level) {
         const scalar_t pw = square ? d * d : std::pow(d, inv);
         sum += pw;
-        sum_d += pw / d;
+        sum_d += square ? d : pw / d;
       }
     }
     *f = sum - 1;
