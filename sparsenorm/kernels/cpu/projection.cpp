@@ -186,9 +186,22 @@ void forward_row(const scalar_t* x, scalar_t* out, int64_t k, bool entmax, std::
     return;
   }
   // Gather the candidates branch-free (write, then advance on the test) into a buffer of K.
+  // A SIMD test first skips the vectors with no candidate (most of a long row: the scalar gather
+  // was ~70 % of entmax15's forward at K = 32000 in the issue 28 profile); same candidates, same order.
   if (static_cast<int64_t>(cand.size()) < k) cand.resize(k);  // kept across rows (no shrinking)
-  int64_t n_cand = 0;
-  for (int64_t i = 0; i < k; ++i) {
+  using Vec = at::vec::Vectorized<scalar_t>;
+  constexpr int64_t W = Vec::size();
+  constexpr int kNoneAbove = (1 << W) - 1;  // zero_mask of a compare with no lane true
+  const Vec vlo(lo);
+  int64_t n_cand = 0, i = 0;
+  for (; i + W <= k; i += W) {
+    if ((Vec::loadu(x + i) > vlo).zero_mask() == kNoneAbove) continue;
+    for (int64_t j = i; j < i + W; ++j) {
+      cand[n_cand] = (x[j] - mx) * half;
+      n_cand += x[j] > lo;
+    }
+  }
+  for (; i < k; ++i) {
     cand[n_cand] = (x[i] - mx) * half;
     n_cand += x[i] > lo;
   }
