@@ -196,15 +196,19 @@ def entmax_bisect(
         check_floating(alpha, "alpha")
     check_param(alpha, "alpha", low=0.0, low_inclusive=False)
     maybe_softmax = isinstance(alpha, Tensor) or float(alpha) == 1.0
+    fused_op = not isinstance(alpha, Tensor) and alpha > 1  # one alpha > 1 (static)
 
     def run(rows: Tensor, alpha) -> Tensor:
-        if not isinstance(alpha, Tensor) and alpha > 1:  # one alpha > 1 (static): the fused op
+        if fused_op:
             return ops.entmax_bisect(rows, float(alpha), n_iter, bool(ensure_sum_one))
         a = alpha if isinstance(alpha, Tensor) else torch.full(rows.shape[:-1] + (1,), alpha, dtype=rows.dtype,
                                                                device=rows.device)
         return EntmaxBisectFunction.apply(rows, a, n_iter, bool(ensure_sum_one), maybe_softmax)
 
-    return normalize(run, X, dim, mask, params={"alpha": alpha}, name="X")
+    # The op treats entries <= finfo.min / 2 as not there itself (its C++ kernel in its passes, its
+    # reference by marking them): no marking pass here (issue 28: that pass, a masked_fill, and
+    # its backward were about half of entmax_bisect's CPU time).
+    return normalize(run, X, dim, mask, params={"alpha": alpha}, name="X", marks_not_there=not fused_op)
 
 
 def sparsemax_bisect(X: Tensor, dim: int = -1, n_iter: int = 50, ensure_sum_one: bool = True,

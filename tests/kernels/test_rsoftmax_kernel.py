@@ -251,3 +251,25 @@ def test_t_softmax_gradients_match_reference_and_gradcheck():
     xs = (torch.randn(4, 9, generator=gen, dtype=torch.float64) * 2).requires_grad_(True)
     ts = torch.tensor([[0.3], [1.5], [0.8], [4.0]], dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(lambda a, b: t_softmax(a, b), (xs, ts))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_t_softmax_kernel_argmax_is_the_first_maximum(dtype):
+    # The kernel finds the first arg-max with a SIMD compare per vector, then a scalar tail: tied
+    # maxima in the body, in the tail, at index 0, against the reference. (A NaN row's index has no
+    # use, its p and gradient being NaN: the reference gives the NaN's, the kernel another.)
+    from sparsenorm.kernels import ops
+
+    gen = torch.Generator().manual_seed(11)
+    x = torch.randn(5, 100, generator=gen, dtype=dtype)
+    x[0, [37, 80]] = 9.0  # tied maxima in the SIMD body
+    x[1, [97, 98]] = 9.0  # in the tail (100 = 6 x 16 + 4 floats)
+    x[2, [0, 50]] = 9.0  # at index 0
+    x[3, 20] = math.nan
+    t = torch.full((5, 1), 2.0, dtype=dtype)
+    fused = ops.t_softmax_forward(x, t)
+    with kernels.disabled():
+        pure = ops.t_softmax_forward(x, t)
+    finite = [0, 1, 2, 4]
+    assert fused[2].view(-1)[finite].tolist() == pure[2].view(-1)[finite].tolist()
+    assert fused[2].view(-1).tolist()[:3] == [37, 97, 0] and torch.isnan(fused[0][3]).all()

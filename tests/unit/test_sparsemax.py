@@ -5,6 +5,7 @@ map, and the worked examples of the ev-softmax paper's slides / Fig. 1.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 
 import entmax
@@ -582,6 +583,23 @@ def test_cpu_kernel_backward_simd_body_and_tail(fn, k, cpu_kernel):
     torch.testing.assert_close(fused[[0, 2, 3]], pure[[0, 2, 3]], rtol=0, atol=64 * k * 2.2e-16)
 
 
+@pytest.mark.parametrize("kind", ["sparsemax", "entmax15", "bisect"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_cpu_kernel_nan_and_inf_in_simd_body_and_tail(kind, dtype, cpu_kernel):
+    # The row max is taken in unrolled SIMD chains (NaN propagates through at::vec::maximum) and a
+    # scalar tail: a NaN or +inf in either makes the row NaN, and only that row.
+    k = 200  # 3 unrolled steps of 4 x 16 floats (AVX512), then a tail of 8
+    x = torch.randn(5, k, dtype=dtype, generator=torch.Generator().manual_seed(5))
+    x[0, 5] = math.nan  # body
+    x[1, 70] = math.inf  # body
+    x[2, 198] = math.nan  # tail
+    x[3, 199] = math.inf  # tail
+    ext = cpu_kernel.load()
+    p = ext.bisect_forward(x, 1.5, True) if kind == "bisect" else ext.forward(x, kind == "entmax15")
+    assert torch.isnan(p[:4]).all()
+    assert torch.isfinite(p[4]).all() and abs(p[4].sum().item() - 1) <= 1e-5
+
+
 def _stress_rows(dtype, k):
     """Rows for the kernel's sort-free threshold: ties, near-ties at the support's edge, one
     dominant entry, many entries within the window, wide and tiny scales."""
@@ -656,6 +674,14 @@ def test_cpu_kernel_entmax_bisect_matches_reference(dtype, alpha, cpu_kernel):
     atol = (x.shape[-1] + 32) * torch.finfo(dtype).eps
     torch.testing.assert_close(fused[ok] ** (alpha - 1), pure[ok] ** (alpha - 1), rtol=0, atol=atol)
     assert torch.all(fused[3, ::2] == 0) and torch.all(fused[0, :40] == 0)
+    # not there (finfo.min, -inf): exactly zero gradient on both paths (the op, not a marking pass
+    # in front of it, handles such entries)
+    g = torch.randn(x.shape, generator=gen, dtype=dtype)
+    for disabled in (True, False):
+        xr = x[[0, 3]].clone().requires_grad_(True)
+        with sparsenorm.kernels.disabled() if disabled else contextlib.nullcontext():
+            (grad,) = torch.autograd.grad(entmax_bisect(xr, alpha), xr, g[[0, 3]])
+        assert torch.all(grad[1, ::2] == 0) and torch.all(grad[0, :40] == 0) and torch.isfinite(grad).all()
 
 
 def test_cpu_kernel_entmax_bisect_gradients_and_coarse_n_iter(cpu_kernel):
