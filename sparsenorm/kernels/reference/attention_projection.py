@@ -167,8 +167,11 @@ class _BlockScores:
     def __init__(self, g: _Grouped, q_blk: Tensor, i0: int, i1: int, block_k: int, shift: Optional[Tensor] = None):
         self.g, self.q_blk, self.i0, self.i1 = g, q_blk, i0, i1
         self.spans = list(g.key_blocks(i0, i1, block_k))
-        kept = torch.cat([g.scores(q_blk, i0, i1, j0, j1) for j0, j1 in self.spans], -1) \
-            if 0 < len(self.spans) <= CACHE_KEY_BLOCKS else None
+        kept = None
+        if 0 < len(self.spans) <= CACHE_KEY_BLOCKS:
+            kept = q_blk.new_empty((*q_blk.shape[:-1], self.spans[-1][1]))
+            for j0, j1 in self.spans:  # tile by tile, as the recomputing passes (the same products)
+                kept[..., j0:j1] = g.scores(q_blk, i0, i1, j0, j1)
         if shift is None:
             m = _row_max(g, q_blk, i0, i1, block_k) if kept is None else kept.amax(-1, keepdim=True)
             self.empty = m == _NEG_INF
@@ -276,6 +279,7 @@ def forward(q: Tensor, k: Tensor, v: Tensor, keep: Optional[Tensor], key_lengths
         out[..., i0:i1, :] = o
         shift[..., i0:i1, :] = scores.shift
         tau[..., i0:i1, :] = t
+        scores = p = None  # the kept scores (and the last tile) go before the next block's are made
     return out.flatten(1, 2).to(q.dtype), shift.flatten(1, 2).squeeze(-1), tau.flatten(1, 2).squeeze(-1)
 
 
@@ -323,4 +327,5 @@ def backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, keep: Optional[T
             ds = dp(j0, j1).sub_(c).mul_(mapping.jacobian_weights_(p))  # d(loss)/d(scores), 0 off the support
             dq[..., i0:i1, :] += torch.matmul(ds, g.k[..., j0:j1, :])
             dk[..., j0:j1, :] += torch.matmul(ds.transpose(-2, -1), q_blk).sum(2)
+        scores = p = ds = None  # the kept scores (and the last tiles) go before the next block's are made
     return (dq.mul_(scale).flatten(1, 2).to(q.dtype), dk.mul_(scale).to(k.dtype), dv.to(v.dtype))
