@@ -2,6 +2,7 @@
 import sys
 
 import pytest
+import torch
 
 from benchmarks import bench_attention
 
@@ -18,9 +19,20 @@ def test_tables_for_every_candidate(capsys):
 def test_dense_limit_skips_large_dense_candidates():
     assert bench_attention.dense_fits("ev_softmax (blockwise)", 8, 10**6, 0.001)
     assert not bench_attention.dense_fits("sparsemax (dense)", 8, 16384, 16.0)
-    # SDPA's default CPU kernel: a flash kernel without autograd, L x L matrices with it
-    assert bench_attention.dense_fits(bench_attention.FUSED, 8, 16384, 16.0, forward_only=True)
-    assert not bench_attention.dense_fits(bench_attention.FUSED, 8, 16384, 16.0)
+    assert bench_attention.dense_fits(bench_attention.FUSED, 8, 16384, 16.0)  # its flash kernel: O(L) memory
+
+
+def test_fused_candidate_runs_sdpa_flash_kernel_forward_and_backward():
+    """The candidate named SDPA's default CPU kernel runs its flash kernel, not the math backend (which
+    SDPA silently takes for 3-D inputs, as this benchmark's were)."""
+    q, k, v, grad = bench_attention.make_inputs(2, 64, 8)
+    with torch.profiler.profile() as prof:
+        bench_attention.run_once(bench_attention.attention_fn(bench_attention.FUSED), q, k, v, grad)
+    ran = {event.key for event in prof.key_averages()}
+    assert {"aten::_scaled_dot_product_flash_attention_for_cpu",
+            "aten::_scaled_dot_product_flash_attention_for_cpu_backward"} <= ran, sorted(ran)
+    assert "aten::_scaled_dot_product_attention_math" not in ran
+    assert q.grad is not None and q.grad.shape == q.shape
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="peak memory reads /proc (Linux only)")
