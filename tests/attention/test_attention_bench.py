@@ -1,5 +1,6 @@
 """bench_attention runs end to end on tiny sizes (timings themselves belong to the benchmark)."""
 import sys
+from unittest import mock
 
 import pytest
 import torch
@@ -12,7 +13,7 @@ def test_tables_for_every_candidate(capsys):
                                  "--dim", "8"]) == 0
     out = capsys.readouterr().out
     for label in bench_attention.CANDIDATES:
-        assert f"| {label} |" in out
+        assert (f"| {label} |" in out) == (label not in bench_attention.RECOMPUTED)  # those on request only
     assert "## L = 32" in out
 
 
@@ -64,3 +65,26 @@ def test_forward_only_times_the_forward_and_says_so(capsys):
     out = capsys.readouterr().out
     assert out.startswith("# sparse_attention vs SDPA: forward, float32")
     assert f"| {bench_attention.EV_REFERENCE} |" in out and "x sdpa (default CPU kernel)" in out
+
+
+def test_recomputed_candidates_recompute_and_equal_the_kept_path_to_the_bit():
+    """The '(blockwise, recomputed)' candidates make one score product per tile and pass (more than
+    the kept path's one per tile), with the same outputs and gradients to the bit."""
+    from sparsenorm.kernels.reference import attention_projection
+
+    q, k, v, grad = bench_attention.make_inputs(2, 40, 8)
+    results, products = {}, {}
+    score_tile = attention_projection._Grouped.scores
+    for label in ("sparsemax (blockwise)", "sparsemax (blockwise, recomputed)"):
+        calls = []
+
+        def counted(self, *args):
+            calls.append(args[1:])
+            return score_tile(self, *args)
+
+        with mock.patch.object(attention_projection._Grouped, "scores", counted):
+            bench_attention.run_once(bench_attention.attention_fn(label), q, k, v, grad)
+        results[label] = [t.grad.clone() for t in (q, k, v)]
+        products[label] = len(calls)
+    assert all(torch.equal(a, b) for a, b in zip(*results.values()))
+    assert products["sparsemax (blockwise, recomputed)"] > products["sparsemax (blockwise)"] == 2

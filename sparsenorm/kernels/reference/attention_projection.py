@@ -23,6 +23,11 @@ accumulated over key blocks. For each block of queries:
    ``block_q x S`` block of memory, once);
 3. one output pass ``O = P V`` over the key blocks.
 
+Each pass needs the block's scores: when they span at most :data:`CACHE_KEY_BLOCKS` key blocks they
+are computed once (tile by tile, the products a recomputing pass makes) and kept for all passes of
+the block, forward and backward, so a forward makes one ``Q K^T`` product per tile instead of
+``k + 2`` (``k`` search steps, about 7 on random inputs); beyond, every pass recomputes them.
+
 alpha-entmax (``kind='entmax_bisect'``, ``p = [(alpha - 1) (s - m) - tau]_+^(1 / (alpha - 1))``)
 has no finite exact iteration; it reproduces ``sparsenorm.entmax_bisect`` instead: ``n_iter``
 halvings of the same bracket ``[-1, -(1/S)^(alpha - 1)]`` (``S`` all keys, as the dense path counts
@@ -36,7 +41,8 @@ blocks for ``c = sum_j w_j dp_j / sum_j w_j`` with ``dp = dO V^T``, and one pass
 scores of each block from the saved row maximum and threshold (as FlashAttention recomputes).
 
 Memory: besides the inputs and outputs, O(L) per head (row maximum and threshold), the gradients'
-size in the backward, and one ``block_q x block_k`` block of scores (per batch and head) at a time.
+size in the backward, and one ``block_q x block_k`` block of scores (per batch and head) at a time,
+plus the kept scores of one query block (at most ``CACHE_KEY_BLOCKS`` such blocks).
 
 Layout: ``q`` (B, Hq, L, D), ``k`` (B, Hk, S, D), ``v`` (B, Hk, S, Dv), with ``Hk`` dividing ``Hq``
 (grouped-query attention: query head ``h`` reads key/value head ``h // (Hq // Hk)``). Masks: ``keep``
