@@ -88,3 +88,17 @@ def test_recomputed_candidates_recompute_and_equal_the_kept_path_to_the_bit():
         products[label] = len(calls)
     assert all(torch.equal(a, b) for a, b in zip(*results.values()))
     assert products["sparsemax (blockwise, recomputed)"] > products["sparsemax (blockwise)"] == 2
+
+
+def test_pass_counts_of_the_searched_path():
+    """benchmarks.attention_passes: one score product per tile with kept scores; max + >= 1 search
+    step + output with recomputed ones; every row done within its block's steps."""
+    from benchmarks import attention_passes
+
+    for kind in ("sparsemax", "entmax15"):
+        kept = attention_passes.count(kind, 512, 8, recomputed=False)  # equal query blocks
+        recomputed = attention_passes.count(kind, 512, 8, recomputed=True)
+        assert kept[2:4] == ["1.00", "1.00"]
+        assert float(recomputed[2]) == 2 + float(recomputed[4]) and recomputed[3] == "2.00"
+        assert kept[4:] == recomputed[4:]  # the same search either way
+        assert int(kept[5].split("(")[1].rstrip(")")) <= float(kept[4]) * 2  # slowest row <= its blocks' steps
