@@ -12,7 +12,7 @@ ev-softmax blockwise (the op's CPU kernel: the fused C++ forward where built, se
 ``sparsenorm.kernels.cpu``; and its pure-PyTorch reference, run inside
 ``sparsenorm.kernels.disabled()``) and dense, sparsemax/entmax15 dense (the L x S weights) and
 blockwise (``sparsenorm::projection_attention``, O(L) extra memory); on request (``--candidates``)
-the latter with its scores recomputed on every pass (``... (blockwise, recomputed)``). Times are also given as a ratio
+the latter with its scores recomputed on every pass (``... (blockwise recomputed)``). Times are also given as a ratio
 to SDPA's default CPU kernel, the target of issue 28.
 
 * Time: every candidate once per round, in a fresh random order each round (interleaved), median
@@ -61,7 +61,7 @@ MATH = "sdpa (math)"
 PROJECTION = ["sparsemax (blockwise)", "entmax15 (blockwise)"]  # their threshold searched blockwise
 FUSED = "sdpa (default CPU kernel)"
 EV_REFERENCE = "ev_softmax (blockwise reference)"  # the blockwise op with the C++ kernels disabled
-RECOMPUTED = {"sparsemax (blockwise, recomputed)": "sparsemax", "entmax15 (blockwise, recomputed)": "entmax15"}
+RECOMPUTED = {"sparsemax (blockwise recomputed)": "sparsemax", "entmax15 (blockwise recomputed)": "entmax15"}
 """The searched blockwise path with its scores recomputed on every pass (no query block's scores
 kept: ``CACHE_KEY_BLOCKS = 0``), as before they were kept; results equal to the bit."""
 CANDIDATES = [MATH, FUSED, "ev_softmax (blockwise)", EV_REFERENCE, "ev_softmax (dense)",

@@ -68,14 +68,14 @@ def test_forward_only_times_the_forward_and_says_so(capsys):
 
 
 def test_recomputed_candidates_recompute_and_equal_the_kept_path_to_the_bit():
-    """The '(blockwise, recomputed)' candidates make one score product per tile and pass (more than
+    """The '(blockwise recomputed)' candidates make one score product per tile and pass (more than
     the kept path's one per tile), with the same outputs and gradients to the bit."""
     from sparsenorm.kernels.reference import attention_projection
 
     q, k, v, grad = bench_attention.make_inputs(2, 40, 8)
     results, products = {}, {}
     score_tile = attention_projection._Grouped.scores
-    for label in ("sparsemax (blockwise)", "sparsemax (blockwise, recomputed)"):
+    for label in ("sparsemax (blockwise)", "sparsemax (blockwise recomputed)"):
         calls = []
 
         def counted(self, *args):
@@ -87,7 +87,7 @@ def test_recomputed_candidates_recompute_and_equal_the_kept_path_to_the_bit():
         results[label] = [t.grad.clone() for t in (q, k, v)]
         products[label] = len(calls)
     assert all(torch.equal(a, b) for a, b in zip(*results.values()))
-    assert products["sparsemax (blockwise, recomputed)"] > products["sparsemax (blockwise)"] == 2
+    assert products["sparsemax (blockwise recomputed)"] > products["sparsemax (blockwise)"] == 2
 
 
 def test_pass_counts_of_the_searched_path():
