@@ -131,16 +131,18 @@ def test_float32_within_error_model_of_float64_oracle(kind, case, score_cache):
 @settings(max_examples=30, deadline=None)
 @given(kind=st.sampled_from(KINDS), L=st.integers(1, 20), S=st.integers(1, 20), block_q=st.integers(1, 9),
        block_k=st.integers(1, 9), causal=st.booleans(), masked=st.booleans(), seed=st.integers(0, 2**16),
-       spread=st.sampled_from([0.1, 1.0, 10.0]), cache=st.sampled_from(list(SCORE_CACHE)))
+       spread=st.sampled_from([0.1, 1.0, 10.0]), cache=st.sampled_from(list(SCORE_CACHE)),
+       start_top=st.sampled_from([1, 2, 8]))
 def test_property_equals_dense_for_any_shape_block_and_mask(kind, L, S, block_q, block_k, causal, masked, seed,
-                                                           spread, cache):
+                                                           spread, cache, start_top):
     q, k, v = qkv(B=2, Hq=2, Hk=1, L=L, S=S, E=4, Ev=3, seed=seed, spread=spread)
     g = torch.Generator().manual_seed(seed)
     masks = {"is_causal": causal}
     if masked:
         masks["keep"] = torch.rand(2, 1, L, S, generator=g) > 0.3
         masks["key_lengths"] = torch.randint(0, S + 1, (2,), generator=g)
-    with mock.patch.object(ref, "CACHE_KEY_BLOCKS", SCORE_CACHE[cache]):
+    with mock.patch.object(ref, "CACHE_KEY_BLOCKS", SCORE_CACHE[cache]), \
+            mock.patch.object(ref, "SPARSEMAX_START_TOP", start_top):
         out = ops.projection_attention(q, k, v, kind, block_q=block_q, block_k=block_k, alpha=ALPHA, **masks)
     scale = 4 ** -0.5
     expected = dense_attention(q, k, v, kind, scale, **masks)
@@ -220,10 +222,29 @@ def test_kept_scores_give_the_recomputed_results_bit_for_bit_from_one_product_pe
     assert len(products["recomputed"][0]) >= 3 * len(forward_kept)  # max, >= 1 search step, output
 
 
+@pytest.mark.parametrize("score_cache", list(SCORE_CACHE), indirect=True)
+def test_sparsemax_start_is_exact_for_supports_within_its_top_keys(score_cache, monkeypatch):
+    """sparsemax's search starts at max_{k <= K} (sum of the k largest scores - 1) / k, the threshold
+    itself when the support has at most K keys: then every query block is done after one step."""
+    q, k, v = qkv(spread=10.0, seed=4)
+    masks = with_empty_rows(MASK_CASES["bool key padding + causal + lengths"](2, 4, 37, 53), 37)
+    support = (dense_weights(q, k, "sparsemax", 0.4, **masks) > 0).sum(-1)
+    assert support.max() <= ref.SPARSEMAX_START_TOP and support.max() >= 2  # the premise, not trivially 1
+    steps = []
+    step = ref.threshold_step
+    monkeypatch.setattr(ref, "threshold_step", lambda *a: steps.append(1) or step(*a))
+    out = ops.projection_attention(q, k, v, "sparsemax", scale=0.4, **SMALL_BLOCKS, **masks)
+    assert len(steps) == -(-37 // SMALL_BLOCKS["block_q"])  # one step per query block
+    expected = dense_attention(q, k, v, "sparsemax", 0.4, **masks)
+    torch.testing.assert_close(out, expected, rtol=0, atol=output_tolerance(q, k, v, 0.4, torch.float64))
+
+
 @pytest.mark.parametrize("kind", ["sparsemax", "entmax15"])
 def test_search_fallback_by_sorting_is_exact(kind, monkeypatch, score_cache):
-    """Rows still iterating after MAX_STEPS passes are solved by the sort: force it with one step."""
+    """Rows still iterating after MAX_STEPS passes are solved by the sort: force it with one step
+    (and sparsemax's start at -1, exact only for rows with one key above it)."""
     monkeypatch.setattr(ref, "MAX_STEPS", 1)
+    monkeypatch.setattr(ref, "SPARSEMAX_START_TOP", 1)
     q, k, v = qkv()
     masks = with_empty_rows(MASK_CASES["bool key padding + causal + lengths"](2, 4, 37, 53), 37)
     out = ops.projection_attention(q, k, v, kind, scale=0.4, **SMALL_BLOCKS, **masks)

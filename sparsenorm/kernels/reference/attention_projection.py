@@ -10,7 +10,11 @@ the same on GPU with bisection and Halley steps); here the search is the exact i
 accumulated over key blocks. For each block of queries:
 
 1. one pass over the key blocks for the row maximum ``m`` (the scores are shifted by it, as the
-   dense projection shifts them, and ``tau - m`` starts at the lower bound -1, resp. -2);
+   dense projection shifts them, and ``tau - m`` starts at the lower bound -1, resp. -2); for
+   sparsemax the same pass keeps each row's :data:`SPARSEMAX_START_TOP` (K) largest scores and
+   ``tau`` starts at ``max_{k <= K} (sum of the k largest - 1) / k`` (each term a lower bound, the
+   threshold being their maximum over all ``k``; exact when the support has at most K keys, and
+   then the first step, told that ``k``, confirms it);
 2. passes over the key blocks accumulating ``(n, s1, s2)`` at the current ``tau``, each followed by
    one threshold step (sparsemax: Newton from below, ``tau <- (sum_{s > tau} s - 1) / n``, exact as
    soon as the set ``{s > tau}`` stops shrinking; 1.5-entmax: the smaller root of the current set's
@@ -18,7 +22,8 @@ accumulated over key blocks. For each block of queries:
    form on the final support (sparsemax ``tau = (sum_S s - 1) / |S|``; 1.5-entmax the root of
    ``sum_S ((s - tau) / 2)^2 = 1``, Peters et al. 2019), so the weights equal the dense path's to
    rounding. On random Gaussian q, k (D = 64, L = S = 1024 and 4096) a query block of 256 stops
-   after 7 steps (every row of the block must be done); rows still iterating after :data:`MAX_STEPS`
+   after 7 steps for 1.5-entmax, about 2.2 for sparsemax (7 from -1): every row of the block must
+   be done (``python -m benchmarks.attention_passes``); rows still iterating after :data:`MAX_STEPS`
    passes (adversarial inputs) are solved by the sort-based solver on their score rows (one
    ``block_q x S`` block of memory, once);
 3. one output pass ``O = P V`` over the key blocks.
@@ -75,6 +80,10 @@ span at most this many key blocks (the memory of that many ``block_q x block_k``
 one); beyond, every pass recomputes them (as FlashAttention recomputes). The scores, and so every
 result, are the same to the bit either way; keeping them saves one ``Q K^T`` product per pass, most
 of the search's time (see the CPU performance notes in docs/guide/attention.md)."""
+SPARSEMAX_START_TOP = 8
+"""sparsemax's search starts from ``max_{k <= K} tau_k``, ``tau_k = (sum of the row's k largest
+scores - 1) / k``, with this ``K``: each ``tau_k`` is a lower bound of the threshold (which is the
+maximum over all ``k``), and exact where the support has at most ``K`` keys (then one step confirms)."""
 
 _NEG_INF = float("-inf")
 
@@ -170,7 +179,10 @@ class _BlockScores:
     :data:`CACHE_KEY_BLOCKS` key blocks, else recomputed on every pass. ``shift`` given (the
     backward's saved one) or found by a pass (rows with no key there: ``empty``, shift 0)."""
 
-    def __init__(self, g: _Grouped, q_blk: Tensor, i0: int, i1: int, block_k: int, shift: Optional[Tensor] = None):
+    def __init__(self, g: _Grouped, q_blk: Tensor, i0: int, i1: int, block_k: int, shift: Optional[Tensor] = None,
+                 top: int = 1):
+        """``top``: without ``shift``, also keep each row's ``top`` largest scores minus ``shift``
+        (``self.top``, fewer where fewer keys; ``-inf`` for keys not there)."""
         self.g, self.q_blk, self.i0, self.i1 = g, q_blk, i0, i1
         self.spans = list(g.key_blocks(i0, i1, block_k))
         kept = None
@@ -179,9 +191,10 @@ class _BlockScores:
             for j0, j1 in self.spans:  # tile by tile, as the recomputing passes (the same products)
                 kept[..., j0:j1] = g.scores(q_blk, i0, i1, j0, j1)
         if shift is None:
-            m = _row_max(g, q_blk, i0, i1, block_k) if kept is None else kept.amax(-1, keepdim=True)
-            self.empty = m == _NEG_INF
-            shift = m.masked_fill(self.empty, 0.0)
+            largest = _row_top(g, q_blk, i0, i1, block_k, top) if kept is None else _top(kept, top)
+            self.empty = largest[..., :1] == _NEG_INF
+            shift = largest[..., :1].masked_fill(self.empty, 0.0)
+            self.top = largest - shift
         self.shift = shift
         self.kept = None if kept is None else kept.sub_(shift)
 
@@ -194,12 +207,18 @@ class _BlockScores:
                 yield j0, j1, self.kept[..., j0:j1]
 
 
-def _row_max(g: _Grouped, q_blk: Tensor, i0: int, i1: int, block_k: int) -> Tensor:
-    """Each row's maximum score over the keys there (``-inf`` if none)."""
-    m = torch.full((*q_blk.shape[:-1], 1), _NEG_INF, dtype=q_blk.dtype, device=q_blk.device)
+def _top(s: Tensor, top: int) -> Tensor:
+    """The ``top`` largest entries of each row of ``s`` (all where fewer), largest first."""
+    return s.amax(-1, keepdim=True) if top == 1 else s.topk(min(top, s.shape[-1]), -1).values
+
+
+def _row_top(g: _Grouped, q_blk: Tensor, i0: int, i1: int, block_k: int, top: int) -> Tensor:
+    """Each row's ``top`` largest scores over the keys there (``-inf`` for keys not there), by one pass."""
+    largest = torch.full((*q_blk.shape[:-1], 1), _NEG_INF, dtype=q_blk.dtype, device=q_blk.device)
     for j0, j1 in g.key_blocks(i0, i1, block_k):
-        m = torch.maximum(m, g.scores(q_blk, i0, i1, j0, j1).amax(-1, keepdim=True))
-    return m
+        tile = _top(g.scores(q_blk, i0, i1, j0, j1), top)
+        largest = torch.maximum(largest, tile) if top == 1 else _top(torch.cat([largest, tile], -1), top)
+    return largest
 
 
 def _row_sum(mapping: Mapping, scores: _BlockScores, tau: Tensor) -> Tensor:
@@ -235,6 +254,11 @@ def _search_threshold(g: _Grouped, mapping: Mapping, scores: _BlockScores) -> Te
     entmax = kind == "entmax15"
     tau = torch.full_like(shift, -2.0 if entmax else -1.0)  # lower bound: p_max <= 1
     prev_n = torch.full_like(shift, -1.0)
+    if not entmax:  # start from max_k tau_k (>= -1 = tau_1), with its k as the set the first step must keep
+        ks = torch.arange(1, scores.top.shape[-1] + 1, dtype=shift.dtype, device=shift.device)
+        best, k_best = ((scores.top.cumsum(-1) - 1) / ks).max(-1, keepdim=True)
+        tau = torch.maximum(tau, best)  # -inf (empty rows) -> -1
+        prev_n = (k_best + 1).to(shift.dtype)
     was_root = torch.zeros(shift.shape, dtype=torch.bool, device=shift.device)
     finished = scores.empty  # rows with no key there: every weight is 0 whatever tau is
     result = torch.zeros_like(shift)
@@ -272,7 +296,8 @@ def forward(q: Tensor, k: Tensor, v: Tensor, keep: Optional[Tensor], key_lengths
     shift = q.new_zeros((B, Hq, L, 1), dtype=cdt).unflatten(1, g.q.shape[1:3])
     tau = torch.zeros_like(shift)
     for i0, i1 in g.query_blocks(block_q):
-        scores = _BlockScores(g, g.q[..., i0:i1, :], i0, i1, block_k)
+        scores = _BlockScores(g, g.q[..., i0:i1, :], i0, i1, block_k,
+                              top=SPARSEMAX_START_TOP if kind == "sparsemax" else 1)
         t = _search_threshold(g, mapping, scores)
         o = total = 0
         for j0, j1, z in scores.blocks():
