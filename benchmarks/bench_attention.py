@@ -11,14 +11,17 @@ the forward alone under ``torch.no_grad()``. Candidates: SDPA (math backend, def
 ev-softmax blockwise (the op's CPU kernel: the fused C++ forward where built, see
 ``sparsenorm.kernels.cpu``; and its pure-PyTorch reference, run inside
 ``sparsenorm.kernels.disabled()``) and dense, sparsemax/entmax15 dense (the L x S weights) and
-blockwise (``sparsenorm::projection_attention``, O(L) extra memory). Times are also given as a ratio
+blockwise (``sparsenorm::projection_attention``, O(L) extra memory); on request (``--candidates``)
+the latter with its scores recomputed on every pass (``... (blockwise recomputed)``). Times are also given as a ratio
 to SDPA's default CPU kernel, the target of issue 28.
 
 * Time: every candidate once per round, in a fresh random order each round (interleaved), median
   over rounds; ratios against SDPA with the math backend (``sdpa_kernel(SDPBackend.MATH)``), the
-  reference the issue names; SDPA's default CPU kernel (a fused flash-style kernel) is listed
-  too. ``--clock thread`` (default) runs on one thread and times per-thread CPU time, which other
-  processes on a busy machine disturb much less than wall time.
+  reference the issue names; SDPA's default CPU kernel (its fused flash kernel
+  ``_scaled_dot_product_flash_attention_for_cpu``, given the inputs as (1, B*H, L, D) because it
+  takes 4-D inputs only: 3-D ones silently run the math backend) is listed too. ``--clock thread``
+  (default) runs on one thread and times per-thread CPU time, which other processes on a busy
+  machine disturb much less than wall time.
 * Peak memory: each (candidate, L) in a fresh subprocess, one thread: after a small warm-up call
   and the inputs are made, ``/proc/self/clear_refs`` resets the process's peak resident size
   (VmHWM); the reported figure is peak resident size during one forward + backward minus the
@@ -41,6 +44,7 @@ import subprocess
 import sys
 import time
 from typing import Callable, Dict, List, Optional
+from unittest import mock
 
 import torch
 import torch.nn.functional as F
@@ -49,6 +53,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from sparsenorm._text import markdown_table
 from sparsenorm.attention import sparse_attention
 from sparsenorm.kernels import disabled
+from sparsenorm.kernels.reference import attention_projection
 
 _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -56,9 +61,12 @@ MATH = "sdpa (math)"
 PROJECTION = ["sparsemax (blockwise)", "entmax15 (blockwise)"]  # their threshold searched blockwise
 FUSED = "sdpa (default CPU kernel)"
 EV_REFERENCE = "ev_softmax (blockwise reference)"  # the blockwise op with the C++ kernels disabled
+RECOMPUTED = {"sparsemax (blockwise recomputed)": "sparsemax", "entmax15 (blockwise recomputed)": "entmax15"}
+"""The searched blockwise path with its scores recomputed on every pass (no query block's scores
+kept: ``CACHE_KEY_BLOCKS = 0``), as before they were kept; results equal to the bit."""
 CANDIDATES = [MATH, FUSED, "ev_softmax (blockwise)", EV_REFERENCE, "ev_softmax (dense)",
-              "sparsemax (dense)", "entmax15 (dense)", *PROJECTION]
-BLOCKWISE = {"ev_softmax (blockwise)", EV_REFERENCE, *PROJECTION}
+              "sparsemax (dense)", "entmax15 (dense)", *PROJECTION, *RECOMPUTED]
+BLOCKWISE = {"ev_softmax (blockwise)", EV_REFERENCE, *PROJECTION, *RECOMPUTED}
 DENSE_TENSORS = 5  # estimated live B*H*L*L float32 tensors of a dense forward + backward
 
 
@@ -70,11 +78,18 @@ def attention_fn(label: str) -> Callable:
                 return F.scaled_dot_product_attention(q, k, v)
         return fn
     if label == FUSED:
-        return F.scaled_dot_product_attention
+        def fn(q, k, v):  # as (1, B*H, L, D): SDPA's CPU flash kernel takes 4-D inputs only (3-D ones go to math)
+            return F.scaled_dot_product_attention(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0)).squeeze(0)
+        return fn
     if label == EV_REFERENCE:
         def fn(q, k, v):
             with disabled():
                 return sparse_attention(q, k, v, "ev_softmax", backend="blockwise")
+        return fn
+    if label in RECOMPUTED:
+        def fn(q, k, v):
+            with mock.patch.object(attention_projection, "CACHE_KEY_BLOCKS", 0):
+                return sparse_attention(q, k, v, RECOMPUTED[label], backend="blockwise")
         return fn
     name, backend = label.split(" ")
     return lambda q, k, v: sparse_attention(q, k, v, name, backend=backend.strip("()"))
@@ -96,13 +111,12 @@ def run_once(fn: Callable, q, k, v, grad, forward_only: bool = False) -> None:
     fn(q, k, v).backward(grad)
 
 
-def dense_fits(label: str, bh: int, length: int, limit_gb: float, forward_only: bool = False) -> bool:
+def dense_fits(label: str, bh: int, length: int, limit_gb: float) -> bool:
     """Whether the candidate runs at this size: the O(L)-memory ones always (blockwise; SDPA's default
-    CPU kernel in a forward without autograd, its flash kernel), dense ones within ``limit_gb``. With
-    autograd SDPA's default CPU kernel holds L x L matrices as the math backend does (peak memory
-    measured equal to it), so it counts as dense there."""
-    return (label in BLOCKWISE or (forward_only and label == FUSED)
-            or DENSE_TENSORS * bh * length * length * 4 <= limit_gb * 2**30)
+    CPU kernel, its flash kernel, which keeps one log-sum-exp per row for its backward), dense ones
+    within ``limit_gb``. (Until the candidate passed 4-D inputs, SDPA ran its math backend on the
+    3-D ones and held L x L matrices: that was the earlier "default CPU kernel" peak memory.)"""
+    return label in BLOCKWISE or label == FUSED or DENSE_TENSORS * bh * length * length * 4 <= limit_gb * 2**30
 
 
 def time_length(labels: List[str], bh: int, length: int, dim: int, rounds: int, clock,
@@ -210,7 +224,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--batch-heads", type=int, default=8)
     p.add_argument("--dim", type=int, default=64)
     p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--candidates", default=",".join(CANDIDATES))
+    p.add_argument("--candidates", default=",".join(c for c in CANDIDATES if c not in RECOMPUTED))
     p.add_argument("--memory-lengths", default="1024,2048,4096,8192,16384")
     p.add_argument("--dense-limit-gb", type=float, default=16.0)
     p.add_argument("--clock", choices=("thread", "wall"), default="thread")
@@ -236,7 +250,7 @@ def main(argv: Optional[List[str]] = None) -> int:
           f"clock={args.clock}, SIMD level {torch.backends.cpu.get_cpu_capability()}, "
           f"median of {args.rounds} interleaved rounds; memory = peak RSS increase")
     for length in lengths:
-        fit = [label for label in labels if dense_fits(label, bh, length, args.dense_limit_gb, args.forward_only)]
+        fit = [label for label in labels if dense_fits(label, bh, length, args.dense_limit_gb)]
         times = {} if args.no_time else time_length(fit, bh, length, dim, args.rounds, clock, args.forward_only)
         peaks = {} if args.no_memory else {label: measure_peak(label, bh, length, dim) for label in fit}
         results["time_s"][length], results["peak_bytes"][length] = times, peaks

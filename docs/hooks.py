@@ -84,6 +84,8 @@ def memory_plot(results):
             for label, peak in peaks.items():
                 if peak is not None:
                     series.setdefault(label, {})[int(length)] = peak / 2**20
+    if not series:  # a time-only run (--no-memory)
+        return None
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
     for label, points in series.items():
         lengths = sorted(points)

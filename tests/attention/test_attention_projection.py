@@ -2,6 +2,7 @@
 the dense path: ``sparsenorm.sparsemax`` / ``sparsenorm.entmax15`` over the full score matrix."""
 import sys
 from functools import partial
+from unittest import mock
 
 import pytest
 import torch
@@ -18,6 +19,14 @@ DENSE = {"sparsemax": sparsenorm.sparsemax, "entmax15": sparsenorm.entmax15,
          "entmax_bisect": partial(sparsenorm.entmax_bisect, alpha=ALPHA)}
 KINDS = list(DENSE)
 SMALL_BLOCKS = dict(block_q=8, block_k=16, alpha=ALPHA)  # many blocks, ragged last ones
+SCORE_CACHE = {"kept": 10**9, "recomputed": 0}  # ref.CACHE_KEY_BLOCKS: every query block's scores kept, resp. none
+
+
+@pytest.fixture(params=list(SCORE_CACHE))
+def score_cache(request, monkeypatch):
+    """Run the test with the query blocks' scores kept between passes, and with them recomputed."""
+    monkeypatch.setattr(ref, "CACHE_KEY_BLOCKS", SCORE_CACHE[request.param])
+    return request.param
 
 
 def qkv(B=2, Hq=4, Hk=2, L=37, S=53, E=8, Ev=5, dtype=torch.float64, seed=0, spread=2.0):
@@ -99,7 +108,7 @@ def with_empty_rows(keep_case, L):
 
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("case", list(MASK_CASES))
-def test_equals_dense_in_float64(kind, case):
+def test_equals_dense_in_float64(kind, case, score_cache):
     q, k, v = qkv()
     masks = with_empty_rows(MASK_CASES[case](2, 4, 37, 53), 37)
     out = ops.projection_attention(q, k, v, kind, scale=0.4, **SMALL_BLOCKS, **masks)
@@ -110,7 +119,7 @@ def test_equals_dense_in_float64(kind, case):
 
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("case", ["none", "causal", "bool key padding + causal + lengths"])
-def test_float32_within_error_model_of_float64_oracle(kind, case):
+def test_float32_within_error_model_of_float64_oracle(kind, case, score_cache):
     q, k, v = qkv(dtype=torch.float32, seed=3)
     masks = MASK_CASES[case](2, 4, 37, 53)
     out = ops.projection_attention(q, k, v, kind, scale=0.4, **SMALL_BLOCKS, **masks)
@@ -122,23 +131,26 @@ def test_float32_within_error_model_of_float64_oracle(kind, case):
 @settings(max_examples=30, deadline=None)
 @given(kind=st.sampled_from(KINDS), L=st.integers(1, 20), S=st.integers(1, 20), block_q=st.integers(1, 9),
        block_k=st.integers(1, 9), causal=st.booleans(), masked=st.booleans(), seed=st.integers(0, 2**16),
-       spread=st.sampled_from([0.1, 1.0, 10.0]))
+       spread=st.sampled_from([0.1, 1.0, 10.0]), cache=st.sampled_from(list(SCORE_CACHE)),
+       start_top=st.sampled_from([1, 2, 8]))
 def test_property_equals_dense_for_any_shape_block_and_mask(kind, L, S, block_q, block_k, causal, masked, seed,
-                                                           spread):
+                                                           spread, cache, start_top):
     q, k, v = qkv(B=2, Hq=2, Hk=1, L=L, S=S, E=4, Ev=3, seed=seed, spread=spread)
     g = torch.Generator().manual_seed(seed)
     masks = {"is_causal": causal}
     if masked:
         masks["keep"] = torch.rand(2, 1, L, S, generator=g) > 0.3
         masks["key_lengths"] = torch.randint(0, S + 1, (2,), generator=g)
-    out = ops.projection_attention(q, k, v, kind, block_q=block_q, block_k=block_k, alpha=ALPHA, **masks)
+    with mock.patch.object(ref, "CACHE_KEY_BLOCKS", SCORE_CACHE[cache]), \
+            mock.patch.object(ref, "SPARSEMAX_START_TOP", start_top):
+        out = ops.projection_attention(q, k, v, kind, block_q=block_q, block_k=block_k, alpha=ALPHA, **masks)
     scale = 4 ** -0.5
     expected = dense_attention(q, k, v, kind, scale, **masks)
     torch.testing.assert_close(out, expected, rtol=0, atol=output_tolerance(q, k, v, scale, torch.float64))
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_not_there_keys_get_no_weight_and_empty_rows_are_zero(kind):
+def test_not_there_keys_get_no_weight_and_empty_rows_are_zero(kind, score_cache):
     q, k, v = qkv(B=2, Hq=2, Hk=2, L=6, S=9)
     keep = torch.ones(2, 2, 6, 9, dtype=torch.bool)
     keep[0, 1, 4] = False
@@ -157,7 +169,7 @@ def test_not_there_keys_get_no_weight_and_empty_rows_are_zero(kind):
 
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("case", ["none", "causal", "bool key padding + causal + lengths"])
-def test_gradients_equal_dense_autograd(kind, case):
+def test_gradients_equal_dense_autograd(kind, case, score_cache):
     q, k, v = (t.requires_grad_() for t in qkv(L=21, S=30))
     masks = with_empty_rows(MASK_CASES[case](2, 4, 21, 30), 21)
     g = torch.randn(2, 4, 21, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
@@ -170,7 +182,7 @@ def test_gradients_equal_dense_autograd(kind, case):
 
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("case", ["none", "bool key padding + causal + lengths"])
-def test_gradcheck(kind, case):
+def test_gradcheck(kind, case, score_cache):
     q, k, v = (t.requires_grad_() for t in qkv(B=2, Hq=2, Hk=1, L=5, S=7, E=3, Ev=2, seed=7))
     masks = with_empty_rows(MASK_CASES[case](2, 2, 5, 7), 5) if case == "none" else {
         "keep": torch.tensor([True] * 6 + [False]), "is_causal": True, "key_lengths": torch.tensor([7, 4])}
@@ -181,10 +193,58 @@ def test_gradcheck(kind, case):
     assert torch.autograd.gradcheck(f, (q, k, v))
 
 
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("case", ["none", "bool key padding + causal + lengths"])
+def test_kept_scores_give_the_recomputed_results_bit_for_bit_from_one_product_per_tile(kind, case, monkeypatch):
+    """Keeping a query block's scores between passes changes no operation on them (the same tile
+    products, the same element-wise steps per key block), so outputs and gradients are equal to the
+    bit; and the kept path computes each (query block, key block) score tile once per forward and
+    once per backward, where the recomputing one does it on every pass."""
+    q, k, v = (t.requires_grad_() for t in qkv(L=21, S=30))
+    masks = with_empty_rows(MASK_CASES[case](2, 4, 21, 30), 21)
+    g = torch.randn(2, 4, 21, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    tiles = []
+    score_tile = ref._Grouped.scores
+    monkeypatch.setattr(ref._Grouped, "scores", lambda self, *a: tiles.append(a[1:]) or score_tile(self, *a))
+    results, products = {}, {}
+    for cache, blocks in SCORE_CACHE.items():
+        monkeypatch.setattr(ref, "CACHE_KEY_BLOCKS", blocks)
+        tiles.clear()
+        out = ops.projection_attention(q, k, v, kind, scale=0.4, **SMALL_BLOCKS, **masks)
+        forward_tiles = list(tiles)
+        results[cache] = (out, *torch.autograd.grad(out, (q, k, v), g))
+        products[cache] = (forward_tiles, tiles[len(forward_tiles):])
+    for kept, recomputed in zip(results["kept"], results["recomputed"]):
+        assert torch.equal(kept, recomputed)
+    forward_kept, backward_kept = products["kept"]
+    assert len(set(forward_kept)) == len(forward_kept) == len(backward_kept) == len(set(backward_kept))
+    assert set(forward_kept) == set(products["recomputed"][0])  # the same tiles, once each
+    assert len(products["recomputed"][0]) >= 3 * len(forward_kept)  # max, >= 1 search step, output
+
+
+@pytest.mark.parametrize("score_cache", list(SCORE_CACHE), indirect=True)
+def test_sparsemax_start_is_exact_for_supports_within_its_top_keys(score_cache, monkeypatch):
+    """sparsemax's search starts at max_{k <= K} (sum of the k largest scores - 1) / k, the threshold
+    itself when the support has at most K keys: then every query block is done after one step."""
+    q, k, v = qkv(spread=10.0, seed=4)
+    masks = with_empty_rows(MASK_CASES["bool key padding + causal + lengths"](2, 4, 37, 53), 37)
+    support = (dense_weights(q, k, "sparsemax", 0.4, **masks) > 0).sum(-1)
+    assert support.max() <= ref.SPARSEMAX_START_TOP and support.max() >= 2  # the premise, not trivially 1
+    steps = []
+    step = ref.threshold_step
+    monkeypatch.setattr(ref, "threshold_step", lambda *a: steps.append(1) or step(*a))
+    out = ops.projection_attention(q, k, v, "sparsemax", scale=0.4, **SMALL_BLOCKS, **masks)
+    assert len(steps) == -(-37 // SMALL_BLOCKS["block_q"])  # one step per query block
+    expected = dense_attention(q, k, v, "sparsemax", 0.4, **masks)
+    torch.testing.assert_close(out, expected, rtol=0, atol=output_tolerance(q, k, v, 0.4, torch.float64))
+
+
 @pytest.mark.parametrize("kind", ["sparsemax", "entmax15"])
-def test_search_fallback_by_sorting_is_exact(kind, monkeypatch):
-    """Rows still iterating after MAX_STEPS passes are solved by the sort: force it with one step."""
+def test_search_fallback_by_sorting_is_exact(kind, monkeypatch, score_cache):
+    """Rows still iterating after MAX_STEPS passes are solved by the sort: force it with one step
+    (and sparsemax's start at -1, exact only for rows with one key above it)."""
     monkeypatch.setattr(ref, "MAX_STEPS", 1)
+    monkeypatch.setattr(ref, "SPARSEMAX_START_TOP", 1)
     q, k, v = qkv()
     masks = with_empty_rows(MASK_CASES["bool key padding + causal + lengths"](2, 4, 37, 53), 37)
     out = ops.projection_attention(q, k, v, kind, scale=0.4, **SMALL_BLOCKS, **masks)

@@ -10,7 +10,11 @@ the same on GPU with bisection and Halley steps); here the search is the exact i
 accumulated over key blocks. For each block of queries:
 
 1. one pass over the key blocks for the row maximum ``m`` (the scores are shifted by it, as the
-   dense projection shifts them, and ``tau - m`` starts at the lower bound -1, resp. -2);
+   dense projection shifts them, and ``tau - m`` starts at the lower bound -1, resp. -2); for
+   sparsemax the same pass keeps each row's :data:`SPARSEMAX_START_TOP` (K) largest scores and
+   ``tau`` starts at ``max_{k <= K} (sum of the k largest - 1) / k`` (each term a lower bound, the
+   threshold being their maximum over all ``k``; exact when the support has at most K keys, and
+   then the first step, told that ``k``, confirms it);
 2. passes over the key blocks accumulating ``(n, s1, s2)`` at the current ``tau``, each followed by
    one threshold step (sparsemax: Newton from below, ``tau <- (sum_{s > tau} s - 1) / n``, exact as
    soon as the set ``{s > tau}`` stops shrinking; 1.5-entmax: the smaller root of the current set's
@@ -18,10 +22,16 @@ accumulated over key blocks. For each block of queries:
    form on the final support (sparsemax ``tau = (sum_S s - 1) / |S|``; 1.5-entmax the root of
    ``sum_S ((s - tau) / 2)^2 = 1``, Peters et al. 2019), so the weights equal the dense path's to
    rounding. On random Gaussian q, k (D = 64, L = S = 1024 and 4096) a query block of 256 stops
-   after 7 steps (every row of the block must be done); rows still iterating after :data:`MAX_STEPS`
+   after 7 steps for 1.5-entmax, about 2.2 for sparsemax (7 from -1): every row of the block must
+   be done (``python -m benchmarks.attention_passes``); rows still iterating after :data:`MAX_STEPS`
    passes (adversarial inputs) are solved by the sort-based solver on their score rows (one
    ``block_q x S`` block of memory, once);
 3. one output pass ``O = P V`` over the key blocks.
+
+Each pass needs the block's scores: when they span at most :data:`CACHE_KEY_BLOCKS` key blocks they
+are computed once (tile by tile, the products a recomputing pass makes) and kept for all passes of
+the block, forward and backward, so a forward makes one ``Q K^T`` product per tile instead of
+``k + 2`` (``k`` search steps, about 7 on random inputs); beyond, every pass recomputes them.
 
 alpha-entmax (``kind='entmax_bisect'``, ``p = [(alpha - 1) (s - m) - tau]_+^(1 / (alpha - 1))``)
 has no finite exact iteration; it reproduces ``sparsenorm.entmax_bisect`` instead: ``n_iter``
@@ -36,7 +46,8 @@ blocks for ``c = sum_j w_j dp_j / sum_j w_j`` with ``dp = dO V^T``, and one pass
 scores of each block from the saved row maximum and threshold (as FlashAttention recomputes).
 
 Memory: besides the inputs and outputs, O(L) per head (row maximum and threshold), the gradients'
-size in the backward, and one ``block_q x block_k`` block of scores (per batch and head) at a time.
+size in the backward, and one ``block_q x block_k`` block of scores (per batch and head) at a time,
+plus the kept scores of one query block (at most ``CACHE_KEY_BLOCKS`` such blocks).
 
 Layout: ``q`` (B, Hq, L, D), ``k`` (B, Hk, S, D), ``v`` (B, Hk, S, Dv), with ``Hk`` dividing ``Hq``
 (grouped-query attention: query head ``h`` reads key/value head ``h // (Hq // Hk)``). Masks: ``keep``
@@ -63,6 +74,16 @@ BLOCK_Q = 256
 BLOCK_K = 1024
 MAX_STEPS = 64
 """Threshold steps before the rows still iterating are solved by sorting their score rows."""
+CACHE_KEY_BLOCKS = 8
+"""A query block's scores are computed once and kept for all of its passes over the keys when they
+span at most this many key blocks (the memory of that many ``block_q x block_k`` blocks instead of
+one); beyond, every pass recomputes them (as FlashAttention recomputes). The scores, and so every
+result, are the same to the bit either way; keeping them saves one ``Q K^T`` product per pass, most
+of the search's time (see the CPU performance notes in docs/guide/attention.md)."""
+SPARSEMAX_START_TOP = 8
+"""sparsemax's search starts from ``max_{k <= K} tau_k``, ``tau_k = (sum of the row's k largest
+scores - 1) / k``, with this ``K``: each ``tau_k`` is a lower bound of the threshold (which is the
+maximum over all ``k``), and exact where the support has at most ``K`` keys (then one step confirms)."""
 
 _NEG_INF = float("-inf")
 
@@ -137,12 +158,12 @@ class Mapping:
         self.kind, self.alpha, self.n_iter = kind, float(alpha), int(n_iter)
         self.bisect = kind == "entmax_bisect"
 
-    def weights_(self, z: Tensor, tau: Tensor) -> Tensor:
-        """In place: ``z`` (scores minus the row maximum) -> the unnormalized weights at ``tau``."""
+    def weights(self, z: Tensor, tau: Tensor) -> Tensor:
+        """The unnormalized weights at ``tau`` from ``z`` (scores minus the row maximum; only read)."""
         if self.bisect:  # the order of operations of sparsenorm.entmax_bisect
-            return z.mul_(self.alpha - 1).sub_(tau).clamp_min_(0).pow_(1 / (self.alpha - 1))
-        z.sub_(tau).clamp_min_(0)
-        return z.mul_(0.5).square_() if self.kind == "entmax15" else z
+            return (z * (self.alpha - 1)).sub_(tau).clamp_min_(0).pow_(1 / (self.alpha - 1))
+        p = (z - tau).clamp_min_(0)
+        return p.mul_(0.5).square_() if self.kind == "entmax15" else p
 
     def jacobian_weights_(self, p: Tensor) -> Tensor:
         """``w`` with the Jacobian ``diag(w) - w w^T / sum(w)`` on the support, from the weights
@@ -152,30 +173,66 @@ class Mapping:
         return sqrt_nonneg(p) if self.kind == "entmax15" else p.sign_()
 
 
-def _block_weights(g: _Grouped, mapping: Mapping, q_blk, shift, tau, i0, i1, j0, j1) -> Tensor:
-    return mapping.weights_(g.scores(q_blk, i0, i1, j0, j1).sub_(shift), tau)
+class _BlockScores:
+    """One query block's scores minus each row's maximum (``shift``), handed to the passes over the
+    keys key block by key block: computed once and kept when the block sees at most
+    :data:`CACHE_KEY_BLOCKS` key blocks, else recomputed on every pass. ``shift`` given (the
+    backward's saved one) or found by a pass (rows with no key there: ``empty``, shift 0)."""
+
+    def __init__(self, g: _Grouped, q_blk: Tensor, i0: int, i1: int, block_k: int, shift: Optional[Tensor] = None,
+                 top: int = 1):
+        """``top``: without ``shift``, also keep each row's ``top`` largest scores minus ``shift``
+        (``self.top``, fewer where fewer keys; ``-inf`` for keys not there)."""
+        self.g, self.q_blk, self.i0, self.i1 = g, q_blk, i0, i1
+        self.spans = list(g.key_blocks(i0, i1, block_k))
+        kept = None
+        if 0 < len(self.spans) <= CACHE_KEY_BLOCKS:
+            kept = q_blk.new_empty((*q_blk.shape[:-1], self.spans[-1][1]))
+            for j0, j1 in self.spans:  # tile by tile, as the recomputing passes (the same products)
+                kept[..., j0:j1] = g.scores(q_blk, i0, i1, j0, j1)
+        if shift is None:
+            largest = _row_top(g, q_blk, i0, i1, block_k, top) if kept is None else _top(kept, top)
+            self.empty = largest[..., :1] == _NEG_INF
+            shift = largest[..., :1].masked_fill(self.empty, 0.0)
+            self.top = largest - shift
+        self.shift = shift
+        self.kept = None if kept is None else kept.sub_(shift)
+
+    def blocks(self) -> Iterator[Tuple[int, int, Tensor]]:
+        """``(j0, j1, z)``: the scores minus ``shift`` of keys ``[j0, j1)``; ``z`` is only to be read."""
+        for j0, j1 in self.spans:
+            if self.kept is None:
+                yield j0, j1, self.g.scores(self.q_blk, self.i0, self.i1, j0, j1).sub_(self.shift)
+            else:
+                yield j0, j1, self.kept[..., j0:j1]
 
 
-def _row_max(g: _Grouped, q_blk: Tensor, i0: int, i1: int, block_k: int) -> Tensor:
-    """Each row's maximum score over the keys there (``-inf`` if none)."""
-    m = torch.full((*q_blk.shape[:-1], 1), _NEG_INF, dtype=q_blk.dtype, device=q_blk.device)
+def _top(s: Tensor, top: int) -> Tensor:
+    """The ``top`` largest entries of each row of ``s`` (all where fewer), largest first."""
+    return s.amax(-1, keepdim=True) if top == 1 else s.topk(min(top, s.shape[-1]), -1).values
+
+
+def _row_top(g: _Grouped, q_blk: Tensor, i0: int, i1: int, block_k: int, top: int) -> Tensor:
+    """Each row's ``top`` largest scores over the keys there (``-inf`` for keys not there), by one pass."""
+    largest = torch.full((*q_blk.shape[:-1], 1), _NEG_INF, dtype=q_blk.dtype, device=q_blk.device)
     for j0, j1 in g.key_blocks(i0, i1, block_k):
-        m = torch.maximum(m, g.scores(q_blk, i0, i1, j0, j1).amax(-1, keepdim=True))
-    return m
+        tile = _top(g.scores(q_blk, i0, i1, j0, j1), top)
+        largest = torch.maximum(largest, tile) if top == 1 else _top(torch.cat([largest, tile], -1), top)
+    return largest
 
 
-def _row_sum(g: _Grouped, mapping: Mapping, q_blk, shift, tau, i0, i1, block_k) -> Tensor:
+def _row_sum(mapping: Mapping, scores: _BlockScores, tau: Tensor) -> Tensor:
     """Each row's sum of (unnormalized) weights at ``tau``."""
-    total = torch.zeros_like(shift)
-    for j0, j1 in g.key_blocks(i0, i1, block_k):
-        total += _block_weights(g, mapping, q_blk, shift, tau, i0, i1, j0, j1).sum(-1, keepdim=True)
+    total = torch.zeros_like(scores.shift)
+    for _, _, z in scores.blocks():
+        total += mapping.weights(z, tau).sum(-1, keepdim=True)
     return total
 
 
-def _bisect_threshold(g: _Grouped, mapping: Mapping, q_blk: Tensor, shift: Tensor, i0: int, i1: int,
-                      block_k: int) -> Tensor:
+def _bisect_threshold(g: _Grouped, mapping: Mapping, scores: _BlockScores) -> Tensor:
     """``sparsenorm.entmax_bisect``'s threshold: ``n_iter`` halvings of ``[-1, -(1/S)^(alpha - 1)]``
     (relative to the row maximum; ``S`` all keys, as the dense path counts them), the last midpoint."""
+    shift = scores.shift
     tau_lo = torch.full_like(shift, -1.0)
     tau_hi = -torch.pow(1.0 / g.S, torch.full_like(shift, mapping.alpha) - 1)
     dm = tau_hi - tau_lo
@@ -183,28 +240,32 @@ def _bisect_threshold(g: _Grouped, mapping: Mapping, q_blk: Tensor, shift: Tenso
     for _ in range(mapping.n_iter):
         dm = dm / 2
         tau_m = tau_lo + dm
-        f_m = _row_sum(g, mapping, q_blk, shift, tau_m, i0, i1, block_k) - 1
+        f_m = _row_sum(mapping, scores, tau_m) - 1
         tau_lo = torch.where(f_m >= 0, tau_m, tau_lo)
     return tau_m
 
 
-def _search_threshold(g: _Grouped, mapping: Mapping, q_blk: Tensor, shift: Tensor, empty: Tensor, i0: int,
-                      i1: int, block_k: int) -> Tensor:
-    """Each row's exact threshold relative to ``shift`` (its maximum; 0 for the ``empty`` rows, those
-    with no key there), by passes over the key blocks."""
+def _search_threshold(g: _Grouped, mapping: Mapping, scores: _BlockScores) -> Tensor:
+    """Each row's exact threshold relative to its ``scores.shift`` (its maximum; 0 for the
+    ``scores.empty`` rows, those with no key there), by passes over the key blocks."""
     if mapping.bisect:
-        return _bisect_threshold(g, mapping, q_blk, shift, i0, i1, block_k)
-    kind = mapping.kind
+        return _bisect_threshold(g, mapping, scores)
+    kind, shift = mapping.kind, scores.shift
     entmax = kind == "entmax15"
     tau = torch.full_like(shift, -2.0 if entmax else -1.0)  # lower bound: p_max <= 1
     prev_n = torch.full_like(shift, -1.0)
+    if not entmax:  # start from max_k tau_k (>= -1 = tau_1), with its k as the set the first step must keep
+        ks = torch.arange(1, scores.top.shape[-1] + 1, dtype=shift.dtype, device=shift.device)
+        best, k_best = ((scores.top.cumsum(-1) - 1) / ks).max(-1, keepdim=True)
+        tau = torch.maximum(tau, best)  # -inf (empty rows) -> -1
+        prev_n = (k_best + 1).to(shift.dtype)
     was_root = torch.zeros(shift.shape, dtype=torch.bool, device=shift.device)
-    finished = empty  # rows with no key there: every weight is 0 whatever tau is
+    finished = scores.empty  # rows with no key there: every weight is 0 whatever tau is
     result = torch.zeros_like(shift)
     for _ in range(MAX_STEPS):
         s1 = s2 = n = 0
-        for j0, j1 in g.key_blocks(i0, i1, block_k):
-            d = g.scores(q_blk, i0, i1, j0, j1).sub_(shift).sub_(tau).clamp_min_(0)
+        for _, _, z in scores.blocks():
+            d = (z - tau).clamp_min_(0)
             s1 = s1 + d.sum(-1, keepdim=True)
             if entmax:
                 s2 = s2 + torch.linalg.vector_norm(d, dim=-1, keepdim=True).square_()
@@ -216,7 +277,7 @@ def _search_threshold(g: _Grouped, mapping: Mapping, q_blk: Tensor, shift: Tenso
             return result
         tau, prev_n = new_tau, n
     # Rows still iterating (adversarial inputs): sort their rows, built from the key blocks once.
-    z = torch.cat([g.scores(q_blk, i0, i1, j0, j1) for j0, j1 in g.key_blocks(i0, i1, block_k)], -1).sub_(shift)
+    z = torch.cat([z for _, _, z in scores.blocks()], -1)
     exact = entmax15_tau_sort(z * 0.5) * 2 if entmax else sparsemax_tau_sort(z)
     return torch.where(finished, result, exact)
 
@@ -235,22 +296,21 @@ def forward(q: Tensor, k: Tensor, v: Tensor, keep: Optional[Tensor], key_lengths
     shift = q.new_zeros((B, Hq, L, 1), dtype=cdt).unflatten(1, g.q.shape[1:3])
     tau = torch.zeros_like(shift)
     for i0, i1 in g.query_blocks(block_q):
-        q_blk = g.q[..., i0:i1, :]
-        m = _row_max(g, q_blk, i0, i1, block_k)
-        empty = m == _NEG_INF
-        m_safe = m.masked_fill(empty, 0.0)
-        t = _search_threshold(g, mapping, q_blk, m_safe, empty, i0, i1, block_k)
+        scores = _BlockScores(g, g.q[..., i0:i1, :], i0, i1, block_k,
+                              top=SPARSEMAX_START_TOP if kind == "sparsemax" else 1)
+        t = _search_threshold(g, mapping, scores)
         o = total = 0
-        for j0, j1 in g.key_blocks(i0, i1, block_k):
-            p = _block_weights(g, mapping, q_blk, m_safe, t, i0, i1, j0, j1)
+        for j0, j1, z in scores.blocks():
+            p = mapping.weights(z, t)
             if mapping.bisect:  # sums to one only up to the bisection's resolution: normalize, as the dense path
                 total = total + p.sum(-1, keepdim=True)
             o = o + torch.matmul(p, g.v[..., j0:j1, :])
         if mapping.bisect:
             o = o / torch.where(total > 0, total, torch.ones_like(total))
         out[..., i0:i1, :] = o
-        shift[..., i0:i1, :] = m_safe
+        shift[..., i0:i1, :] = scores.shift
         tau[..., i0:i1, :] = t
+        scores = p = None  # the kept scores (and the last tile) go before the next block's are made
     return out.flatten(1, 2).to(q.dtype), shift.flatten(1, 2).squeeze(-1), tau.flatten(1, 2).squeeze(-1)
 
 
@@ -274,27 +334,29 @@ def backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, keep: Optional[T
     for i0, i1 in g.query_blocks(block_q):
         q_blk, do_blk = g.q[..., i0:i1, :], do[..., i0:i1, :]
         m_blk, t_blk = shift[..., i0:i1, :], tau[..., i0:i1, :]
-        total = _row_sum(g, mapping, q_blk, m_blk, t_blk, i0, i1, block_k) if mapping.bisect else None
+        scores = _BlockScores(g, q_blk, i0, i1, block_k, shift=m_blk)
+        total = _row_sum(mapping, scores, t_blk) if mapping.bisect else None
         if total is not None:
             total = torch.where(total > 0, total, torch.ones_like(total))
 
-        def weights(j0, j1):
-            p = _block_weights(g, mapping, q_blk, m_blk, t_blk, i0, i1, j0, j1)
+        def weights(z):
+            p = mapping.weights(z, t_blk)
             return p if total is None else p.div_(total)
 
         def dp(j0, j1):  # d(loss)/d(weights) of the block
             return torch.matmul(do_blk, g.v[..., j0:j1, :].transpose(-2, -1))
 
         w_sum = wdp_sum = 0
-        for j0, j1 in g.key_blocks(i0, i1, block_k):
-            w = mapping.jacobian_weights_(weights(j0, j1))
+        for j0, j1, z in scores.blocks():
+            w = mapping.jacobian_weights_(weights(z))
             w_sum = w_sum + w.sum(-1, keepdim=True)
             wdp_sum = wdp_sum + dp(j0, j1).mul_(w).sum(-1, keepdim=True)
         c = wdp_sum / torch.where(w_sum > 0, w_sum, torch.ones_like(w_sum))
-        for j0, j1 in g.key_blocks(i0, i1, block_k):
-            p = weights(j0, j1)
+        for j0, j1, z in scores.blocks():
+            p = weights(z)
             dv[..., j0:j1, :] += torch.matmul(p.transpose(-2, -1), do_blk).sum(2)
             ds = dp(j0, j1).sub_(c).mul_(mapping.jacobian_weights_(p))  # d(loss)/d(scores), 0 off the support
             dq[..., i0:i1, :] += torch.matmul(ds, g.k[..., j0:j1, :])
             dk[..., j0:j1, :] += torch.matmul(ds.transpose(-2, -1), q_blk).sum(2)
+        scores = p = ds = None  # the kept scores (and the last tiles) go before the next block's are made
     return (dq.mul_(scale).flatten(1, 2).to(q.dtype), dk.mul_(scale).to(k.dtype), dv.to(v.dtype))
