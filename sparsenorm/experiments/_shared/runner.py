@@ -171,21 +171,15 @@ def _check_normalizers(names: Optional[Sequence[str]]) -> None:
             raise UserFacingError(str(exc)) from None
 
 
-def _run_seeded(experiment: Experiment, job: Job, context: Any, settings: Any, device: torch.device,
-                threads: Optional[int]) -> Dict[str, Any]:
-    if threads is not None and device.type == "cpu":
-        torch.set_num_threads(threads)
-    seed_everything(job.seed)
-    return experiment.run_job(job, context, settings, device)
-
-
 def _run_unit(experiment: Experiment, unit: List[Job], context: Any, settings: Any, device: torch.device,
               threads: Optional[int]) -> List[Dict[str, Any]]:
-    """The records of one unit: a job alone, or a stack of jobs trained together by ``run_stack``."""
-    if len(unit) == 1:
-        return [_run_seeded(experiment, unit[0], context, settings, device, threads)]
+    """The records of one unit: a job alone (seeded here), or a stack of jobs trained together by
+    ``run_stack`` (which seeds each job itself)."""
     if threads is not None and device.type == "cpu":
         torch.set_num_threads(threads)
+    if len(unit) == 1:
+        seed_everything(unit[0].seed)
+        return [experiment.run_job(unit[0], context, settings, device)]
     records = experiment.run_stack(unit, context, settings, device)
     if len(records) != len(unit):
         raise ValueError(f"{experiment.name}.run_stack returned {len(records)} records for {len(unit)} jobs")
