@@ -608,6 +608,11 @@ def _run(fn, threshold, call, dropout_p, return_weights, backend):
     if kernel is None:
         raise ValueError(f"backend={backend!r} has no kernel for this normalizer (attention_threshold="
                          f"{threshold!r}; its backends: {', '.join(['dense', *kernels])})")
+    if call.scores_shape[-2] * call.scores_shape[-1] == 0:
+        # No query or no key: the answer is an empty or all-zero output (a query with no key attends
+        # to nothing), which the dense path gives exactly; the tiled kernels assume at least one tile.
+        out, _, support, valid = dense_attention(fn, call, dropout_p)
+        return out, None, support, valid
     result = kernel(call)
     if result is None:
         raise ValueError(f"backend={backend!r} does not apply to these inputs (device, dtype, shapes or mask form); "

@@ -67,6 +67,21 @@ def test_every_backend_that_exists_equals_dense(name):
         torch.testing.assert_close(out, dense, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("name", NORMALIZERS)
+@pytest.mark.parametrize("L, S", [(4, 0), (0, 5), (0, 0)])
+def test_every_backend_gives_sdpas_answer_without_keys_or_queries(name, L, S):
+    """No key: every query attends to nothing, so its output row is 0 with zero gradient (SDPA's
+    answer too); no query: an empty output. The tiled kernels once crashed deep inside on S = 0."""
+    q, k, v = qkv(L=L, S=S)
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+    threshold = registry.get(name).for_mode(False).attention_threshold
+    for backend in ("auto", "dense", *attention_ops.KERNELS.get(threshold, {})):
+        out = sparse_attention(q, k, v, name, backend=backend)
+        assert out.shape == expected.shape and torch.equal(out, expected), backend
+        grads = torch.autograd.grad(out.sum(), (q, k, v), allow_unused=True)
+        assert all(g is None or not g.any() for g in grads), backend
+
+
 def test_a_kernel_is_one_table_entry(monkeypatch):
     """What the sparsemax/entmax blockwise op will do: register a kernel for ``"searched"``; then
     ``backend="blockwise"`` and ``"auto"`` (past BLOCKWISE_MIN_SCORES) run it for sparsemax."""
