@@ -50,6 +50,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from benchmarks.bench import cpu_model, is_loaded, load_warning, machine_load
 from sparsenorm._text import markdown_table
 from sparsenorm.attention import sparse_attention
 from sparsenorm.kernels import disabled
@@ -199,7 +200,10 @@ def markdown_report(results: dict) -> str:
     """The tables of a ``--json`` file, as ``main`` printed them when it was measured."""
     lines = [f"{results.get('pass', 'forward+backward')}, float32, B*H = {results['batch_heads']}, "
              f"D = {results['dim']}, "
-             f"clock {results['clock']}, median of {results['rounds']} interleaved rounds; memory = peak RSS increase"]
+             f"clock {results['clock']}, {results.get('threads', 1)} thread(s), SIMD level {results.get('simd', '?')}, "
+             f"median of {results['rounds']} interleaved rounds; memory = peak RSS increase"]
+    if results.get("load_at_start", {}).get("loaded"):
+        lines += ["", "**Measured on a loaded machine** (see `load_at_start` in the JSON)."]
     for length, times in results["time_s"].items():
         peaks = results["peak_bytes"].get(length, {})
         labels = list(dict.fromkeys([*times, *peaks]))
@@ -228,6 +232,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--memory-lengths", default="1024,2048,4096,8192,16384")
     p.add_argument("--dense-limit-gb", type=float, default=16.0)
     p.add_argument("--clock", choices=("thread", "wall"), default="thread")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch threads for the timings (wall clock only: a per-thread clock misses the other threads)")
     p.add_argument("--no-time", action="store_true")
     p.add_argument("--no-memory", action="store_true")
     p.add_argument("--forward-only", action="store_true",
@@ -239,15 +245,24 @@ def main(argv: Optional[List[str]] = None) -> int:
     unknown = set(labels) - set(CANDIDATES)
     if unknown:
         p.error(f"unknown candidates {sorted(unknown)}; known: {CANDIDATES}")
-    if args.clock == "thread":
-        torch.set_num_threads(1)
+    if args.threads < 1:
+        p.error("--threads must be >= 1")
+    if args.clock == "thread" and args.threads != 1:
+        p.error("--clock thread times one thread; use --clock wall with --threads > 1")
+    torch.set_num_threads(args.threads)
     clock = time.thread_time if args.clock == "thread" else time.perf_counter
     bh, dim = args.batch_heads, args.dim
     timed_pass = "forward" if args.forward_only else "forward+backward"
+    load = machine_load()
+    load["loaded"] = is_loaded(load, judge_loadavg=True)
+    if load["loaded"]:
+        print(load_warning(load), file=sys.stderr)
     results: dict = {"batch_heads": bh, "dim": dim, "clock": args.clock, "rounds": args.rounds, "pass": timed_pass,
-                     "time_s": {}, "peak_bytes": {}, "scaling_bytes": {}}
+                     "threads": args.threads, "simd": torch.backends.cpu.get_cpu_capability(),
+                     "machine": {"cpu_model": cpu_model(), "cpu_count": os.cpu_count(), "torch": torch.__version__},
+                     "load_at_start": load, "time_s": {}, "peak_bytes": {}, "scaling_bytes": {}}
     print(f"# sparse_attention vs SDPA: {timed_pass}, float32, B*H={bh}, D={dim}, "
-          f"clock={args.clock}, SIMD level {torch.backends.cpu.get_cpu_capability()}, "
+          f"clock={args.clock}, {args.threads} thread(s), SIMD level {torch.backends.cpu.get_cpu_capability()}, "
           f"median of {args.rounds} interleaved rounds; memory = peak RSS increase")
     for length in lengths:
         fit = [label for label in labels if dense_fits(label, bh, length, args.dense_limit_gb)]
