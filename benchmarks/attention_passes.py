@@ -7,7 +7,9 @@ q, k, v, float32), one forward + backward: the score-tile products ``Q K^T`` mad
 full L x L matrix (the forward's and the backward's), the threshold-search steps per query block
 (the block stops when its slowest row is done), each row's own steps (the step at which it is
 first done: mean and max) and its support size there. ``--recomputed`` counts with the scores
-recomputed on every pass (``CACHE_KEY_BLOCKS = 0``). The counts are the quantities of the bound in
+recomputed on every pass (``CACHE_KEY_BLOCKS = 0``). Counted is the reference's search, run with
+the C++ kernels disabled: with them, a query block whose scores are kept is solved row by row by the
+C++ row solver (no search step; the products are the same). The counts are the quantities of the bound in
 docs/guide/attention.md (CPU performance of the searched path); they do not depend on the machine.
 """
 from __future__ import annotations
@@ -19,6 +21,7 @@ from unittest import mock
 import torch
 
 from sparsenorm._text import markdown_table
+from sparsenorm.kernels import disabled
 from sparsenorm.kernels.attention_projection_ops import projection_attention
 from sparsenorm.kernels.reference import attention_projection as ref
 
@@ -55,7 +58,8 @@ def count(kind: str, length: int, dim: int, recomputed: bool) -> List[str]:
     with mock.patch.object(ref._Grouped, "scores", counted_scores), \
             mock.patch.object(ref, "threshold_step", counted_step), \
             mock.patch.object(ref, "_search_threshold", counted_search), \
-            mock.patch.object(ref, "CACHE_KEY_BLOCKS", 0 if recomputed else ref.CACHE_KEY_BLOCKS):
+            mock.patch.object(ref, "CACHE_KEY_BLOCKS", 0 if recomputed else ref.CACHE_KEY_BLOCKS), \
+            disabled():  # the search itself (with the C++ kernels a kept block is solved row by row instead)
         out = projection_attention(q, k, v, kind)
         forward = tile_elements[0] / length ** 2
         tile_elements[0] = 0

@@ -64,7 +64,8 @@ FUSED = "sdpa (default CPU kernel)"
 EV_REFERENCE = "ev_softmax (blockwise reference)"  # the blockwise op with the C++ kernels disabled
 RECOMPUTED = {"sparsemax (blockwise recomputed)": "sparsemax", "entmax15 (blockwise recomputed)": "entmax15"}
 """The searched blockwise path with its scores recomputed on every pass (no query block's scores
-kept: ``CACHE_KEY_BLOCKS = 0``), as before they were kept; results equal to the bit."""
+kept: ``CACHE_KEY_BLOCKS = 0``), as before they were kept, and so solved by the search's passes
+rather than by the C++ row solver that kept blocks get on CPU; results equal to rounding."""
 CANDIDATES = [MATH, FUSED, "ev_softmax (blockwise)", EV_REFERENCE, "ev_softmax (dense)",
               "sparsemax (dense)", "entmax15 (dense)", *PROJECTION, *RECOMPUTED]
 BLOCKWISE = {"ev_softmax (blockwise)", EV_REFERENCE, *PROJECTION, *RECOMPUTED}

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from .._validation import check_floating, check_n_iter, check_param, compute_dtype
+from . import cpu
 from .reference import attention_projection as ref
 
 BLOCK_Q = ref.BLOCK_Q
@@ -29,6 +30,25 @@ def projection_attention_op(query: Tensor, key: Tensor, value: Tensor, keep: Opt
                             block_q: int, block_k: int, alpha: float, n_iter: int) -> Tuple[Tensor, Tensor, Tensor]:
     """``(out, shift, tau)``; see :func:`projection_attention` and the reference module."""
     return ref.forward(query, key, value, keep, key_lengths, is_causal, scale, kind, block_q, block_k, alpha, n_iter)
+
+
+@projection_attention_op.register_kernel("cpu")
+def _projection_attention_cpu(query, key, value, keep, key_lengths, is_causal, scale, kind, block_q, block_k, alpha,
+                              n_iter):
+    # The blockwise loop of the reference, with each kept query block's threshold found by the C++
+    # row solver (the one sparsemax/entmax15 use) instead of the search's passes over the block.
+    solver = _cpu_kept_thresholds if cpu.PROJECTION.get() is not None else None  # None: not built, or not allowed now
+    return ref.forward(query, key, value, keep, key_lengths, is_causal, scale, kind, block_q, block_k, alpha, n_iter,
+                       kept_thresholds=solver)
+
+
+def _cpu_kept_thresholds(z: Tensor, kind: str) -> Optional[Tensor]:
+    """The C++ kernel's threshold of each row of ``z`` (rows minus their maxima), or None where it
+    is not built or allowed (:func:`sparsenorm.kernels.disabled`) or cannot take ``z``."""
+    ext = cpu.PROJECTION.kernel_for(z)
+    if ext is None or z.shape[-1] == 0:
+        return None
+    return ext.thresholds(z.reshape(-1, z.shape[-1]), kind == "entmax15").view(z.shape[:-1] + (1,))
 
 
 @projection_attention_op.register_fake

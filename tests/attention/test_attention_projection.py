@@ -2,6 +2,7 @@
 the dense path: ``sparsenorm.sparsemax`` / ``sparsenorm.entmax15`` over the full score matrix."""
 import sys
 from functools import partial
+from contextlib import nullcontext
 from unittest import mock
 
 import pytest
@@ -12,6 +13,7 @@ from hypothesis import strategies as st
 import sparsenorm
 from benchmarks import bench_attention
 from sparsenorm.kernels import attention_projection_ops as ops
+from sparsenorm.kernels import available, disabled
 from sparsenorm.kernels.reference import attention_projection as ref
 
 ALPHA = 1.3  # alpha-entmax's alpha in these tests (passed to every kind; only entmax_bisect reads it)
@@ -210,9 +212,10 @@ def test_kept_scores_give_the_recomputed_results_bit_for_bit_from_one_product_pe
     for cache, blocks in SCORE_CACHE.items():
         monkeypatch.setattr(ref, "CACHE_KEY_BLOCKS", blocks)
         tiles.clear()
-        out = ops.projection_attention(q, k, v, kind, scale=0.4, **SMALL_BLOCKS, **masks)
-        forward_tiles = list(tiles)
-        results[cache] = (out, *torch.autograd.grad(out, (q, k, v), g))
+        with disabled():  # the search on the kept scores (the C++ row solver is tested below)
+            out = ops.projection_attention(q, k, v, kind, scale=0.4, **SMALL_BLOCKS, **masks)
+            forward_tiles = list(tiles)
+            results[cache] = (out, *torch.autograd.grad(out, (q, k, v), g))
         products[cache] = (forward_tiles, tiles[len(forward_tiles):])
     for kept, recomputed in zip(results["kept"], results["recomputed"]):
         assert torch.equal(kept, recomputed)
@@ -233,7 +236,8 @@ def test_sparsemax_start_is_exact_for_supports_within_its_top_keys(score_cache, 
     steps = []
     step = ref.threshold_step
     monkeypatch.setattr(ref, "threshold_step", lambda *a: steps.append(1) or step(*a))
-    out = ops.projection_attention(q, k, v, "sparsemax", scale=0.4, **SMALL_BLOCKS, **masks)
+    with disabled():  # the search (with the C++ kernel, kept blocks are solved row by row, no step)
+        out = ops.projection_attention(q, k, v, "sparsemax", scale=0.4, **SMALL_BLOCKS, **masks)
     assert len(steps) == -(-37 // SMALL_BLOCKS["block_q"])  # one step per query block
     expected = dense_attention(q, k, v, "sparsemax", 0.4, **masks)
     torch.testing.assert_close(out, expected, rtol=0, atol=output_tolerance(q, k, v, 0.4, torch.float64))
@@ -247,8 +251,37 @@ def test_search_fallback_by_sorting_is_exact(kind, monkeypatch, score_cache):
     monkeypatch.setattr(ref, "SPARSEMAX_START_TOP", 1)
     q, k, v = qkv()
     masks = with_empty_rows(MASK_CASES["bool key padding + causal + lengths"](2, 4, 37, 53), 37)
-    out = ops.projection_attention(q, k, v, kind, scale=0.4, **SMALL_BLOCKS, **masks)
+    with disabled():  # the search (with the C++ kernel, kept blocks are solved row by row)
+        out = ops.projection_attention(q, k, v, kind, scale=0.4, **SMALL_BLOCKS, **masks)
     torch.testing.assert_close(out, dense_attention(q, k, v, kind, 0.4, **masks), rtol=0, atol=1e-12)
+
+
+@pytest.mark.skipif(not available().get("projection"), reason="the C++ CPU kernels are not built")
+@pytest.mark.parametrize("kind", ["sparsemax", "entmax15"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_cpu_row_solver_on_kept_blocks_equals_the_search(kind, dtype, monkeypatch):
+    """On CPU a query block whose scores are kept is solved by the C++ row solver (no search
+    step runs; each row in cache); outputs and gradients equal the search's (the reference, under
+    ``disabled()``) to rounding: both give the closed form on the same support, whose sums differ
+    only in their order (error model of ``output_tolerance``), and the weights' gradient likewise."""
+    monkeypatch.setattr(ref, "CACHE_KEY_BLOCKS", 10**9)
+    q, k, v = (t.to(dtype).requires_grad_() for t in qkv(L=40, S=70))
+    masks = with_empty_rows(MASK_CASES["bool key padding + causal + lengths"](2, 4, 40, 70), 40)
+    g = torch.randn(2, 4, 40, 5, generator=torch.Generator().manual_seed(3)).to(dtype)
+    steps = []
+    step = ref.threshold_step
+    monkeypatch.setattr(ref, "threshold_step", lambda *a: steps.append(1) or step(*a))
+    results = {}
+    for path in ("kernel", "search"):
+        steps.clear()
+        with (disabled() if path == "search" else nullcontext()):
+            out = ops.projection_attention(q, k, v, kind, scale=0.4, **SMALL_BLOCKS, **masks)
+            results[path] = (out, *torch.autograd.grad(out, (q, k, v), g))
+        assert (len(steps) == 0) == (path == "kernel"), path
+    tol = output_tolerance(q.detach().double(), k.detach().double(), v.detach().double(), 0.4, dtype)
+    torch.testing.assert_close(results["kernel"][0], results["search"][0], rtol=0, atol=tol)
+    for a, b in zip(results["kernel"][1:], results["search"][1:]):  # the same support: same closed form
+        torch.testing.assert_close(a, b, rtol=0, atol=tol * max(1.0, float(b.abs().max())))
 
 
 @pytest.mark.parametrize("kind", KINDS)

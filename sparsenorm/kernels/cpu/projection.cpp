@@ -163,28 +163,25 @@ scalar_t row_max(const scalar_t* x, int64_t k) {
 
 constexpr int64_t kWholeRow = 1024;
 
+// What row_threshold found about a row.
+enum class RowKind { kNaN, kEmpty, kThreshold };
+
+// The row's max and its exact threshold tau, p = [(x - max) half - tau]_+ (squared for 1.5-entmax,
+// half = 1/2; sparsemax half = 1). kNaN: the row holds NaN or +inf; kEmpty: no entry is there.
 template <typename scalar_t>
-void forward_row(const scalar_t* x, scalar_t* out, int64_t k, bool entmax, std::vector<scalar_t>& cand) {
+RowKind row_threshold(const scalar_t* x, int64_t k, bool entmax, std::vector<scalar_t>& cand, scalar_t* mx_out,
+                      scalar_t* tau_out) {
   const scalar_t mx = row_max(x, k);
-  if (mx != mx || mx == std::numeric_limits<scalar_t>::infinity()) {
-    std::fill(out, out + k, std::numeric_limits<scalar_t>::quiet_NaN());
-    return;
-  }
-  if (mx <= std::numeric_limits<scalar_t>::lowest() / 2) {  // no entry is there
-    std::fill(out, out + k, scalar_t(0));
-    return;
-  }
+  *mx_out = mx;
+  if (mx != mx || mx == std::numeric_limits<scalar_t>::infinity()) return RowKind::kNaN;
+  if (mx <= std::numeric_limits<scalar_t>::lowest() / 2) return RowKind::kEmpty;
   const scalar_t half = entmax ? scalar_t(0.5) : scalar_t(1);
   // Window in units of x, widened beyond rounding so that no candidate is lost.
   const scalar_t offset = (entmax ? scalar_t(2) : scalar_t(1)) * scalar_t(1.001) +
                           8 * std::numeric_limits<scalar_t>::epsilon() * std::abs(mx);
   const scalar_t lo = mx - offset;
-  scalar_t tau_iter;
   // A short row is iterated on whole (each pass a few SIMD steps), a long one on its candidates.
-  if (k <= kWholeRow && threshold_by_iteration(x, k, mx, half, entmax, &tau_iter)) {
-    write_output(x, out, k, mx, half, tau_iter, entmax);
-    return;
-  }
+  if (k <= kWholeRow && threshold_by_iteration(x, k, mx, half, entmax, tau_out)) return RowKind::kThreshold;
   // Gather the candidates branch-free (write, then advance on the test) into a buffer of K.
   // A SIMD test first skips the vectors with no candidate (most of a long row: the scalar gather
   // was ~70 % of entmax15's forward at K = 32000 in the issue 28 profile); same candidates, same order.
@@ -205,13 +202,11 @@ void forward_row(const scalar_t* x, scalar_t* out, int64_t k, bool entmax, std::
     cand[n_cand] = (x[i] - mx) * half;
     n_cand += x[i] > lo;
   }
-  if (threshold_by_iteration(cand.data(), n_cand, scalar_t(0), scalar_t(1), entmax, &tau_iter)) {
-    write_output(x, out, k, mx, half, tau_iter, entmax);
-    return;
+  if (threshold_by_iteration(cand.data(), n_cand, scalar_t(0), scalar_t(1), entmax, tau_out)) {
+    return RowKind::kThreshold;
   }
   std::sort(cand.begin(), cand.begin() + n_cand, std::greater<scalar_t>());
   // As the entmax package: the support size is the NUMBER of prefixes passing the test.
-  scalar_t tau = 0;
   int64_t support = 0;
   scalar_t tau_at = 0;
   scalar_t s = 0, s2 = 0;
@@ -237,8 +232,23 @@ void forward_row(const scalar_t* x, scalar_t* out, int64_t k, bool entmax, std::
     support += pass ? 1 : 0;
   }
   if (support > 0) tau_at = taus[support - 1];
-  tau = tau_at;
-  write_output(x, out, k, mx, half, tau, entmax);
+  *tau_out = tau_at;
+  return RowKind::kThreshold;
+}
+
+template <typename scalar_t>
+void forward_row(const scalar_t* x, scalar_t* out, int64_t k, bool entmax, std::vector<scalar_t>& cand) {
+  scalar_t mx, tau;
+  switch (row_threshold(x, k, entmax, cand, &mx, &tau)) {
+    case RowKind::kNaN:
+      std::fill(out, out + k, std::numeric_limits<scalar_t>::quiet_NaN());
+      return;
+    case RowKind::kEmpty:
+      std::fill(out, out + k, scalar_t(0));
+      return;
+    case RowKind::kThreshold:
+      write_output(x, out, k, mx, entmax ? scalar_t(0.5) : scalar_t(1), tau, entmax);
+  }
 }
 
 // p = [(x - max) half - tau]_+ (squared for 1.5-entmax).
@@ -276,6 +286,39 @@ torch::Tensor forward(const torch::Tensor& x, bool entmax) {
     });
   });
   return out;
+}
+
+// Each row's threshold relative to its max, in units of x: p = [(x - max) - tau]_+ (sparsemax) or
+// [((x - max) - tau) / 2]_+^2 (1.5-entmax; tau = 2 x the half-unit threshold row_threshold finds,
+// exact: a product by 2). NaN rows give NaN, rows with no entry there 0. The blockwise attention
+// solves a query block's kept score rows with it (kernels/attention_projection_ops.py).
+torch::Tensor thresholds(const torch::Tensor& x, bool entmax) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.device().is_cpu(), "expected a contiguous 2-D CPU tensor");
+  auto tau = torch::empty({x.size(0)}, x.options());
+  const int64_t rows = x.size(0), k = x.size(1);
+  const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(k, 1));
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "projection_thresholds", [&] {
+    const scalar_t* in_ptr = x.const_data_ptr<scalar_t>();
+    scalar_t* tau_ptr = tau.mutable_data_ptr<scalar_t>();
+    at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
+      std::vector<scalar_t> cand;
+      cand.reserve(64);
+      for (int64_t r = begin; r < end; ++r) {
+        scalar_t mx, t;
+        switch (row_threshold<scalar_t>(in_ptr + r * k, k, entmax, cand, &mx, &t)) {
+          case RowKind::kNaN:
+            tau_ptr[r] = std::numeric_limits<scalar_t>::quiet_NaN();
+            break;
+          case RowKind::kEmpty:
+            tau_ptr[r] = 0;
+            break;
+          case RowKind::kThreshold:
+            tau_ptr[r] = entmax ? 2 * t : t;
+        }
+      }
+    });
+  });
+  return tau;
 }
 
 // w = 1{p > 0} (sparsemax) or sqrt(p) (1.5-entmax); grad = w * (g - sum(w g) / sum(w)), in two
@@ -647,6 +690,7 @@ torch::Tensor bisect_backward(const torch::Tensor& p, const torch::Tensor& g, do
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("forward", &forward, "sparsemax / 1.5-entmax forward over the rows of a (rows, K) tensor");
+  m.def("thresholds", &thresholds, "sparsemax / 1.5-entmax threshold of each row, relative to its max");
   m.def("backward", &backward, "sparsemax / 1.5-entmax backward over the rows of a (rows, K) tensor");
   m.def("hourglass_forward", &hourglass_forward, "sparsehourglass forward: (p, alpha, sum z) per row");
   m.def("hourglass_backward", &hourglass_backward, "sparsehourglass backward: (dL/dx, dL/dq per row)");

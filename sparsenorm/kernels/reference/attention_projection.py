@@ -61,7 +61,7 @@ rows done?), to stop early; every other step is sync-free.
 """
 from __future__ import annotations
 
-from typing import Iterator, Optional, Tuple
+from typing import Callable, Iterator, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -114,6 +114,10 @@ class _Grouped:
                 return
             yield j0, min(j0 + block_k, self.S)
 
+    def keeps_scores(self, i0: int, i1: int, block_k: int) -> bool:
+        """Whether the scores of query block ``[i0, i1)`` are kept for all its passes (see :class:`_BlockScores`)."""
+        return 0 < len(list(self.key_blocks(i0, i1, block_k))) <= CACHE_KEY_BLOCKS
+
     def valid(self, i0: int, i1: int, j0: int, j1: int) -> Optional[Tensor]:
         """Boolean (…, i1 - i0, j1 - j0), True where the key is there for the query; None = all."""
         device = self.q.device
@@ -165,6 +169,24 @@ class Mapping:
         p = (z - tau).clamp_min_(0)
         return p.mul_(0.5).square_() if self.kind == "entmax15" else p
 
+    def weights_(self, z: Tensor, tau: Tensor) -> Tensor:
+        """:meth:`weights`, in the memory of ``z`` where its operations are exactly rounded (``z`` may
+        be overwritten). alpha-entmax's ``pow`` is not: torch may round it differently on a strided
+        view (a kept block's tile) than on a fresh tensor, so it gets a fresh tensor as in the forward."""
+        if self.bisect:
+            return self.weights(z, tau)
+        p = z.sub_(tau).clamp_min_(0)
+        return p.mul_(0.5).square_() if self.kind == "entmax15" else p
+
+    def jacobian_weights_at(self, z: Tensor, tau: Tensor, total: Optional[Tensor] = None) -> Tensor:
+        """``w`` at ``tau`` from the scores ``z`` (only read). 1.5-entmax's ``w = sqrt(p)`` is
+        ``[(z - tau) / 2]_+`` itself, so no square root is taken (``sqrt(x * x) == |x|`` in IEEE
+        arithmetic: what :meth:`jacobian_weights_` gives, except where ``x * x`` underflows)."""
+        if self.kind == "entmax15":
+            return (z - tau).clamp_min_(0).mul_(0.5)
+        p = self.weights(z, tau)
+        return self.jacobian_weights_(p if total is None else p.div_(total))
+
     def jacobian_weights_(self, p: Tensor) -> Tensor:
         """``w`` with the Jacobian ``diag(w) - w w^T / sum(w)`` on the support, from the weights
         ``p`` (possibly in place): ``1{p > 0}``, ``sqrt(p)``, resp. ``p^(2 - alpha)``."""
@@ -186,7 +208,7 @@ class _BlockScores:
         self.g, self.q_blk, self.i0, self.i1 = g, q_blk, i0, i1
         self.spans = list(g.key_blocks(i0, i1, block_k))
         kept = None
-        if 0 < len(self.spans) <= CACHE_KEY_BLOCKS:
+        if g.keeps_scores(i0, i1, block_k):
             kept = q_blk.new_empty((*q_blk.shape[:-1], self.spans[-1][1]))
             for j0, j1 in self.spans:  # tile by tile, as the recomputing passes (the same products)
                 kept[..., j0:j1] = g.scores(q_blk, i0, i1, j0, j1)
@@ -284,10 +306,17 @@ def _search_threshold(g: _Grouped, mapping: Mapping, scores: _BlockScores) -> Te
 
 def forward(q: Tensor, k: Tensor, v: Tensor, keep: Optional[Tensor], key_lengths: Optional[Tensor], causal: bool,
             scale: float, kind: str, block_q: int = BLOCK_Q, block_k: int = BLOCK_K, alpha: float = 1.5,
-            n_iter: int = 50) -> Tuple[Tensor, Tensor, Tensor]:
+            n_iter: int = 50, kept_thresholds: Optional[Callable[[Tensor, str], Optional[Tensor]]] = None,
+            ) -> Tuple[Tensor, Tensor, Tensor]:
     """``(out, shift, tau)``: the attention output (B, Hq, L, Dv) in ``q``'s dtype and each row's
     maximum score and threshold relative to it (B, Hq, L), in the compute dtype, for the backward.
-    ``alpha`` and ``n_iter`` are used by ``kind='entmax_bisect'`` only."""
+    ``alpha`` and ``n_iter`` are used by ``kind='entmax_bisect'`` only.
+
+    ``kept_thresholds(z, kind)``: optional exact row solver for a query block whose scores are kept
+    (``z``: the block's score rows minus their maxima, contiguous, (..., block_q, S')) returning
+    each row's threshold relative to its max (..., block_q, 1), 0 for rows with no key there, or
+    None to search here; a device kernel (the C++ row solver on CPU) solves the rows in cache, one
+    row at a time, instead of a pass over the whole block per search step."""
     cdt = compute_dtype(q)
     mapping = Mapping(kind, alpha, n_iter)
     g = _Grouped(q.to(cdt), k.to(cdt), v.to(cdt), keep, key_lengths, causal, scale)
@@ -296,9 +325,12 @@ def forward(q: Tensor, k: Tensor, v: Tensor, keep: Optional[Tensor], key_lengths
     shift = q.new_zeros((B, Hq, L, 1), dtype=cdt).unflatten(1, g.q.shape[1:3])
     tau = torch.zeros_like(shift)
     for i0, i1 in g.query_blocks(block_q):
+        solve_kept = kept_thresholds is not None and not mapping.bisect and g.keeps_scores(i0, i1, block_k)
         scores = _BlockScores(g, g.q[..., i0:i1, :], i0, i1, block_k,
-                              top=SPARSEMAX_START_TOP if kind == "sparsemax" else 1)
-        t = _search_threshold(g, mapping, scores)
+                              top=SPARSEMAX_START_TOP if kind == "sparsemax" and not solve_kept else 1)
+        t = kept_thresholds(scores.kept, kind) if solve_kept else None
+        if t is None:
+            t = _search_threshold(g, mapping, scores)
         o = total = 0
         for j0, j1, z in scores.blocks():
             p = mapping.weights(z, t)
@@ -339,24 +371,35 @@ def backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, keep: Optional[T
         if total is not None:
             total = torch.where(total > 0, total, torch.ones_like(total))
 
-        def weights(z):
-            p = mapping.weights(z, t_blk)
-            return p if total is None else p.div_(total)
-
         def dp(j0, j1):  # d(loss)/d(weights) of the block
             return torch.matmul(do_blk, g.v[..., j0:j1, :].transpose(-2, -1))
 
+        # With the scores kept, dp is kept too (as much memory again): one product per tile fewer.
+        kept_dp = [] if scores.kept is not None else None
         w_sum = wdp_sum = 0
         for j0, j1, z in scores.blocks():
-            w = mapping.jacobian_weights_(weights(z))
+            w = mapping.jacobian_weights_at(z, t_blk, total)
             w_sum = w_sum + w.sum(-1, keepdim=True)
-            wdp_sum = wdp_sum + dp(j0, j1).mul_(w).sum(-1, keepdim=True)
+            dp_tile = dp(j0, j1)
+            if kept_dp is not None:
+                kept_dp.append(dp_tile)
+            # sum_j w_j dp_j as a product: no temporary tile (and dp_tile is kept unchanged)
+            wdp_sum = wdp_sum + torch.matmul(dp_tile.unsqueeze(-2), w.unsqueeze(-1)).squeeze(-1)
         c = wdp_sum / torch.where(w_sum > 0, w_sum, torch.ones_like(w_sum))
-        for j0, j1, z in scores.blocks():
-            p = weights(z)
+        for tile, (j0, j1, z) in enumerate(scores.blocks()):  # the last pass over z: overwritten in place
+            dp_tile = dp(j0, j1) if kept_dp is None else kept_dp[tile]
+            if mapping.kind == "entmax15":  # w = [(z - tau) / 2]_+ first, then p = w^2 in its memory
+                w = z.sub_(t_blk).clamp_min_(0).mul_(0.5)
+                ds = dp_tile.sub_(c).mul_(w)  # d(loss)/d(scores), 0 off the support
+                p = w.square_()
+            else:
+                p = mapping.weights_(z, t_blk)
+                if total is not None:
+                    p = p.div_(total)
             dv[..., j0:j1, :] += torch.matmul(p.transpose(-2, -1), do_blk).sum(2)
-            ds = dp(j0, j1).sub_(c).mul_(mapping.jacobian_weights_(p))  # d(loss)/d(scores), 0 off the support
+            if mapping.kind != "entmax15":
+                ds = dp_tile.sub_(c).mul_(mapping.jacobian_weights_(p))
             dq[..., i0:i1, :] += torch.matmul(ds, g.k[..., j0:j1, :])
             dk[..., j0:j1, :] += torch.matmul(ds.transpose(-2, -1), q_blk).sum(2)
-        scores = p = ds = None  # the kept scores (and the last tiles) go before the next block's are made
+        scores = p = w = ds = dp_tile = kept_dp = None  # the kept scores and dp go before the next block's are made
     return (dq.mul_(scale).flatten(1, 2).to(q.dtype), dk.mul_(scale).to(k.dtype), dv.to(v.dtype))
