@@ -332,8 +332,8 @@ def forward(q: Tensor, k: Tensor, v: Tensor, keep: Optional[Tensor], key_lengths
         if t is None:
             t = _search_threshold(g, mapping, scores)
         o = total = 0
-        for j0, j1, z in scores.blocks():
-            p = mapping.weights(z, t)
+        for j0, j1, z in scores.blocks():  # the last pass over z: the weights may take its memory
+            p = mapping.weights_(z, t)
             if mapping.bisect:  # sums to one only up to the bisection's resolution: normalize, as the dense path
                 total = total + p.sum(-1, keepdim=True)
             o = o + torch.matmul(p, g.v[..., j0:j1, :])
