@@ -213,7 +213,7 @@ class Extension:
 
     def kernel_for(self, x: torch.Tensor) -> Optional[ModuleType]:
         """The extension if it may be used and can take ``x`` (CPU float32/float64, non-empty)."""
-        if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.float64) or x.numel() == 0:
+        if not x.is_cpu or x.dtype not in (torch.float32, torch.float64) or x.numel() == 0:  # (is_cpu: no Device object)
             return None
         return self.get()
 
