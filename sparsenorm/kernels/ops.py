@@ -13,6 +13,18 @@ Each op works on rows along the LAST dimension of its input (the entry path in
 * its autograd formula, registered once here: closed-form from the saved output.
 
 The normalizers call these ops and never ask which kernel runs.
+
+C++ autograd on CPU. The Python autograd registered here costs ~60 us per forward+backward in
+Python frames (dispatcher -> generated autograd.Function -> redispatch -> CPU kernel), several
+times the row work at small shapes. So the evidential and projection extensions also register, for
+``ev_softmax``, ``project`` and ``entmax_bisect``, a C++ autograd kernel under the dispatch key
+``AutogradCPU`` (more specific than the ``Autograd`` alias these Python formulas are registered
+under): once the extension is loaded (on the first call that may use it), CPU tensors get a C++
+graph node, other devices keep the Python autograd. It changes no result: its forward redispatches
+to the op below autograd (so the CPU implementation here still chooses kernel or reference under
+the same policy, and fake/functional/batched tensors get their own handling), and its backward runs
+the formulas below op for op (the fused backward op without ``create_graph``, the differentiable
+formula with it); ``tests/kernels/test_cpp_autograd.py`` checks that gradients are bit-identical.
 """
 from __future__ import annotations
 
@@ -454,7 +466,7 @@ def _r_softmax_backward_fake(g, p, x, tau, lo_idx, hi_idx, frac, dead):
 # this rule torch.vmap falls back to one call per batch entry (slow, with a warning). Gradients: take
 # them with ordinary autograd outside vmap (what experiments/_shared/stacking.py does); torch.func.grad
 # through a custom op is refused by torch 2.13 (torch.library's generated autograd.Function has no
-# setup_context). The autograd.Functions around these ops (r-/t-softmax, sparsehourglass, the bisections)
+# setup_context; the C++ autograd kernels on CPU are torch::autograd::Functions, refused as well). The autograd.Functions around these ops (r-/t-softmax, sparsehourglass, the bisections)
 # let torch generate their vmap rules from these.
 # ---------------------------------------------------------------------------------------------
 def _rowwise_vmap_rule(op):
