@@ -49,6 +49,11 @@ def _rows(x: Tensor) -> Tensor:
     return x.reshape(-1, x.shape[-1]).contiguous()
 
 
+def _unrows(rows: Tensor, like: Tensor) -> Tensor:
+    """A kernel's ``(rows, K)`` output in the shape of ``like`` (a 2-D ``like`` has it already)."""
+    return rows if like.dim() == 2 else rows.view_as(like)
+
+
 _TRITON = None  # the Triton launchers once looked up: a module, or False where triton is missing
 
 
@@ -87,7 +92,7 @@ def _ev_softmax_cpu(x: Tensor, eps: Optional[float], log: bool) -> Tensor:
         kind, shift = 0, 0.0
     else:
         kind, shift = 1, ref_evidential.off_support_shift(eps)
-    return ext.ev_softmax_forward(_rows(x), kind, shift, log).view_as(x)
+    return _unrows(ext.ev_softmax_forward(_rows(x), kind, shift, log), x)
 
 
 @ev_softmax.register_kernel("cuda")
@@ -142,7 +147,7 @@ def _ev_softmax_log_backward_cpu(grad: Tensor, out: Tensor) -> Tensor:
     ext = cpu.EVIDENTIAL.kernel_for(out)
     if ext is None or out.shape[-1] == 0:
         return _log_backward_reference(grad, out)
-    return ext.log_backward(_rows(grad), _rows(out)).view_as(out)  # one kernel, no masked copy
+    return _unrows(ext.log_backward(_rows(grad), _rows(out)), out)  # one kernel, no masked copy
 
 
 @ev_softmax_log_backward.register_fake
@@ -163,7 +168,7 @@ def project(x: Tensor, kind: str, k: Optional[int]) -> Tensor:
 def _project_cpu(x: Tensor, kind: str, k: Optional[int]) -> Tensor:
     ext = cpu.PROJECTION.kernel_for(x)
     if ext is not None and x.shape[-1] > 0:
-        return ext.forward(_rows(x), kind == "entmax15").view_as(x)
+        return _unrows(ext.forward(_rows(x), kind == "entmax15"), x)
     return ref_projection.project(x, -1, kind, k).contiguous()
 
 
@@ -191,7 +196,7 @@ def _project_backward_cpu(p: Tensor, grad: Tensor, kind: str) -> Tensor:
     grad = grad.to(p.dtype).expand_as(p)
     ext = cpu.PROJECTION.kernel_for(p)
     if ext is not None and p.shape[-1] > 0:
-        return ext.backward(_rows(p), _rows(grad), kind == "entmax15").view_as(p)
+        return _unrows(ext.backward(_rows(p), _rows(grad), kind == "entmax15"), p)
     return ref_projection.fast_backward(p.contiguous(), grad, kind)
 
 
@@ -259,7 +264,7 @@ def _entmax_bisect_cpu(x: Tensor, alpha: float, n_iter: int, ensure_sum_one: boo
     ext = cpu.PROJECTION.kernel_for(x)
     if ext is None or x.shape[-1] == 0 or n_iter < _BISECT_CONVERGED[x.dtype]:
         return _bisect_reference(x, alpha, n_iter, ensure_sum_one)
-    return ext.bisect_forward(_rows(x), alpha, ensure_sum_one).view_as(x)
+    return _unrows(ext.bisect_forward(_rows(x), alpha, ensure_sum_one), x)
 
 
 @entmax_bisect.register_fake
@@ -278,7 +283,7 @@ def _entmax_bisect_backward_cpu(p: Tensor, grad: Tensor, alpha: float) -> Tensor
     ext = cpu.PROJECTION.kernel_for(p)
     if ext is None or p.shape[-1] == 0:
         return _bisect_backward_reference(p, grad, alpha)
-    return ext.bisect_backward(_rows(p), _rows(grad.to(p.dtype).expand_as(p)), alpha).view_as(p)
+    return _unrows(ext.bisect_backward(_rows(p), _rows(grad.to(p.dtype).expand_as(p)), alpha), p)
 
 
 @entmax_bisect_backward.register_fake
