@@ -14,7 +14,7 @@ Each op works on rows along the LAST dimension of its input (the entry path in
 
 The normalizers call these ops and never ask which kernel runs.
 
-C++ autograd on CPU. The Python autograd registered here costs ~60 us per forward+backward in
+C++ autograd on CPU. The Python autograd registered here costs 45-70 us per forward+backward in
 Python frames (dispatcher -> generated autograd.Function -> redispatch -> CPU kernel), several
 times the row work at small shapes. So the evidential and projection extensions also register, for
 ``ev_softmax``, ``project`` and ``entmax_bisect``, a C++ autograd kernel under the dispatch key
