@@ -13,6 +13,18 @@ Each op works on rows along the LAST dimension of its input (the entry path in
 * its autograd formula, registered once here: closed-form from the saved output.
 
 The normalizers call these ops and never ask which kernel runs.
+
+C++ autograd on CPU. The Python autograd registered here costs 45-70 us per forward+backward in
+Python frames (dispatcher -> generated autograd.Function -> redispatch -> CPU kernel), several
+times the row work at small shapes. So the evidential and projection extensions also register, for
+``ev_softmax``, ``project`` and ``entmax_bisect``, a C++ autograd kernel under the dispatch key
+``AutogradCPU`` (more specific than the ``Autograd`` alias these Python formulas are registered
+under): once the extension is loaded (on the first call that may use it), CPU tensors get a C++
+graph node, other devices keep the Python autograd. It changes no result: its forward redispatches
+to the op below autograd (so the CPU implementation here still chooses kernel or reference under
+the same policy, and fake/functional/batched tensors get their own handling), and its backward runs
+the formulas below op for op (the fused backward op without ``create_graph``, the differentiable
+formula with it); ``tests/kernels/test_cpp_autograd.py`` checks that gradients are bit-identical.
 """
 from __future__ import annotations
 
@@ -32,7 +44,22 @@ _NEG_INF = float("-inf")
 
 
 def _rows(x: Tensor) -> Tensor:
+    if x.dim() == 2 and x.is_contiguous():  # the common case, without reshape's ~1.5 us of Python dispatch
+        return x
     return x.reshape(-1, x.shape[-1]).contiguous()
+
+
+def _like(grad: Tensor, out: Tensor) -> Tensor:
+    """An incoming gradient in ``out``'s dtype and shape (broadcast); as it is in the common case,
+    without the ~1.5 us of ``to`` and ``expand_as`` calls."""
+    if grad.dtype == out.dtype and grad.shape == out.shape:
+        return grad
+    return grad.to(out.dtype).expand_as(out)
+
+
+def _unrows(rows: Tensor, like: Tensor) -> Tensor:
+    """A kernel's ``(rows, K)`` output in the shape of ``like`` (a 2-D ``like`` has it already)."""
+    return rows if like.dim() == 2 else rows.view_as(like)
 
 
 _TRITON = None  # the Triton launchers once looked up: a module, or False where triton is missing
@@ -73,7 +100,7 @@ def _ev_softmax_cpu(x: Tensor, eps: Optional[float], log: bool) -> Tensor:
         kind, shift = 0, 0.0
     else:
         kind, shift = 1, ref_evidential.off_support_shift(eps)
-    return ext.ev_softmax_forward(_rows(x), kind, shift, log).view(x.shape)
+    return _unrows(ext.ev_softmax_forward(_rows(x), kind, shift, log), x)
 
 
 @ev_softmax.register_kernel("cuda")
@@ -128,7 +155,7 @@ def _ev_softmax_log_backward_cpu(grad: Tensor, out: Tensor) -> Tensor:
     ext = cpu.EVIDENTIAL.kernel_for(out)
     if ext is None or out.shape[-1] == 0:
         return _log_backward_reference(grad, out)
-    return ext.log_backward(_rows(grad), _rows(out)).view(out.shape)  # one kernel, no masked copy
+    return _unrows(ext.log_backward(_rows(grad), _rows(out)), out)  # one kernel, no masked copy
 
 
 @ev_softmax_log_backward.register_fake
@@ -149,7 +176,7 @@ def project(x: Tensor, kind: str, k: Optional[int]) -> Tensor:
 def _project_cpu(x: Tensor, kind: str, k: Optional[int]) -> Tensor:
     ext = cpu.PROJECTION.kernel_for(x)
     if ext is not None and x.shape[-1] > 0:
-        return ext.forward(_rows(x), kind == "entmax15").view(x.shape)
+        return _unrows(ext.forward(_rows(x), kind == "entmax15"), x)
     return ref_projection.project(x, -1, kind, k).contiguous()
 
 
@@ -174,10 +201,10 @@ def project_backward(p: Tensor, grad: Tensor, kind: str) -> Tensor:
 
 @project_backward.register_kernel("cpu")
 def _project_backward_cpu(p: Tensor, grad: Tensor, kind: str) -> Tensor:
-    grad = grad.to(p.dtype).expand_as(p)
+    grad = _like(grad, p)
     ext = cpu.PROJECTION.kernel_for(p)
     if ext is not None and p.shape[-1] > 0:
-        return ext.backward(_rows(p), _rows(grad), kind == "entmax15").view(p.shape)
+        return _unrows(ext.backward(_rows(p), _rows(grad), kind == "entmax15"), p)
     return ref_projection.fast_backward(p.contiguous(), grad, kind)
 
 
@@ -245,7 +272,7 @@ def _entmax_bisect_cpu(x: Tensor, alpha: float, n_iter: int, ensure_sum_one: boo
     ext = cpu.PROJECTION.kernel_for(x)
     if ext is None or x.shape[-1] == 0 or n_iter < _BISECT_CONVERGED[x.dtype]:
         return _bisect_reference(x, alpha, n_iter, ensure_sum_one)
-    return ext.bisect_forward(_rows(x), alpha, ensure_sum_one).view(x.shape)
+    return _unrows(ext.bisect_forward(_rows(x), alpha, ensure_sum_one), x)
 
 
 @entmax_bisect.register_fake
@@ -264,7 +291,7 @@ def _entmax_bisect_backward_cpu(p: Tensor, grad: Tensor, alpha: float) -> Tensor
     ext = cpu.PROJECTION.kernel_for(p)
     if ext is None or p.shape[-1] == 0:
         return _bisect_backward_reference(p, grad, alpha)
-    return ext.bisect_backward(_rows(p), _rows(grad.to(p.dtype).expand_as(p)), alpha).view(p.shape)
+    return _unrows(ext.bisect_backward(_rows(p), _rows(_like(grad, p)), alpha), p)
 
 
 @entmax_bisect_backward.register_fake
@@ -452,7 +479,7 @@ def _r_softmax_backward_fake(g, p, x, tau, lo_idx, hi_idx, frac, dead):
 # this rule torch.vmap falls back to one call per batch entry (slow, with a warning). Gradients: take
 # them with ordinary autograd outside vmap (what experiments/_shared/stacking.py does); torch.func.grad
 # through a custom op is refused by torch 2.13 (torch.library's generated autograd.Function has no
-# setup_context). The autograd.Functions around these ops (r-/t-softmax, sparsehourglass, the bisections)
+# setup_context; the C++ autograd kernels on CPU are torch::autograd::Functions, refused as well). The autograd.Functions around these ops (r-/t-softmax, sparsehourglass, the bisections)
 # let torch generate their vmap rules from these.
 # ---------------------------------------------------------------------------------------------
 def _rowwise_vmap_rule(op):

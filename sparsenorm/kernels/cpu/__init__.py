@@ -41,7 +41,15 @@ _HERE = Path(__file__).resolve().parent
 
 _COMPLETE = "BUILD_COMPLETE"  # marker file written after a successful build
 _code_setting: Optional[bool] = None  # set by use_cpu_kernels; None: the environment decides
-_local = threading.local()  # .disabled: depth of `sparsenorm.kernels.disabled()` blocks
+
+
+class _ThreadState(threading.local):
+    disabled = 0  # depth of `sparsenorm.kernels.disabled()` blocks in this thread (a class default: no getattr)
+
+
+_local = _ThreadState()
+# The values of SPARSENORM_CPU_KERNELS (stripped, lower case) that decide; any other value: None.
+_ENV_POLICY = {**dict.fromkeys(("1", "true", "yes", "on"), True), **dict.fromkeys(("0", "false", "no", "off"), False)}
 
 
 def use_cpu_kernels(enabled: Optional[bool] = True) -> None:
@@ -53,16 +61,14 @@ def use_cpu_kernels(enabled: Optional[bool] = True) -> None:
 
 def _policy() -> Optional[bool]:
     """True: build on demand; False: off; None: use if already built."""
-    if getattr(_local, "disabled", 0):
+    # Runs on every kernel call (twice per forward+backward), hence the plain lookups; the
+    # environment is still read each time, so a changed variable takes effect at once.
+    if _local.disabled:
         return False
     if _code_setting is not None:
         return _code_setting
-    value = os.environ.get(_ENV_VAR, "").strip().lower()
-    if value in ("1", "true", "yes", "on"):
-        return True
-    if value in ("0", "false", "no", "off"):
-        return False
-    return None
+    value = os.environ.get(_ENV_VAR)
+    return None if value is None else _ENV_POLICY.get(value.strip().lower())
 
 
 def cpu_kernels_enabled() -> bool:
@@ -213,7 +219,7 @@ class Extension:
 
     def kernel_for(self, x: torch.Tensor) -> Optional[ModuleType]:
         """The extension if it may be used and can take ``x`` (CPU float32/float64, non-empty)."""
-        if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.float64) or x.numel() == 0:
+        if not x.is_cpu or x.dtype not in (torch.float32, torch.float64) or x.numel() == 0:  # (is_cpu: no Device object)
             return None
         return self.get()
 

@@ -269,6 +269,85 @@ at::Tensor log_backward(const at::Tensor& g, const at::Tensor& y) {
   return out;
 }
 
+// ---------------------------------------------------------------------------------------------
+// The autograd kernel of sparsenorm::ev_softmax on CPU (dispatch key AutogradCPU).
+//
+// Why: the op's Python autograd (register_autograd in sparsenorm/kernels/ops.py) cost ~45 us per
+// forward+backward in Python frames (the generated autograd.Function, redispatch, setup_context),
+// several times the row work at small shapes. This kernel, loaded with the extension, takes the
+// AutogradCPU key (more specific than the Autograd alias the Python one is registered under), so
+// CPU tensors get the same graph node from C++. The formulas are ops.py's, op for op, so gradients
+// are bit-identical; other devices keep the Python autograd.
+//
+// The forward always redispatches to the op below autograd (never the raw kernel above): the
+// op's registered CPU implementation then decides, as before, between this extension and the
+// reference (sparsenorm.kernels.disabled(), use_cpu_kernels, SPARSENORM_CPU_KERNELS, empty rows),
+// and fake, functional or batched tensors (torch.compile, vmap), which reach this key too, get
+// their own handling.
+// ---------------------------------------------------------------------------------------------
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+at::Tensor ev_softmax_op(const at::Tensor& x, std::optional<double> eps, bool log_output) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("sparsenorm::ev_softmax", "")
+                             .typed<at::Tensor(const at::Tensor&, std::optional<double>, bool)>();
+  return op.call(x, eps, log_output);
+}
+
+// Called with grad mode off only, so below autograd: the op has no autograd formula, and the Python
+// autograd layer torch.library puts on every custom op would only pass the call on (~10 us).
+at::Tensor ev_softmax_log_backward_op(const at::Tensor& grad, const at::Tensor& out) {
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("sparsenorm::ev_softmax_log_backward", "")
+                             .typed<at::Tensor(const at::Tensor&, const at::Tensor&)>();
+  return op.call(grad, out);
+}
+
+class EvSoftmaxFunction : public torch::autograd::Function<EvSoftmaxFunction> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, std::optional<double> eps, bool log_output) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    at::Tensor out = ev_softmax_op(x, eps, log_output);
+    ctx->saved_data["log"] = log_output;
+    ctx->save_for_backward({out});
+    return out;
+  }
+
+  // ops.py's _ev_softmax_backward: closed form from the saved output.
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const at::Tensor out = ctx->get_saved_variables()[0];
+    const at::Tensor& grad = grads[0];
+    at::Tensor dx;
+    if (!ctx->saved_data["log"].toBool()) {
+      dx = at::_softmax_backward_data(grad, out, -1, out.scalar_type());  // differentiable: double backward
+    } else if (!at::GradMode::is_enabled()) {
+      dx = ev_softmax_log_backward_op(grad.to(out.scalar_type()).expand_as(out), out);  // the fused op
+    } else {  // create_graph: ops.py's _log_backward_reference, differentiable (a -inf output is constant)
+      const at::Tensor kept = grad.masked_fill(out == -std::numeric_limits<double>::infinity(), 0.0);
+      dx = at::_log_softmax_backward_data(kept, out, -1, out.scalar_type());
+    }
+    return {dx, at::Tensor(), at::Tensor()};  // eps and log: no gradient
+  }
+};
+
+at::Tensor ev_softmax_autograd(const at::Tensor& x, std::optional<double> eps, bool log_output) {
+  if (!(at::GradMode::is_enabled() && x.requires_grad())) {  // no graph to record: just the op below
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    return ev_softmax_op(x, eps, log_output);
+  }
+  return EvSoftmaxFunction::apply(x, eps, log_output);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(sparsenorm, AutogradCPU, m) {
+  m.impl("ev_softmax", TORCH_FN(ev_softmax_autograd));
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("log_backward", &log_backward,
         "Backward of the log form from its output (the -inf entries get 0) over the rows of a 2-D tensor");

@@ -688,6 +688,159 @@ torch::Tensor bisect_backward(const torch::Tensor& p, const torch::Tensor& g, do
 
 }  // namespace
 
+// ---------------------------------------------------------------------------------------------
+// The autograd kernels of sparsenorm::project and sparsenorm::entmax_bisect on CPU (AutogradCPU).
+//
+// Why: the ops' Python autograd (register_autograd in sparsenorm/kernels/ops.py) costs tens of us
+// per forward+backward in Python frames, several times the row work at small shapes. These
+// kernels take the AutogradCPU key (more specific than the Autograd alias the Python ones are
+// registered under) once the extension is loaded; other devices keep the Python autograd. The
+// backward formulas are ops.py's, op for op (bit-identical gradients): without create_graph the
+// fused backward op, with it the differentiable reference formula ported to at:: ops.
+//
+// The forwards always redispatch to the op below autograd (never the raw kernels above): the
+// op's registered CPU implementation then decides, as before, between this extension and the
+// reference (sparsenorm.kernels.disabled(), use_cpu_kernels, SPARSENORM_CPU_KERNELS, empty rows,
+// too few bisection steps), and fake, functional or batched tensors (torch.compile, vmap), which
+// reach this key too, get their own handling.
+// ---------------------------------------------------------------------------------------------
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+at::Tensor project_op(const at::Tensor& x, c10::string_view kind, std::optional<c10::SymInt> k) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("sparsenorm::project", "")
+                             .typed<at::Tensor(const at::Tensor&, c10::string_view, std::optional<c10::SymInt>)>();
+  return op.call(x, kind, std::move(k));
+}
+
+// The backward ops are called with grad mode off only, so below autograd: they have no autograd
+// formula, and the Python autograd layer torch.library puts on every custom op would only pass the
+// call on (~10 us).
+at::Tensor project_backward_op(const at::Tensor& p, const at::Tensor& grad, c10::string_view kind) {
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("sparsenorm::project_backward", "")
+                             .typed<at::Tensor(const at::Tensor&, const at::Tensor&, c10::string_view)>();
+  return op.call(p, grad, kind);
+}
+
+at::Tensor entmax_bisect_op(const at::Tensor& x, double alpha, c10::SymInt n_iter, bool ensure_sum_one) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("sparsenorm::entmax_bisect", "")
+                             .typed<at::Tensor(const at::Tensor&, double, c10::SymInt, bool)>();
+  return op.call(x, alpha, std::move(n_iter), ensure_sum_one);
+}
+
+at::Tensor entmax_bisect_backward_op(const at::Tensor& p, const at::Tensor& grad, double alpha) {
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("sparsenorm::entmax_bisect_backward", "")
+                             .typed<at::Tensor(const at::Tensor&, const at::Tensor&, double)>();
+  return op.call(p, grad, alpha);
+}
+
+// kernels/reference/projection.py's dense_backward, op for op (double backward works; the
+// derivative of sqrt(p) at p = 0 is taken as 0; NaN rows stay NaN; an all-zero row gets 0).
+at::Tensor dense_backward(const at::Tensor& p, const at::Tensor& g, c10::string_view kind) {
+  at::Tensor w;
+  if (kind == "sparsemax") {
+    w = at::sign(p);
+  } else {
+    const at::Tensor on = p > 0;
+    w = at::where(on, at::where(on, p, at::ones_like(p)).sqrt(), at::where(p == p, at::Scalar(0.0), p));
+  }
+  at::Tensor total = w.sum(-1, /*keepdim=*/true);
+  total = at::where(total > 0, total, at::ones_like(total));
+  const at::Tensor q = (g * w).sum(-1, /*keepdim=*/true) / total;
+  return (g - q) * w;
+}
+
+// ops.py's _bisect_backward_reference (reference/projection.py's bisect_backward_parts with alpha
+// per row), op for op: gppr = p^(2 - alpha) on the support, gppr (g - sum(g gppr) / sum(gppr)).
+at::Tensor bisect_backward_reference(const at::Tensor& p, const at::Tensor& g, double alpha) {
+  std::vector<int64_t> row_shape(p.sizes().begin(), p.sizes().end());
+  row_shape.back() = 1;
+  const at::Tensor a = at::full(row_shape, alpha, p.options());
+  const at::Tensor on = p > 0;
+  const at::Tensor p_on = at::where(on, p, at::ones_like(p));
+  const at::Tensor gppr = at::where(on, at::pow(p_on, at::rsub(a, 2)), at::zeros_like(p));
+  const at::Tensor dX = g * gppr;
+  at::Tensor total = gppr.sum(-1, /*keepdim=*/true);
+  total = at::where(total > 0, total, at::ones_like(total));
+  const at::Tensor q = dX.sum(-1, /*keepdim=*/true) / total;
+  return dX - q * gppr;
+}
+
+class ProjectFunction : public torch::autograd::Function<ProjectFunction> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, c10::string_view kind,
+                            std::optional<c10::SymInt> k) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    at::Tensor out = project_op(x, kind, std::move(k));
+    ctx->saved_data["kind"] = std::string(kind);
+    ctx->save_for_backward({out});
+    return out;
+  }
+
+  // ops.py's _project_autograd
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const at::Tensor p = ctx->get_saved_variables()[0];
+    const std::string kind = ctx->saved_data["kind"].toStringRef();
+    at::Tensor dx = at::GradMode::is_enabled() ? dense_backward(p, grads[0], kind)  // double backward
+                                               : project_backward_op(p, grads[0], kind);
+    return {dx, at::Tensor(), at::Tensor()};  // kind and k: no gradient
+  }
+};
+
+class EntmaxBisectFunction : public torch::autograd::Function<EntmaxBisectFunction> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, double alpha, c10::SymInt n_iter,
+                            bool ensure_sum_one) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    at::Tensor out = entmax_bisect_op(x, alpha, std::move(n_iter), ensure_sum_one);
+    ctx->saved_data["alpha"] = alpha;
+    ctx->save_for_backward({out});
+    return out;
+  }
+
+  // ops.py's _entmax_bisect_autograd
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const at::Tensor p = ctx->get_saved_variables()[0];
+    const double alpha = ctx->saved_data["alpha"].toDouble();
+    at::Tensor dx = at::GradMode::is_enabled() ? bisect_backward_reference(p, grads[0], alpha)  // double backward
+                                               : entmax_bisect_backward_op(p, grads[0], alpha);
+    return {dx, at::Tensor(), at::Tensor(), at::Tensor()};  // alpha, n_iter, ensure_sum_one: no gradient
+  }
+};
+
+bool records_graph(const at::Tensor& x) { return at::GradMode::is_enabled() && x.requires_grad(); }
+
+at::Tensor project_autograd(const at::Tensor& x, c10::string_view kind, std::optional<c10::SymInt> k) {
+  if (!records_graph(x)) {  // no graph to record: just the op below
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    return project_op(x, kind, std::move(k));
+  }
+  return ProjectFunction::apply(x, kind, std::move(k));
+}
+
+at::Tensor entmax_bisect_autograd(const at::Tensor& x, double alpha, c10::SymInt n_iter, bool ensure_sum_one) {
+  if (!records_graph(x)) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    return entmax_bisect_op(x, alpha, std::move(n_iter), ensure_sum_one);
+  }
+  return EntmaxBisectFunction::apply(x, alpha, std::move(n_iter), ensure_sum_one);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(sparsenorm, AutogradCPU, m) {
+  m.impl("project", TORCH_FN(project_autograd));
+  m.impl("entmax_bisect", TORCH_FN(entmax_bisect_autograd));
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("forward", &forward, "sparsemax / 1.5-entmax forward over the rows of a (rows, K) tensor");
   m.def("thresholds", &thresholds, "sparsemax / 1.5-entmax threshold of each row, relative to its max");
