@@ -16,6 +16,7 @@ import torch
 from torch import Tensor, nn
 from torch.autograd import Function
 
+from ._autograd import signature_computed_once
 from ._validation import check_param, normalize, per_row_tensor
 from .kernels import ops
 from .kernels.reference import hourglass as ref_hourglass
@@ -34,6 +35,7 @@ def hourglass_scale(z: Tensor, q: Param = 1.0, dim: int = -1) -> Tensor:
     return ref_hourglass.scale_parts(z, q, dim)[0]
 
 
+@signature_computed_once
 class HourglassFunction(Function):
     """Sparsehourglass over the last dim; ``q`` a float or a tensor broadcastable to ``x[..., :1]``.
 

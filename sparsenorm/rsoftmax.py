@@ -42,6 +42,7 @@ import torch
 from torch import Tensor, nn
 from torch.autograd import Function
 
+from ._autograd import signature_computed_once
 from ._validation import check_param, normalize, per_row_tensor
 from .kernels import ops
 
@@ -77,6 +78,7 @@ def _first_output(function):
 # --------------------------------------------------------------------------------------------
 # t-softmax
 # --------------------------------------------------------------------------------------------
+@signature_computed_once
 class TSoftmaxFunction(Function):
     """t-softmax over the last dim; ``t`` a float or a tensor broadcastable to ``x[..., :1]``.
 
@@ -142,6 +144,7 @@ def t_softmax(x: Tensor, t: Param, dim: int = -1, mask: Optional[Tensor] = None)
 # --------------------------------------------------------------------------------------------
 # r-softmax
 # --------------------------------------------------------------------------------------------
+@signature_computed_once
 class RSoftmaxFunction(Function):
     """r-softmax over the last dim; ``r`` a float or a tensor broadcastable to ``x[..., :1]``.
 
