@@ -368,7 +368,8 @@ Rows rows_of(const at::Tensor& x) {
   return out;
 }
 
-// A per-row tensor as a contiguous tensor of shape `shape`; `dtype` converts it (else it must have it).
+// A per-row tensor as a contiguous tensor of shape `shape`, converted to `dtype` if given (else the
+// caller checks its dtype).
 at::Tensor per_row(const at::Tensor& v, const std::vector<int64_t>& shape, const char* name,
                    c10::optional<at::ScalarType> dtype = c10::nullopt) {
   TORCH_CHECK(v.device().is_cpu(), name, " must be a CPU tensor");
