@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, nn
 from torch.autograd import Function
 
-from ._autograd import signature_computed_once
+from ._autograd import incoming_grad, signature_computed_once, unused_grads_not_materialized
 from ._validation import check_param, normalize, per_row_tensor
 from .kernels import ops
 from .kernels.reference import hourglass as ref_hourglass
@@ -54,11 +54,13 @@ class HourglassFunction(Function):
         p, alpha, total = output
         ctx.q = q if not isinstance(q, Tensor) else None
         ctx.mark_non_differentiable(alpha, total)
+        unused_grads_not_materialized(ctx)
         ctx.save_for_backward(p, x, alpha, total, q if isinstance(q, Tensor) else None)
 
     @staticmethod
     def backward(ctx, g: Tensor, *_unused):
         p, x, alpha, total, q = ctx.saved_tensors
+        g = incoming_grad(g, p)
         q_rows = per_row_tensor(x, ctx.q if q is None else q)
         if torch.is_grad_enabled():
             # double backward: differentiable ops, with alpha and sum z recomputed from x and q so

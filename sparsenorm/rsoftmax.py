@@ -42,7 +42,7 @@ import torch
 from torch import Tensor, nn
 from torch.autograd import Function
 
-from ._autograd import signature_computed_once
+from ._autograd import incoming_grad, signature_computed_once, unused_grads_not_materialized
 from ._validation import check_param, normalize, per_row_tensor
 from .kernels import ops
 
@@ -98,6 +98,7 @@ class TSoftmaxFunction(Function):
         p, tau, argmax, dead = output
         ctx.t_shape = t.shape if isinstance(t, Tensor) else None
         ctx.mark_non_differentiable(tau, argmax, dead)
+        unused_grads_not_materialized(ctx)
         ctx.save_for_backward(p, x, tau, argmax, dead)
 
     @staticmethod
@@ -105,7 +106,7 @@ class TSoftmaxFunction(Function):
     def backward(ctx, g: Tensor, *_unused):
         p, x, tau, argmax, dead = ctx.saved_tensors
         # d tau / d x = indicator of the arg-max: r-softmax's backward with lo = hi = arg-max, frac = 0
-        grad, c = ops.r_softmax_backward(g, p, x, tau, argmax, argmax, torch.zeros_like(tau), dead)
+        grad, c = ops.r_softmax_backward(incoming_grad(g, p), p, x, tau, argmax, argmax, torch.zeros_like(tau), dead)
         grad_t = None
         if ctx.t_shape is not None and ctx.needs_input_grad[1]:
             grad_t = (-c).sum_to_size(ctx.t_shape)
@@ -165,13 +166,14 @@ class RSoftmaxFunction(Function):
         p, tau, lo_idx, hi_idx, frac, dtau_dr, dead = output
         ctx.r_shape = r.shape if isinstance(r, Tensor) else None
         ctx.mark_non_differentiable(*output[1:])
+        unused_grads_not_materialized(ctx)
         ctx.save_for_backward(p, x, tau, lo_idx, hi_idx, frac, dtau_dr, dead)
 
     @staticmethod
     @_first_order_only
     def backward(ctx, g: Tensor, *_unused):
         p, x, tau, lo_idx, hi_idx, frac, dtau_dr, dead = ctx.saved_tensors
-        grad, c = ops.r_softmax_backward(g, p, x, tau, lo_idx, hi_idx, frac, dead)
+        grad, c = ops.r_softmax_backward(incoming_grad(g, p), p, x, tau, lo_idx, hi_idx, frac, dead)
         grad_r = None
         if ctx.r_shape is not None and ctx.needs_input_grad[1]:
             grad_r = (c * dtau_dr).sum_to_size(ctx.r_shape)
