@@ -14,9 +14,8 @@ from typing import Optional, Union
 
 import torch
 from torch import Tensor, nn
-from torch.autograd import Function
 
-from ._autograd import incoming_grad, signature_computed_once, unused_grads_not_materialized
+from ._autograd import PositionalFunction, incoming_grad, unused_grads_not_materialized
 from ._validation import check_param, normalize, per_row_tensor
 from .kernels import ops
 from .kernels.reference import hourglass as ref_hourglass
@@ -35,8 +34,7 @@ def hourglass_scale(z: Tensor, q: Param = 1.0, dim: int = -1) -> Tensor:
     return ref_hourglass.scale_parts(z, q, dim)[0]
 
 
-@signature_computed_once
-class HourglassFunction(Function):
+class HourglassFunction(PositionalFunction):
     """Sparsehourglass over the last dim; ``q`` a float or a tensor broadcastable to ``x[..., :1]``.
 
     ``apply`` returns ``(p, alpha, sum z)``, only ``p`` differentiable: forward and ``setup_context``

@@ -40,9 +40,8 @@ from typing import Optional, Union
 
 import torch
 from torch import Tensor, nn
-from torch.autograd import Function
 
-from ._autograd import incoming_grad, signature_computed_once, unused_grads_not_materialized
+from ._autograd import PositionalFunction, incoming_grad, unused_grads_not_materialized
 from ._validation import check_param, normalize, per_row_tensor
 from .kernels import ops
 
@@ -78,8 +77,7 @@ def _first_output(function):
 # --------------------------------------------------------------------------------------------
 # t-softmax
 # --------------------------------------------------------------------------------------------
-@signature_computed_once
-class TSoftmaxFunction(Function):
+class TSoftmaxFunction(PositionalFunction):
     """t-softmax over the last dim; ``t`` a float or a tensor broadcastable to ``x[..., :1]``.
 
     ``apply`` returns ``(p, tau, argmax, dead)`` (the per-row parts the backward needs; only ``p`` is
@@ -145,8 +143,7 @@ def t_softmax(x: Tensor, t: Param, dim: int = -1, mask: Optional[Tensor] = None)
 # --------------------------------------------------------------------------------------------
 # r-softmax
 # --------------------------------------------------------------------------------------------
-@signature_computed_once
-class RSoftmaxFunction(Function):
+class RSoftmaxFunction(PositionalFunction):
     """r-softmax over the last dim; ``r`` a float or a tensor broadcastable to ``x[..., :1]``.
 
     Forward and backward are the registered operators ``sparsenorm::r_softmax_forward`` /
