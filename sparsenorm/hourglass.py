@@ -14,8 +14,8 @@ from typing import Optional, Union
 
 import torch
 from torch import Tensor, nn
-from torch.autograd import Function
 
+from ._autograd import PositionalFunction, incoming_grad, unused_grads_not_materialized
 from ._validation import check_param, normalize, per_row_tensor
 from .kernels import ops
 from .kernels.reference import hourglass as ref_hourglass
@@ -34,7 +34,7 @@ def hourglass_scale(z: Tensor, q: Param = 1.0, dim: int = -1) -> Tensor:
     return ref_hourglass.scale_parts(z, q, dim)[0]
 
 
-class HourglassFunction(Function):
+class HourglassFunction(PositionalFunction):
     """Sparsehourglass over the last dim; ``q`` a float or a tensor broadcastable to ``x[..., :1]``.
 
     ``apply`` returns ``(p, alpha, sum z)``, only ``p`` differentiable: forward and ``setup_context``
@@ -52,11 +52,13 @@ class HourglassFunction(Function):
         p, alpha, total = output
         ctx.q = q if not isinstance(q, Tensor) else None
         ctx.mark_non_differentiable(alpha, total)
+        unused_grads_not_materialized(ctx)
         ctx.save_for_backward(p, x, alpha, total, q if isinstance(q, Tensor) else None)
 
     @staticmethod
     def backward(ctx, g: Tensor, *_unused):
         p, x, alpha, total, q = ctx.saved_tensors
+        g = incoming_grad(g, p)
         q_rows = per_row_tensor(x, ctx.q if q is None else q)
         if torch.is_grad_enabled():
             # double backward: differentiable ops, with alpha and sum z recomputed from x and q so

@@ -40,8 +40,8 @@ from typing import Optional, Union
 
 import torch
 from torch import Tensor, nn
-from torch.autograd import Function
 
+from ._autograd import PositionalFunction, incoming_grad, unused_grads_not_materialized
 from ._validation import check_param, normalize, per_row_tensor
 from .kernels import ops
 
@@ -77,7 +77,7 @@ def _first_output(function):
 # --------------------------------------------------------------------------------------------
 # t-softmax
 # --------------------------------------------------------------------------------------------
-class TSoftmaxFunction(Function):
+class TSoftmaxFunction(PositionalFunction):
     """t-softmax over the last dim; ``t`` a float or a tensor broadcastable to ``x[..., :1]``.
 
     ``apply`` returns ``(p, tau, argmax, dead)`` (the per-row parts the backward needs; only ``p`` is
@@ -96,6 +96,7 @@ class TSoftmaxFunction(Function):
         p, tau, argmax, dead = output
         ctx.t_shape = t.shape if isinstance(t, Tensor) else None
         ctx.mark_non_differentiable(tau, argmax, dead)
+        unused_grads_not_materialized(ctx)
         ctx.save_for_backward(p, x, tau, argmax, dead)
 
     @staticmethod
@@ -103,7 +104,7 @@ class TSoftmaxFunction(Function):
     def backward(ctx, g: Tensor, *_unused):
         p, x, tau, argmax, dead = ctx.saved_tensors
         # d tau / d x = indicator of the arg-max: r-softmax's backward with lo = hi = arg-max, frac = 0
-        grad, c = ops.r_softmax_backward(g, p, x, tau, argmax, argmax, torch.zeros_like(tau), dead)
+        grad, c = ops.r_softmax_backward(incoming_grad(g, p), p, x, tau, argmax, argmax, torch.zeros_like(tau), dead)
         grad_t = None
         if ctx.t_shape is not None and ctx.needs_input_grad[1]:
             grad_t = (-c).sum_to_size(ctx.t_shape)
@@ -142,7 +143,7 @@ def t_softmax(x: Tensor, t: Param, dim: int = -1, mask: Optional[Tensor] = None)
 # --------------------------------------------------------------------------------------------
 # r-softmax
 # --------------------------------------------------------------------------------------------
-class RSoftmaxFunction(Function):
+class RSoftmaxFunction(PositionalFunction):
     """r-softmax over the last dim; ``r`` a float or a tensor broadcastable to ``x[..., :1]``.
 
     Forward and backward are the registered operators ``sparsenorm::r_softmax_forward`` /
@@ -162,13 +163,14 @@ class RSoftmaxFunction(Function):
         p, tau, lo_idx, hi_idx, frac, dtau_dr, dead = output
         ctx.r_shape = r.shape if isinstance(r, Tensor) else None
         ctx.mark_non_differentiable(*output[1:])
+        unused_grads_not_materialized(ctx)
         ctx.save_for_backward(p, x, tau, lo_idx, hi_idx, frac, dtau_dr, dead)
 
     @staticmethod
     @_first_order_only
     def backward(ctx, g: Tensor, *_unused):
         p, x, tau, lo_idx, hi_idx, frac, dtau_dr, dead = ctx.saved_tensors
-        grad, c = ops.r_softmax_backward(g, p, x, tau, lo_idx, hi_idx, frac, dead)
+        grad, c = ops.r_softmax_backward(incoming_grad(g, p), p, x, tau, lo_idx, hi_idx, frac, dead)
         grad_r = None
         if ctx.r_shape is not None and ctx.needs_input_grad[1]:
             grad_r = (c * dtau_dr).sum_to_size(ctx.r_shape)

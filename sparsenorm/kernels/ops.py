@@ -330,8 +330,7 @@ def _hourglass_forward_cpu(x: Tensor, q: Tensor):
     if ext is None or x.shape[-1] == 0:
         rows = lambda z: ref_projection.project(z, -1, "sparsemax")  # noqa: E731  (the CPU iteration)
         return _fresh(ref_hourglass.forward(x, q, rows), (x, q))
-    p, alpha, total = ext.hourglass_forward(_rows(x), _rows(q.to(x.dtype)))
-    return p.view(x.shape), alpha.view(q.shape), total.view(q.shape)
+    return tuple(ext.hourglass_forward(x, q))  # any shape in, outputs in the op's shapes (no Python reshapes)
 
 
 @hourglass_forward.register_fake
@@ -352,9 +351,7 @@ def _hourglass_backward_cpu(g, p, x, alpha, total, q):
     ext = cpu.PROJECTION.kernel_for(p)
     if ext is None or p.shape[-1] == 0:
         return _fresh(ref_hourglass.backward(g, p, x, alpha, total, q), (g, p, x, alpha, total, q))
-    grad, grad_q = ext.hourglass_backward(_rows(g.to(p.dtype).expand_as(p)), _rows(p), _rows(x), _rows(alpha),
-                                          _rows(total), _rows(q.to(p.dtype)))
-    return grad.view(p.shape), grad_q.view(alpha.shape)
+    return tuple(ext.hourglass_backward(g, p, x, alpha, total, q))
 
 
 @hourglass_backward.register_fake
@@ -409,9 +406,7 @@ def _r_softmax_forward_cpu(x: Tensor, r: Tensor):
     ext = cpu.RSOFTMAX.kernel_for(x)
     if ext is None or x.shape[-1] == 0:
         return _fresh(ref_rsoftmax.forward(x, r, sorted_threshold=False), (x, r))
-    outs = ext.forward(_rows(x), _rows(r.to(x.dtype)))
-    p = outs[0].view(x.shape)
-    return (p, *(t.view(x.shape[:-1] + (1,)) for t in outs[1:]))
+    return tuple(ext.forward(x, r))  # any shape in, outputs in the op's shapes (no Python reshapes)
 
 
 @r_softmax_forward.register_fake
@@ -435,8 +430,7 @@ def _t_softmax_forward_cpu(x: Tensor, t: Tensor):
     ext = cpu.RSOFTMAX.kernel_for(x)
     if ext is None or x.shape[-1] == 0:
         return _fresh(ref_rsoftmax.t_forward(x, t), (x, t))
-    p, *per_row = ext.t_forward(_rows(x), _rows(t.to(x.dtype)))
-    return (p.view(x.shape), *(v.view(x.shape[:-1] + (1,)) for v in per_row))
+    return tuple(ext.t_forward(x, t))
 
 
 @t_softmax_forward.register_fake
@@ -459,11 +453,7 @@ def _r_softmax_backward_cpu(g, p, x, tau, lo_idx, hi_idx, frac, dead):
     ext = cpu.RSOFTMAX.kernel_for(p)
     if ext is None or p.shape[-1] == 0:
         return ref_rsoftmax.backward(g.contiguous(), p, x, tau, lo_idx, hi_idx, frac, dead)
-    row_shape = (-1, 1)
-    grad, c = ext.backward(_rows(g.to(p.dtype)), _rows(p), _rows(x), tau.reshape(row_shape).contiguous(),
-                           lo_idx.reshape(row_shape).contiguous(), hi_idx.reshape(row_shape).contiguous(),
-                           frac.reshape(row_shape).contiguous(), dead.reshape(row_shape).contiguous())
-    return grad.view(p.shape), c.view(tau.shape)
+    return tuple(ext.backward(g, p, x, tau, lo_idx, hi_idx, frac, dead))
 
 
 @r_softmax_backward.register_fake

@@ -395,7 +395,7 @@ torch::Tensor backward(const torch::Tensor& p, const torch::Tensor& g, bool entm
 // Sparsehourglass (Laha et al. 2018): sparsemax(alpha z) with alpha = (1 + qK) / (|sum z| + qK)
 // over the K entries there (a row with none: alpha = 1). Forward: one pass for K and sum z (summed
 // in double), the scaled row (not there: -inf) into a buffer, then sparsemax's row. Returns
-// (p, alpha, sum z), the last two (rows, 1).
+// (p, alpha, sum z), the last two per row (x.shape[:-1] + (1,)).
 template <typename scalar_t>
 void hourglass_row(const scalar_t* x, scalar_t q, int64_t k, scalar_t* out, scalar_t* alpha_out, scalar_t* total_out,
                    std::vector<scalar_t>& scaled, std::vector<scalar_t>& cand) {
@@ -420,14 +420,30 @@ void hourglass_row(const scalar_t* x, scalar_t q, int64_t k, scalar_t* out, scal
   forward_row<scalar_t>(scaled.data(), out, k, false, cand);
 }
 
-std::vector<torch::Tensor> hourglass_forward(const torch::Tensor& x, const torch::Tensor& q) {
-  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.device().is_cpu(), "expected a contiguous 2-D CPU tensor");
-  TORCH_CHECK(q.dim() == 2 && q.size(0) == x.size(0) && q.size(1) == 1 && q.is_contiguous() &&
-              q.scalar_type() == x.scalar_type(), "q must be a contiguous (rows, 1) tensor of x's dtype");
+// The hourglass entry points take rows along the last dim of a tensor of any shape (made
+// contiguous here) and per-row tensors broadcastable to x.shape[:-1] + (1,) (converted to x's
+// dtype, expanded, made contiguous here), and return their outputs in those shapes, so the Python
+// kernel wrappers pass their arguments as they are (each reshape/view/.to there cost 1-3 us).
+std::vector<int64_t> hourglass_per_row_shape(const torch::Tensor& x) {
+  TORCH_CHECK(x.dim() >= 1 && x.device().is_cpu() && x.numel() > 0, "expected a non-empty CPU tensor of rows");
+  std::vector<int64_t> shape = x.sizes().vec();
+  shape.back() = 1;
+  return shape;
+}
+
+torch::Tensor hourglass_per_row(const torch::Tensor& v, const std::vector<int64_t>& shape, at::ScalarType dtype) {
+  TORCH_CHECK(v.device().is_cpu(), "expected CPU per-row tensors");
+  return v.to(dtype).expand(shape).contiguous();
+}
+
+std::vector<torch::Tensor> hourglass_forward(const torch::Tensor& x_in, const torch::Tensor& q_in) {
+  const std::vector<int64_t> shape = hourglass_per_row_shape(x_in);
+  const torch::Tensor x = x_in.contiguous();
+  const torch::Tensor q = hourglass_per_row(q_in, shape, x.scalar_type());
   auto out = torch::empty_like(x);
-  const int64_t rows = x.size(0), k = x.size(1);
-  auto alpha = torch::empty({rows, 1}, x.options());
-  auto total = torch::empty({rows, 1}, x.options());
+  const int64_t k = x.size(-1), rows = x.numel() / k;
+  auto alpha = torch::empty(shape, x.options());
+  auto total = torch::empty(shape, x.options());
   const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(k, 1));
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "sparsehourglass_forward", [&] {
     const scalar_t* in_ptr = x.const_data_ptr<scalar_t>();
@@ -481,14 +497,20 @@ void hourglass_backward_row(const scalar_t* g, const scalar_t* p, const scalar_t
   if (nan_row) std::fill(out, out + k, std::numeric_limits<scalar_t>::quiet_NaN());
 }
 
-std::vector<torch::Tensor> hourglass_backward(const torch::Tensor& g, const torch::Tensor& p, const torch::Tensor& x,
-                                              const torch::Tensor& alpha, const torch::Tensor& total,
-                                              const torch::Tensor& q) {
-  TORCH_CHECK(p.dim() == 2 && p.is_contiguous() && g.is_contiguous() && x.is_contiguous() && p.sizes() == g.sizes() &&
-              p.sizes() == x.sizes(), "expected contiguous 2-D tensors of one shape");
-  const int64_t rows = p.size(0), k = p.size(1);
+// g is converted to p's dtype and broadcast to p's shape; x must have p's shape and dtype.
+std::vector<torch::Tensor> hourglass_backward(const torch::Tensor& g_in, const torch::Tensor& p_in,
+                                              const torch::Tensor& x_in, const torch::Tensor& alpha_in,
+                                              const torch::Tensor& total_in, const torch::Tensor& q_in) {
+  const std::vector<int64_t> shape = hourglass_per_row_shape(p_in);
+  const torch::Tensor p = p_in.contiguous(), x = x_in.contiguous();
+  const torch::Tensor g = g_in.to(p.scalar_type()).expand_as(p).contiguous();
+  TORCH_CHECK(x.sizes() == p.sizes() && x.scalar_type() == p.scalar_type(), "expected x of p's shape and dtype");
+  const torch::Tensor alpha = hourglass_per_row(alpha_in, shape, p.scalar_type());
+  const torch::Tensor total = hourglass_per_row(total_in, shape, p.scalar_type());
+  const torch::Tensor q = hourglass_per_row(q_in, shape, p.scalar_type());
+  const int64_t k = p.size(-1), rows = p.numel() / k;
   auto out = torch::empty_like(p);
-  auto dq = torch::empty({rows, 1}, p.options());
+  auto dq = torch::empty(shape, p.options());
   const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(k, 1));
   AT_DISPATCH_FLOATING_TYPES(p.scalar_type(), "sparsehourglass_backward", [&] {
     const scalar_t* g_ptr = g.const_data_ptr<scalar_t>();

@@ -1,5 +1,5 @@
 // Fused CPU forward and backward of r-softmax (Bałazy et al., Eq. 3) and t-softmax (Eq. 1) over
-// the rows of a contiguous (rows, K) float32/float64 tensor; rows are split across threads.
+// the rows (last dim) of a float32/float64 tensor; rows are split across threads.
 //
 // Both are the weighted softmax p_i = w_i exp(x_i - max) / sum_j w_j exp(x_j - max) with
 // w = relu(x - tau); they differ in tau:
@@ -348,26 +348,50 @@ void r_forward_row(const scalar_t* x, scalar_t r, int64_t k, scalar_t* p, scalar
   *dead_out = weighted_softmax_row(x, k, tau, scan.max, p);
 }
 
-void check_rows(const at::Tensor& x, const at::Tensor& param, const char* name) {
-  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.device().is_cpu(), "expected a contiguous 2-D CPU tensor");
-  TORCH_CHECK(param.dim() == 2 && param.size(0) == x.size(0) && param.size(1) == 1 && param.is_contiguous() &&
-                  param.scalar_type() == x.scalar_type(),
-              name, " must be a contiguous (rows, 1) tensor of x's dtype");
-  TORCH_CHECK(x.size(1) < std::numeric_limits<int32_t>::max(), "rows longer than 2^31 - 1 entries");
+// The entry points take rows along the last dim of a tensor of any shape (made contiguous here: a
+// no-op for the usual contiguous input) and per-row tensors of any dtype broadcastable to
+// x.shape[:-1] + (1,) (converted, expanded and made contiguous here), and return their outputs in
+// those shapes: the Python kernel wrappers then pass their arguments as they are, where each
+// reshape, view or .to of a small tensor cost about 1-3 us of Python per call.
+struct Rows {
+  at::Tensor x;                       // contiguous, x's shape
+  std::vector<int64_t> per_row_shape;  // x.shape[:-1] + (1,)
+  int64_t rows, k;
+};
+
+Rows rows_of(const at::Tensor& x) {
+  TORCH_CHECK(x.dim() >= 1 && x.device().is_cpu() && x.numel() > 0, "expected a non-empty CPU tensor of rows");
+  Rows out{x.contiguous(), x.sizes().vec(), 0, x.size(-1)};
+  out.per_row_shape.back() = 1;
+  out.rows = x.numel() / out.k;
+  TORCH_CHECK(out.k < std::numeric_limits<int32_t>::max(), "rows longer than 2^31 - 1 entries");
+  return out;
+}
+
+// A per-row tensor as a contiguous tensor of shape `shape`, converted to `dtype` if given (else the
+// caller checks its dtype).
+at::Tensor per_row(const at::Tensor& v, const std::vector<int64_t>& shape, const char* name,
+                   c10::optional<at::ScalarType> dtype = c10::nullopt) {
+  TORCH_CHECK(v.device().is_cpu(), name, " must be a CPU tensor");
+  at::Tensor out = dtype ? v.to(*dtype) : v;
+  return out.expand(shape).contiguous();
 }
 
 inline int64_t grain_for(int64_t k) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(k, 1)); }
 
-std::vector<at::Tensor> r_forward(const at::Tensor& x, const at::Tensor& r) {
-  check_rows(x, r, "r");
-  const int64_t rows = x.size(0), k = x.size(1);
+std::vector<at::Tensor> r_forward(const at::Tensor& x_in, const at::Tensor& r_in) {
+  const Rows in = rows_of(x_in);
+  const at::Tensor& x = in.x;
+  const at::Tensor r = per_row(r_in, in.per_row_shape, "r", x.scalar_type());
+  const int64_t rows = in.rows, k = in.k;
+  const auto& shape = in.per_row_shape;
   auto p = at::empty_like(x);
-  auto tau = at::empty({rows, 1}, x.options());
-  auto frac = at::empty({rows, 1}, x.options());
-  auto dtau = at::empty({rows, 1}, x.options());
-  auto lo = at::empty({rows, 1}, x.options().dtype(at::kLong));
-  auto hi = at::empty({rows, 1}, x.options().dtype(at::kLong));
-  auto dead = at::empty({rows, 1}, x.options().dtype(at::kBool));
+  auto tau = at::empty(shape, x.options());
+  auto frac = at::empty(shape, x.options());
+  auto dtau = at::empty(shape, x.options());
+  auto lo = at::empty(shape, x.options().dtype(at::kLong));
+  auto hi = at::empty(shape, x.options().dtype(at::kLong));
+  auto dead = at::empty(shape, x.options().dtype(at::kBool));
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "r_softmax_forward", [&] {
     const scalar_t* xp = x.const_data_ptr<scalar_t>();
     const scalar_t* rp = r.const_data_ptr<scalar_t>();
@@ -392,13 +416,16 @@ std::vector<at::Tensor> r_forward(const at::Tensor& x, const at::Tensor& r) {
 
 // t-softmax: (p, tau, argmax, dead) with tau = max - t; the backward is r_backward's with
 // lo = hi = argmax and frac = 0.
-std::vector<at::Tensor> t_forward(const at::Tensor& x, const at::Tensor& t) {
-  check_rows(x, t, "t");
-  const int64_t rows = x.size(0), k = x.size(1);
+std::vector<at::Tensor> t_forward(const at::Tensor& x_in, const at::Tensor& t_in) {
+  const Rows in = rows_of(x_in);
+  const at::Tensor& x = in.x;
+  const at::Tensor t = per_row(t_in, in.per_row_shape, "t", x.scalar_type());
+  const int64_t rows = in.rows, k = in.k;
+  const auto& shape = in.per_row_shape;
   auto p = at::empty_like(x);
-  auto tau = at::empty({rows, 1}, x.options());
-  auto argmax = at::empty({rows, 1}, x.options().dtype(at::kLong));
-  auto dead = at::empty({rows, 1}, x.options().dtype(at::kBool));
+  auto tau = at::empty(shape, x.options());
+  auto argmax = at::empty(shape, x.options().dtype(at::kLong));
+  auto dead = at::empty(shape, x.options().dtype(at::kBool));
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "t_softmax_forward", [&] {
     const scalar_t* xp = x.const_data_ptr<scalar_t>();
     const scalar_t* tp = t.const_data_ptr<scalar_t>();
@@ -479,15 +506,27 @@ scalar_t backward_row(const scalar_t* g, const scalar_t* p, const scalar_t* x, s
   return total;
 }
 
-// grad (rows, K) and C (rows, 1), C = -sum(grad) before the order-statistic terms.
-std::vector<at::Tensor> backward(const at::Tensor& g, const at::Tensor& p, const at::Tensor& x,
-                                 const at::Tensor& tau, const at::Tensor& lo, const at::Tensor& hi,
-                                 const at::Tensor& frac, const at::Tensor& dead) {
-  TORCH_CHECK(g.is_contiguous() && p.is_contiguous() && x.is_contiguous() && g.sizes() == p.sizes() &&
-              p.sizes() == x.sizes() && p.dim() == 2, "expected contiguous 2-D tensors of one shape");
-  const int64_t rows = p.size(0), k = p.size(1);
+// grad (p's shape) and C (per row), C = -sum(grad) before the order-statistic terms. g is
+// converted to p's dtype; x and the per-row tensors must have their forward's dtypes.
+std::vector<at::Tensor> backward(const at::Tensor& g_in, const at::Tensor& p_in, const at::Tensor& x_in,
+                                 const at::Tensor& tau_in, const at::Tensor& lo_in, const at::Tensor& hi_in,
+                                 const at::Tensor& frac_in, const at::Tensor& dead_in) {
+  const Rows in = rows_of(p_in);
+  const at::Tensor& p = in.x;
+  const at::Tensor g = g_in.to(p.scalar_type()).contiguous();
+  const at::Tensor x = x_in.contiguous();
+  TORCH_CHECK(g.sizes() == p.sizes() && x.sizes() == p.sizes() && x.scalar_type() == p.scalar_type(),
+              "expected g, p and x of one shape (x of p's dtype)");
+  const auto& shape = in.per_row_shape;
+  const at::Tensor tau = per_row(tau_in, shape, "tau"), frac = per_row(frac_in, shape, "frac");
+  const at::Tensor lo = per_row(lo_in, shape, "lo_idx"), hi = per_row(hi_in, shape, "hi_idx");
+  const at::Tensor dead = per_row(dead_in, shape, "dead");
+  TORCH_CHECK(tau.scalar_type() == p.scalar_type() && frac.scalar_type() == p.scalar_type() &&
+                  lo.scalar_type() == at::kLong && hi.scalar_type() == at::kLong && dead.scalar_type() == at::kBool,
+              "expected tau and frac of p's dtype, int64 lo_idx and hi_idx, bool dead");
+  const int64_t rows = in.rows, k = in.k;
   auto grad = at::empty_like(p);
-  auto c = at::empty({rows, 1}, p.options());
+  auto c = at::empty(shape, p.options());
   AT_DISPATCH_FLOATING_TYPES(p.scalar_type(), "r_softmax_backward", [&] {
     const scalar_t* gp = g.const_data_ptr<scalar_t>();
     const scalar_t* pp = p.const_data_ptr<scalar_t>();
@@ -524,7 +563,7 @@ std::vector<at::Tensor> backward(const at::Tensor& g, const at::Tensor& p, const
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("forward", &r_forward, "r-softmax forward over the rows of a (rows, K) tensor");
-  m.def("t_forward", &t_forward, "t-softmax forward over the rows of a (rows, K) tensor");
-  m.def("backward", &backward, "r-/t-softmax backward over the rows of a (rows, K) tensor");
+  m.def("forward", &r_forward, "r-softmax forward over the rows (last dim) of x: (p, tau, lo, hi, frac, dtau_dr, dead)");
+  m.def("t_forward", &t_forward, "t-softmax forward over the rows (last dim) of x: (p, tau, argmax, dead)");
+  m.def("backward", &backward, "r-/t-softmax backward over the rows (last dim): (dL/dx, C per row)");
 }
