@@ -7,7 +7,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
-TESTS=(tests/kernels/test_cpu_kernels.py tests/kernels/test_rsoftmax_kernel.py tests/unit/test_sparsemax.py
+TESTS=(tests/kernels/test_cpu_kernels.py tests/kernels/test_rsoftmax_kernel.py tests/kernels/test_hourglass_kernel.py
+       tests/kernels/test_cpp_autograd.py tests/unit/test_sparsemax.py
        tests/unit/test_accuracy.py)
 # pytest-xdist workers where there are cores to spare (the CI machine); one process otherwise
 WORKERS=${SIMD_MATRIX_WORKERS:-2}
