@@ -508,6 +508,29 @@ def scaling_section(runs: List[Dict]) -> List[str]:
     return lines
 
 
+def pass_count_table(runs: List[Dict]) -> str:
+    """Per row with a target and per (SIMD level, threads): how many of its (shape, scale) cells pass,
+    and its worst fwd+bwd ratio there; empty when no row has a target."""
+    columns = list(dict.fromkeys((run["simd"], run["threads"]) for run in runs))
+    cells: Dict[Tuple[str, Tuple[str, int]], List[Dict]] = {}
+    for run in runs:
+        for row in run["rows"]:
+            if row.get("passed") is not None:
+                cells.setdefault((row["function"], (run["simd"], run["threads"])), []).append(row)
+    functions = list(dict.fromkeys(f for f, _ in cells))
+    if not functions:
+        return ""
+    table = []
+    for f in functions:
+        line = [f]
+        for column in columns:
+            rows = cells.get((f, column), [])
+            worst = max((r["fwdbwd_vs_softmax"] for r in rows), default=None)
+            line.append("" if not rows else f"{sum(r['passed'] for r in rows)} of {len(rows)} (worst {worst:.2f}x)")
+        table.append(line)
+    return markdown_table(["function"] + [f"SIMD {simd}, {threads} thread(s)" for simd, threads in columns], table)
+
+
 def markdown_report(document: Dict) -> str:
     """The tables of a ``--json`` file: per (SIMD level, threads, logit scale) the targets table, thread
     scaling per (SIMD level, scale), then every row's times; the docs' benchmark page is this text."""
@@ -525,6 +548,10 @@ def markdown_report(document: Dict) -> str:
                       f"{len(loaded)} of {len(document['runs'])} timings began with the CPUs more than "
                       f"{100 * LOADED_BUSY_FRACTION:.0f}% busy): these ratios are not idle-core figures."]
     runs = document["runs"]
+    counts = pass_count_table(runs)
+    if counts:
+        lines += ["", "### Targets met: cells passing (shapes x logit scales) per SIMD level and thread count", "",
+                  counts]
     for (simd, threads, scale), group in _groups(runs, ("simd", "threads", "scale")).items():
         lines += ["", f"### SIMD {simd}, {threads} thread(s), logits randn x {scale:g}", "", target_table(group)]
     lines += scaling_section(runs)

@@ -490,7 +490,7 @@ def _searched_blockwise(call: AttentionCall):
         return None
     q, k, v, keep, key_lengths, unflatten = _four_dims(call)
     out, _, _ = projection_attention_op(q, k, v, keep, key_lengths, call.is_causal, call.scale,
-                                        _searched_kind(call.alpha), BLOCK_Q_SEARCHED, BLOCK_K_SEARCHED,
+                                        _searched_kind(call.alpha), searched_block_q(k.shape[-2]), BLOCK_K_SEARCHED,
                                         float(call.alpha if call.alpha is not None else 1.5), BISECT_STEPS)
     return unflatten(out), None, None
 
@@ -512,7 +512,23 @@ BISECT_STEPS = 50
 ``entmax_bisect``'s default, which the registry entry keeps (it binds no ``n_iter``)."""
 
 BLOCK_Q_SEARCHED, BLOCK_K_SEARCHED = 256, 1024
-"""Query and key block sizes of the searched-threshold kernel (its reference module's defaults)."""
+"""Query and key block sizes of the searched-threshold kernel (its reference module's defaults);
+the query block shrinks for long key sequences (:func:`searched_block_q`)."""
+
+SEARCHED_SCORES_PER_BLOCK = 2 ** 20
+"""At most this many scores per head in one query block (block_q x S; 4 MB in float32), down to
+64 queries: a query block's kept scores and kept ``dO Vᵀ`` are swept by every pass, and past the
+caches each sweep runs at memory speed (L = S = 8192, B·H = 8, one thread: 256 queries 2.27x /
+2.30x SDPA's fused kernel for sparsemax / entmax15, 128 queries 1.99x / 2.02x, 64 queries
+1.85x / 2.08x; medians of 3 interleaved rounds, docs/guide/attention.md)."""
+
+
+def searched_block_q(keys: int) -> int:
+    """The searched kernel's query block for ``keys`` keys (see :data:`SEARCHED_SCORES_PER_BLOCK`)."""
+    block = BLOCK_Q_SEARCHED
+    while block > 64 and block * keys > SEARCHED_SCORES_PER_BLOCK:
+        block //= 2
+    return block
 
 KERNELS: Dict[str, Dict[str, AttentionKernel]] = {
     "known": {"triton": _ev_softmax_flash, "blockwise": _ev_softmax_blockwise, "flex": _ev_softmax_flex},

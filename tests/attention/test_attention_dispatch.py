@@ -263,3 +263,14 @@ def test_flex_route_equals_dense_without_grad_on_cpu_and_refuses_grad():
     torch.testing.assert_close(out, dense, rtol=1e-10, atol=1e-10)
     with pytest.raises(ValueError, match="does not apply"):  # FlexAttention has no CPU backward
         sparse_attention(*(t.requires_grad_() for t in (q, k, v)), backend="flex")
+
+
+def test_searched_query_block_shrinks_for_long_key_sequences_and_results_still_equal_dense():
+    """The searched kernel's query block keeps block_q x S within SEARCHED_SCORES_PER_BLOCK (down to
+    64 queries); with S = 8192 keys (block 128) the route still equals the dense path."""
+    block = attention_ops.searched_block_q
+    assert [block(s) for s in (512, 4096, 8192, 16384, 10**6)] == [256, 256, 128, 64, 64]
+    q, k, v = qkv(B=1, H=1, L=130, S=8192, E=4, Ev=3)
+    for name in ("sparsemax", "entmax15"):
+        out = sparse_attention(q, k, v, name, backend="blockwise")
+        torch.testing.assert_close(out, sparse_attention(q, k, v, name, backend="dense"), rtol=1e-12, atol=1e-12)
