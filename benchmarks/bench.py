@@ -370,7 +370,8 @@ def new_document(args) -> Dict:
                     "kernels": kernels.available()},
         "settings": {"clock": args.clock, "rounds": args.rounds, "dtype": "float32", "device": args.device,
                      "threads": args.threads, "scales": args.scales,
-                     "shapes": [f"{h}x{w}" for h, w in args.shapes]},
+                     "shapes": [f"{h}x{w}" for h, w in args.shapes],
+                     "allocator": {name: os.environ.get(name) for name in WARM_ALLOCATOR}},
         "targets": dict(TARGETS),
         "beat_entmax_package": sorted(BEAT_ENTMAX_PACKAGE),
         "runs": [],
@@ -422,6 +423,17 @@ def merge_documents(parent_load: Dict, documents: List[Dict]) -> Dict:
     return merged
 
 
+WARM_ALLOCATOR = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(4 << 30),
+                  "MALLOC_TOP_PAD_": str(64 << 20)}
+"""glibc settings of the timing processes (each level's): blocks below 32 MiB come from the heap and
+freed memory stays there, so a call's fresh output reuses pages already touched instead of new
+ones the OS must zero on first touch. With glibc's defaults the heap is trimmed and refaulted from
+call to call, and that cost, which softmax pays too, decided ratios: two runs of the same cells on
+idle cores (AVX512, 1 thread, 4096 x 128 and 1024 x 1024) differed by up to 0.8x (e.g. entmax15 1.39x
+and 2.17x at 1024 x 1024); with these settings by at most 0.2x. Tensors of 32 MiB and more
+(16384 x 512 float32) are still mapped fresh on every call (glibc's upper limit), softmax's too."""
+
+
 def run_levels(args, levels: List[str]) -> Dict:
     """Each level in its own process. The load average is judged here, once, before any: a later
     level's start would see the earlier levels' own work in it."""
@@ -433,7 +445,7 @@ def run_levels(args, levels: List[str]) -> Dict:
     with tempfile.TemporaryDirectory() as tmp:
         for level in levels:
             path = os.path.join(tmp, f"{level}.json")
-            env = dict(os.environ, ATEN_CPU_CAPABILITY=level)
+            env = dict(os.environ, ATEN_CPU_CAPABILITY=level, **WARM_ALLOCATOR)
             print(f"\n# ATEN_CPU_CAPABILITY={level}\n", flush=True)
             subprocess.run([sys.executable, "-m", "benchmarks.bench", *child_argv(args, path)], env=env, check=True)
             with open(path) as f:
