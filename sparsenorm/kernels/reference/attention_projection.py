@@ -67,7 +67,7 @@ import torch
 from torch import Tensor
 
 from ..._validation import compute_dtype
-from .projection import entmax15_tau_sort, sparsemax_tau_sort, sqrt_nonneg, threshold_step
+from .projection import entmax15_tau_sort, sparsemax_tau_sort, threshold_step
 
 KINDS = ("sparsemax", "entmax15", "entmax_bisect")
 BLOCK_Q = 256
@@ -162,37 +162,41 @@ class Mapping:
         self.kind, self.alpha, self.n_iter = kind, float(alpha), int(n_iter)
         self.bisect = kind == "entmax_bisect"
 
-    def weights(self, z: Tensor, tau: Tensor) -> Tensor:
-        """The unnormalized weights at ``tau`` from ``z`` (scores minus the row maximum; only read)."""
+    @staticmethod
+    def _gap(z: Tensor, tau: Tensor, in_place: bool) -> Tensor:
+        """``[z - tau]_+``, in the memory of ``z`` with ``in_place`` (exactly rounded either way)."""
+        return (z.sub_(tau) if in_place else z - tau).clamp_min_(0)
+
+    def weights(self, z: Tensor, tau: Tensor, in_place: bool = False) -> Tensor:
+        """The unnormalized weights at ``tau`` from ``z`` (scores minus the row maximum), in the
+        memory of ``z`` with ``in_place`` (``z`` is then overwritten; else only read). alpha-entmax
+        always gets a fresh tensor: torch may round its ``pow`` differently on a strided view (a kept
+        block's tile) than on a fresh tensor."""
         if self.bisect:  # the order of operations of sparsenorm.entmax_bisect
             return (z * (self.alpha - 1)).sub_(tau).clamp_min_(0).pow_(1 / (self.alpha - 1))
-        p = (z - tau).clamp_min_(0)
+        p = self._gap(z, tau, in_place)
         return p.mul_(0.5).square_() if self.kind == "entmax15" else p
 
-    def weights_(self, z: Tensor, tau: Tensor) -> Tensor:
-        """:meth:`weights`, in the memory of ``z`` where its operations are exactly rounded (``z`` may
-        be overwritten). alpha-entmax's ``pow`` is not: torch may round it differently on a strided
-        view (a kept block's tile) than on a fresh tensor, so it gets a fresh tensor as in the forward."""
-        if self.bisect:
-            return self.weights(z, tau)
-        p = z.sub_(tau).clamp_min_(0)
-        return p.mul_(0.5).square_() if self.kind == "entmax15" else p
-
-    def jacobian_weights_at(self, z: Tensor, tau: Tensor, total: Optional[Tensor] = None) -> Tensor:
-        """``w`` at ``tau`` from the scores ``z`` (only read). 1.5-entmax's ``w = sqrt(p)`` is
-        ``[(z - tau) / 2]_+`` itself, so no square root is taken (``sqrt(x * x) == |x|`` in IEEE
-        arithmetic: what :meth:`jacobian_weights_` gives, except where ``x * x`` underflows)."""
+    def jacobian_weights_at(self, z: Tensor, tau: Tensor, total: Optional[Tensor] = None,
+                            in_place: bool = False) -> Tensor:
+        """``w`` at ``tau`` from the scores ``z`` (in its memory with ``in_place``, as :meth:`weights`;
+        ``total`` divides alpha-entmax's weights). 1.5-entmax's ``w = sqrt(p)`` is ``[(z - tau) / 2]_+``
+        itself, so no square root is taken (``sqrt(x * x) == |x|`` in IEEE arithmetic, except where
+        ``x * x`` underflows, where this is the more exact)."""
         if self.kind == "entmax15":
-            return (z - tau).clamp_min_(0).mul_(0.5)
-        p = self.weights(z, tau)
+            return self._gap(z, tau, in_place).mul_(0.5)
+        p = self.weights(z, tau, in_place)
         return self.jacobian_weights_(p if total is None else p.div_(total))
 
     def jacobian_weights_(self, p: Tensor) -> Tensor:
         """``w`` with the Jacobian ``diag(w) - w w^T / sum(w)`` on the support, from the weights
-        ``p`` (possibly in place): ``1{p > 0}``, ``sqrt(p)``, resp. ``p^(2 - alpha)``."""
+        ``p`` (possibly in place): ``1{p > 0}`` (sparsemax), resp. ``p^(2 - alpha)`` (alpha-entmax);
+        1.5-entmax's ``sqrt(p)`` comes from the scores (:meth:`jacobian_weights_at`)."""
+        if self.kind == "entmax15":
+            raise AssertionError("1.5-entmax's Jacobian weights come from jacobian_weights_at")
         if self.bisect:
             return torch.where(p > 0, p.pow(2 - self.alpha), 0.0)
-        return sqrt_nonneg(p) if self.kind == "entmax15" else p.sign_()
+        return p.sign_()
 
 
 class _BlockScores:
@@ -333,7 +337,7 @@ def forward(q: Tensor, k: Tensor, v: Tensor, keep: Optional[Tensor], key_lengths
             t = _search_threshold(g, mapping, scores)
         o = total = 0
         for j0, j1, z in scores.blocks():  # the last pass over z: the weights may take its memory
-            p = mapping.weights_(z, t)
+            p = mapping.weights(z, t, in_place=True)
             if mapping.bisect:  # sums to one only up to the bisection's resolution: normalize, as the dense path
                 total = total + p.sum(-1, keepdim=True)
             o = o + torch.matmul(p, g.v[..., j0:j1, :])
@@ -389,11 +393,11 @@ def backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, keep: Optional[T
         for tile, (j0, j1, z) in enumerate(scores.blocks()):  # the last pass over z: overwritten in place
             dp_tile = dp(j0, j1) if kept_dp is None else kept_dp[tile]
             if mapping.kind == "entmax15":  # w = [(z - tau) / 2]_+ first, then p = w^2 in its memory
-                w = z.sub_(t_blk).clamp_min_(0).mul_(0.5)
+                w = mapping.jacobian_weights_at(z, t_blk, in_place=True)
                 ds = dp_tile.sub_(c).mul_(w)  # d(loss)/d(scores), 0 off the support
                 p = w.square_()
             else:
-                p = mapping.weights_(z, t_blk)
+                p = mapping.weights(z, t_blk, in_place=True)
                 if total is not None:
                     p = p.div_(total)
             dv[..., j0:j1, :] += torch.matmul(p.transpose(-2, -1), do_blk).sum(2)
