@@ -717,8 +717,8 @@ torch::Tensor bisect_backward(const torch::Tensor& p, const torch::Tensor& g, do
 // per forward+backward in Python frames, several times the row work at small shapes. These
 // kernels take the AutogradCPU key (more specific than the Autograd alias the Python ones are
 // registered under) once the extension is loaded; other devices keep the Python autograd. The
-// backward formulas are ops.py's, op for op (bit-identical gradients): without create_graph the
-// fused backward op, with it the differentiable reference formula ported to at:: ops.
+// backward formulas are ops.py's (bit-identical gradients): without create_graph the fused backward
+// op, with it the differentiable Python reference itself.
 //
 // The forwards always redispatch to the op below autograd (never the raw kernels above): the
 // op's registered CPU implementation then decides, as before, between this extension and the
@@ -764,36 +764,13 @@ at::Tensor entmax_bisect_backward_op(const at::Tensor& p, const at::Tensor& grad
   return op.call(p, grad, alpha);
 }
 
-// kernels/reference/projection.py's dense_backward, op for op (double backward works; the
-// derivative of sqrt(p) at p = 0 is taken as 0; NaN rows stay NaN; an all-zero row gets 0).
-at::Tensor dense_backward(const at::Tensor& p, const at::Tensor& g, c10::string_view kind) {
-  at::Tensor w;
-  if (kind == "sparsemax") {
-    w = at::sign(p);
-  } else {
-    const at::Tensor on = p > 0;
-    w = at::where(on, at::where(on, p, at::ones_like(p)).sqrt(), at::where(p == p, at::Scalar(0.0), p));
-  }
-  at::Tensor total = w.sum(-1, /*keepdim=*/true);
-  total = at::where(total > 0, total, at::ones_like(total));
-  const at::Tensor q = (g * w).sum(-1, /*keepdim=*/true) / total;
-  return (g - q) * w;
-}
-
-// ops.py's _bisect_backward_reference (reference/projection.py's bisect_backward_parts with alpha
-// per row), op for op: gppr = p^(2 - alpha) on the support, gppr (g - sum(g gppr) / sum(gppr)).
-at::Tensor bisect_backward_reference(const at::Tensor& p, const at::Tensor& g, double alpha) {
-  std::vector<int64_t> row_shape(p.sizes().begin(), p.sizes().end());
-  row_shape.back() = 1;
-  const at::Tensor a = at::full(row_shape, alpha, p.options());
-  const at::Tensor on = p > 0;
-  const at::Tensor p_on = at::where(on, p, at::ones_like(p));
-  const at::Tensor gppr = at::where(on, at::pow(p_on, at::rsub(a, 2)), at::zeros_like(p));
-  const at::Tensor dX = g * gppr;
-  at::Tensor total = gppr.sum(-1, /*keepdim=*/true);
-  total = at::where(total > 0, total, at::ones_like(total));
-  const at::Tensor q = dX.sum(-1, /*keepdim=*/true) / total;
-  return dX - q * gppr;
+// Under create_graph (double backward) the backward is the differentiable Python reference itself,
+// called back through the interpreter: one formula, not a port to keep equal (the path is rare;
+// the ~10 us of Python do not matter there). `module.name(args...)` with the GIL held.
+template <typename... Args>
+at::Tensor python_reference(const char* module, const char* name, Args&&... args) {
+  pybind11::gil_scoped_acquire gil;
+  return pybind11::module_::import(module).attr(name)(std::forward<Args>(args)...).template cast<at::Tensor>();
 }
 
 class ProjectFunction : public torch::autograd::Function<ProjectFunction> {
@@ -811,7 +788,8 @@ class ProjectFunction : public torch::autograd::Function<ProjectFunction> {
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const at::Tensor p = ctx->get_saved_variables()[0];
     const std::string kind = ctx->saved_data["kind"].toStringRef();
-    at::Tensor dx = at::GradMode::is_enabled() ? dense_backward(p, grads[0], kind)  // double backward
+    at::Tensor dx = at::GradMode::is_enabled()  // double backward: reference/projection.py's dense_backward
+                        ? python_reference("sparsenorm.kernels.reference.projection", "dense_backward", p, grads[0], kind)
                                                : project_backward_op(p, grads[0], kind);
     return {dx, at::Tensor(), at::Tensor()};  // kind and k: no gradient
   }
@@ -832,7 +810,8 @@ class EntmaxBisectFunction : public torch::autograd::Function<EntmaxBisectFuncti
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const at::Tensor p = ctx->get_saved_variables()[0];
     const double alpha = ctx->saved_data["alpha"].toDouble();
-    at::Tensor dx = at::GradMode::is_enabled() ? bisect_backward_reference(p, grads[0], alpha)  // double backward
+    at::Tensor dx = at::GradMode::is_enabled()  // double backward: ops.py's _bisect_backward_reference
+                        ? python_reference("sparsenorm.kernels.ops", "_bisect_backward_reference", p, grads[0], alpha)
                                                : entmax_bisect_backward_op(p, grads[0], alpha);
     return {dx, at::Tensor(), at::Tensor(), at::Tensor()};  // alpha, n_iter, ensure_sum_one: no gradient
   }
