@@ -1,5 +1,5 @@
 # The two commands a newcomer needs: `make reproduce` (the main job) and `make test`.
-.PHONY: reproduce reproduce-full test test-slow test-simd test-wheel bench docs venv gpu-check
+.PHONY: reproduce reproduce-full test test-rounding test-slow test-simd test-wheel bench docs venv gpu-check
 
 venv:
 	bash scripts/bootstrap.sh
@@ -16,7 +16,18 @@ reproduce-full: venv
 	for experiment in $(FULL); do .venv/bin/sparsenorm reproduce $$experiment --out out-full || exit 1; done
 
 test: venv
-	.venv/bin/python -m pytest -q -n 2
+	.venv/bin/python -m pytest -q -n 2 -p no:randomly
+
+# The default suite once more as another machine would run it (CI's second leg): other rounding
+# (one thread, MKL and ATen at AVX2, the C++ kernels built for AVX2 first), tests in random order
+# (pytest-randomly; its seed is printed), and the perturbation mode (tests/nudge.py: the reference
+# path's scores and row means moved by 1-2 ulp; the salt is printed in the header). A failure
+# reproduces with `-p randomly -p "randomly_seed=N"` and the same NUDGE_SALT.
+NUDGE_SALT ?= $(shell date +%s)
+ROUNDING_ENV = OMP_NUM_THREADS=1 MKL_ENABLE_INSTRUCTIONS=AVX2 ATEN_CPU_CAPABILITY=avx2
+test-rounding: venv
+	$(ROUNDING_ENV) .venv/bin/python -c "import sparsenorm.kernels as k; k.build()" || true
+	$(ROUNDING_ENV) SPARSENORM_TEST_NUDGE=$(NUDGE_SALT) .venv/bin/python -m pytest -q -n 2 -p randomly
 
 # The slow tests, then the fuzz suite with its large, randomized budget (tests/fuzz/fuzz_inputs.py).
 test-slow: venv

@@ -6,6 +6,8 @@ from sparsenorm.attention import ev_softmax_attention_blockwise, sparse_attentio
 from sparsenorm.kernels import attention_ops
 from sparsenorm.attention.masks import split_mask
 
+from knife_edge import assert_agree_by_contract, softmax_on
+
 
 def qkv(*batch, L, S, E=8, Ev=5, dtype=torch.float32, seed=0, requires_grad=True):
     g = torch.Generator().manual_seed(seed)
@@ -74,18 +76,34 @@ def test_gradcheck_float64(mask_name, causal):
     assert torch.autograd.gradcheck(fn, (q, k, v))
 
 
-def test_rows_whose_mean_rounds_above_every_score_keep_their_maximum():
-    """Identical keys: the computed mean of the keys may exceed each key by rounding; no NaN, weights sum to 1."""
-    q = torch.randn(1, 7, 3, dtype=torch.float32)
-    k = torch.full((1, 9, 3), 0.1).requires_grad_()
-    v = torch.randn(1, 9, 2)
-    out, _, _ = ev_softmax_attention_blockwise(q, k, v, block_q=4, block_k=4)
+def test_rows_whose_mean_rounds_above_every_score_are_compared_by_the_contract():
+    """Identical keys: every score equals the exact mean, so each one is on the knife-edge and the
+    blockwise and dense paths (which round the mean differently: q . mean(k) against mean(q . k))
+    may keep different keys. Each path is checked on its own support (``v = eye(S)`` makes the
+    output the weights): no NaN, at least the maximum kept, weights = float64 softmax on the support."""
+    g = torch.Generator().manual_seed(12)
+    q = torch.randn(1, 7, 3, generator=g, dtype=torch.float32)
+    k = torch.full((1, 9, 3), 0.1)
+    v = torch.eye(9).unsqueeze(0)
+    scale = 3 ** -0.5
+    blockwise, _, _ = ev_softmax_attention_blockwise(q, k, v, block_q=4, block_k=4)
     dense = sparse_attention(q, k, v, return_weights=True)[0]
-    assert torch.isfinite(out).all()
-    # Either every key is a tie (dense: uniform) or only the maximum is kept: the keys are equal.
-    torch.testing.assert_close(out, dense)
-    # A single valid key (the first causal row) gets weight 1.
+    scores = q.double() @ k.double().transpose(-2, -1) * scale
+    u = torch.finfo(torch.float32).eps / 2
+    bound = 4 * u * (3 + 9) * (q.double().abs() @ k[:, :1].double().abs().transpose(-2, -1)) * scale + 4 * u
+    ambiguous = assert_agree_by_contract({"blockwise": blockwise, "dense": dense}, scores,
+                                         scores.mean(-1, keepdim=True), bound, softmax_on, rtol=1e-5, atol=1e-6)
+    assert ambiguous.all()
+
+
+def test_a_single_valid_key_gets_weight_one():
+    """The first causal row has one valid key: whatever the rounded mean, that key is its maximum and is kept."""
+    g = torch.Generator().manual_seed(13)
+    q = torch.randn(1, 7, 3, generator=g, dtype=torch.float32)
+    k = torch.full((1, 9, 3), 0.1)
+    v = torch.randn(1, 9, 2, generator=g)
     out, support, count = ev_softmax_attention_blockwise(q, k, v, is_causal=True, count_support=True)
+    assert torch.isfinite(out).all()
     torch.testing.assert_close(out[:, 0], v[:, 0])
     assert (support >= 1).all() and torch.equal(count[0, :3], torch.tensor([1.0, 2.0, 3.0]))
 

@@ -60,6 +60,8 @@ from sparsenorm.kernels import attention_ops
 from sparsenorm.kernels import cpu as cpu_kernels
 from sparsenorm.kernels.reference import evidential_attention as ref_attention
 
+from knife_edge import assert_agree_by_contract, softmax_on
+
 NEG_INF, INF = float("-inf"), float("inf")
 LAMBDA = 8.0  # the constant of the probabilistic rounding bound lambda sqrt(n) u (see the module docstring)
 
@@ -274,25 +276,52 @@ def test_any_sizes_tiles_and_masks_property(L, S, E, Ev, block_q, block_k, causa
     oracle_check(q, k, v, keep, bias, causal, E ** -0.5, block_q, block_k)
 
 
-def test_rows_whose_rounded_mean_is_above_every_score_are_capped(spy):
-    """Identical keys: every score is equal and the rounded mean of the keys may exceed it; the row
-    then keeps its maximum (here every key, all tied) as in the reference: out = mean of v."""
+def test_rows_whose_rounded_mean_is_above_every_score_are_compared_by_the_contract(spy):
+    """Identical keys: every score equals the exact mean, so each one sits on the knife-edge and the
+    kernel and the reference (which blocks its score products differently: 4 x 16 keys and a tail of
+    6) may keep different keys. Each path is checked on its own support: at least one key kept (a
+    row whose rounded mean lies above every score is capped at its maximum), and its weights equal
+    the float64 softmax over the keys it kept. ``v = eye(70)`` makes the output the weights."""
     g = torch.Generator().manual_seed(3)
     q = torch.randn(2, 50, 3, generator=g)
     k = torch.full((2, 70, 3), 0.1)
-    v = torch.randn(2, 70, 2, generator=g)
-    out, lse, thr, support, count = op(q, k, v, None, None, False, 1.0, 16, 16)
+    v = torch.eye(70).expand(2, 70, 70)
+    scale = 1.0
+    got = op(q, k, v, None, None, False, scale, 16, 16)
     with kernels.disabled():
-        ref = op(q, k, v, None, None, False, 1.0, 16, 16)
+        ref = op(q, k, v, None, None, False, scale, 16, 16)
     assert spy.calls == 1
-    assert torch.equal(support, ref[3]) and (support >= 1).all() and torch.isfinite(lse).all()
+    scores = (q.double() @ k[0].double().T) * scale  # exact to float64: all equal in each row
+    threshold = scores.mean(-1, keepdim=True)
     u = torch.finfo(torch.float32).eps / 2
-    tol = 4 * u * (3 + 70) * (q.abs() @ k[0, :1].abs().T) + 4 * u  # scores: gamma_E, sums: gamma_S
-    torch.testing.assert_close(out, ref[0], rtol=0, atol=float(tol.max() * v.abs().max() * 4))
-    assert ((thr - ref[2]).abs() <= tol).all()
-    full = support == 70  # all keys tied and kept: the plain mean of v
-    assert full.any()
-    torch.testing.assert_close(out[full], v.mean(-2, keepdim=True).expand_as(out)[full], rtol=1e-5, atol=1e-6)
+    # |computed gap - exact gap|: the score's dot product and the threshold's key mean (gamma_{E+S})
+    bound = 4 * u * (3 + 70) * (q.double().abs() @ k[0, :1].double().abs().T) * scale + 4 * u
+    paths = {"kernel": got[0], "reference": ref[0]}
+    ambiguous = assert_agree_by_contract(paths, scores, threshold, bound, softmax_on, rtol=1e-5, atol=1e-6)
+    assert ambiguous.all()  # the test exercises the band: every entry is on the knife-edge
+    for name, (out, lse, thr, support, count) in {"kernel": got, "reference": ref}.items():
+        assert torch.isfinite(lse).all() and (support >= 1).all(), name
+        assert torch.equal(support, (out > 0).sum(-1)), name  # the count is the support the weights show
+        assert ((thr.double() - threshold).abs() <= bound).all(), name
+
+
+def test_exactly_tied_keys_are_all_kept_by_the_kernel(spy):
+    """The kernel's own tie rule (``s >= mean`` keeps a tie), on inputs where every score and the
+    mean are exact in float32 (dyadic values, sums below 2^24): no rounding decides, so every key is
+    kept in both paths and the output is the plain mean of v."""
+    g = torch.Generator().manual_seed(4)
+    q = torch.randint(-8, 9, (2, 50, 3), generator=g).float()
+    k = torch.full((2, 70, 3), 0.5)
+    v = torch.randn(2, 70, 2, generator=g)
+    for path in ("kernel", "reference"):
+        if path == "kernel":
+            out, lse, thr, support, count = op(q, k, v, None, None, False, 1.0, 16, 16)
+        else:
+            with kernels.disabled():
+                out, lse, thr, support, count = op(q, k, v, None, None, False, 1.0, 16, 16)
+        assert torch.equal(support, torch.full_like(support, 70)), path
+        torch.testing.assert_close(out, v.mean(-2, keepdim=True).expand_as(out), rtol=1e-5, atol=1e-6)
+    assert spy.calls == 1
 
 
 @pytest.mark.parametrize("causal", [False, True])

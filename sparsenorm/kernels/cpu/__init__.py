@@ -116,6 +116,7 @@ class Extension:
         self.module: Optional[ModuleType] = None
         self.error: Optional[str] = None  # why the build failed (None if not tried or fine)
         self._lock = threading.Lock()
+        self._looked = False  # whether get() has looked for a built library in this process
 
     def _name_and_flags(self):
         suffix, flags = _capability_flags()
@@ -206,8 +207,14 @@ class Extension:
         if self.error is not None:
             return None
         if policy is None:
+            # Looked for once per process: a kernel that another process builds meanwhile is not
+            # picked up mid-run, so two calls of one function in one process take the same path
+            # and round alike (a training run's numerics do not change when `build-kernels` runs).
+            if self._looked:
+                return self.module
             with self._lock:
-                if self.module is None:
+                if self.module is None and not self._looked:
+                    self._looked = True
                     try:
                         self.module = self._import_built()
                     except Exception as exc:  # a broken library file: say so once, use the reference

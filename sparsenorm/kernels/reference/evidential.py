@@ -24,12 +24,18 @@ def off_support_shift(eps: float) -> float:
     return math.log(eps) - math.log1p(eps)
 
 
+def row_mean(x: Tensor, valid: Tensor, count: Tensor) -> Tensor:
+    """The mean of each row's entries that are there (``(..., 1)``): the one rounded quantity that
+    decides the support (the C++ kernel sums it in double, in another order)."""
+    total = torch.where(valid, x, torch.zeros((), dtype=x.dtype, device=x.device)).sum(-1, keepdim=True)
+    return total / count.clamp_min(1)
+
+
 def ev_softmax_forward(x: Tensor, eps: Optional[float], log: bool) -> Tensor:
     """``eps=None`` or ``0``: Eq. 7 (log: ``-inf`` off the support); else Eq. 10."""
     valid = ~(x <= not_there_level(x.dtype))  # NaN counts as there, so it reaches the row's output
     count = valid.sum(-1, keepdim=True)
-    total = torch.where(valid, x, torch.zeros((), dtype=x.dtype, device=x.device)).sum(-1, keepdim=True)
-    threshold = torch.minimum(total / count.clamp_min(1), x.amax(-1, keepdim=True))
+    threshold = torch.minimum(row_mean(x, valid, count), x.amax(-1, keepdim=True))
     on = x >= threshold
     neg_inf = torch.full((), -math.inf, dtype=x.dtype, device=x.device)
     if eps is None or eps == 0.0:

@@ -103,6 +103,12 @@ def threshold(q: Tensor, k: Tensor, keep: Optional[Tensor], bias: Optional[Tenso
     return thr, count
 
 
+def score_block(q_blk: Tensor, k_blk: Tensor) -> Tensor:
+    """``q_blk @ k_blk^T`` (``q_blk`` pre-scaled): every score of the forward, the row maxima and the
+    backward comes from here, so all three round alike."""
+    return torch.matmul(q_blk, k_blk.transpose(-2, -1))
+
+
 def _support_scores(q_blk: Tensor, k_blk: Tensor, bias_blk: Optional[Tensor], valid: Optional[Tensor],
                     thr_blk: Tensor) -> Tensor:
     """The block's scores minus the threshold on the support, ``-inf`` off it (``q_blk`` is pre-scaled).
@@ -110,7 +116,7 @@ def _support_scores(q_blk: Tensor, k_blk: Tensor, bias_blk: Optional[Tensor], va
     Shifting each row by its threshold changes no softmax, and ``s - thr > -smallest_normal`` is
     ``s >= thr`` without a boolean temporary (as in ``sparsenorm.evidential._support_logits``).
     """
-    c = torch.matmul(q_blk, k_blk.transpose(-2, -1))
+    c = score_block(q_blk, k_blk)
     if bias_blk is not None:
         c = c.add_(bias_blk) if torch.broadcast_shapes(c.shape, bias_blk.shape) == c.shape else c + bias_blk
     c.sub_(thr_blk)
@@ -158,7 +164,7 @@ def _block_max(q_blk, k, v, keep, bias, causal, i0, i1, block_k):
             break
         j1 = min(j0 + block_k, S)
         valid = _valid_block(keep, causal, i0, i1, j0, j1, q_blk.device)
-        s = torch.matmul(q_blk, k[..., j0:j1, :].transpose(-2, -1))
+        s = score_block(q_blk, k[..., j0:j1, :])
         bias_blk = _rows_cols(bias, i0, i1, j0, j1)
         if bias_blk is not None:
             s = s + bias_blk
