@@ -25,16 +25,24 @@ there, no boolean matrix). ``"sparsenorm_posthoc_evidential"``: softmax while th
 ``train()`` mode, ev-softmax in ``eval()`` mode (``Normalizer.for_mode``; post-hoc evidential sparsification of a softmax-trained model: Theorem 3.1 of
 the ev-softmax paper with the keys as the linear layer).
 
+Sparse next-token distributions: :class:`SparseSampling` is a ``LogitsProcessor`` with which
+``generate(do_sample=True)`` draws exactly from ``p = normalizer(logits / temperature)``, and
+:func:`sampling_kwargs` the ``generate`` arguments that leave nothing else between that ``p`` and
+the draw. With ev-softmax this is the post-hoc evidential sparsification of the LM head (Theorem
+3.1 of the ev-softmax paper, the head as the linear layer).
+
 Requires the ``[hf]`` extra (``pip install sparsenorm[hf]``).
 """
 from __future__ import annotations
 
+import math
 from typing import Callable, Optional, Union
 
+import torch
 from torch import Tensor, nn
 
 try:
-    from transformers import AttentionInterface
+    from transformers import AttentionInterface, LogitsProcessor, LogitsProcessorList
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 except ImportError as err:  # pragma: no cover - exercised only without the extra
     raise ImportError(
@@ -45,7 +53,8 @@ from . import registry
 from .attention.functional import attend, resolve_normalizer
 from .attention.masks import merge, split_mask
 
-__all__ = ["PREFIX", "make_attention_function", "register", "REGISTERED"]  # the public names
+__all__ = ["PREFIX", "make_attention_function", "register", "REGISTERED", "SparseSampling",
+           "sampling_kwargs"]  # the public names
 
 PREFIX = "sparsenorm_"
 """The prefix of every ``attn_implementation`` name registered here without an explicit ``name``."""
@@ -99,3 +108,40 @@ def register(normalizer: Union[str, Callable] = "ev_softmax", name: Optional[str
 
 REGISTERED = [register(n) for n in registry.names()]
 """The names registered on import: ``sparsenorm_<name>`` for every registry normalizer."""
+
+
+class SparseSampling(LogitsProcessor):
+    """A logits processor that makes sampling draw from ``p = normalizer(scores / temperature)``.
+
+    It returns ``log p`` (``-inf`` off the support). ``generate`` samples from
+    ``softmax(log p) = p``, so a token outside the support is never drawn and a token inside is
+    drawn with probability ``p``, not with softmax's probability renormalised on the support (for
+    sparsemax and the entmaxes these differ; for ev-softmax, Eq. 7, they coincide). Greedy decoding
+    is unchanged: every registry normalizer is monotone, so ``argmax p = argmax scores``.
+
+    ``normalizer``: a registry name (its evaluation form) with ``**params``; ``temperature > 0``
+    divides the scores before the normalizer. Put nothing after it that changes the scores
+    (transformers' temperature, top-k, top-p, min-p warpers): :func:`sampling_kwargs` turns them off.
+    """
+
+    def __init__(self, normalizer: str = "ev_softmax", temperature: float = 1.0, **params):
+        if not isinstance(temperature, (int, float)) or isinstance(temperature, bool) or not (
+                math.isfinite(temperature) and temperature > 0):
+            raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")
+        self.normalizer = registry.get(normalizer, **params).for_mode(training=False)
+        self.temperature = float(temperature)
+
+    def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
+        logits = scores.float() if scores.dtype in (torch.float16, torch.bfloat16) else scores
+        if self.temperature != 1.0:
+            logits = logits / self.temperature
+        return self.normalizer.forward(logits, dim=-1).log().to(scores.dtype)
+
+
+def sampling_kwargs(normalizer: str = "ev_softmax", temperature: float = 1.0, **params) -> dict:
+    """``generate`` keyword arguments to sample from ``normalizer(logits / temperature)`` exactly:
+    ``do_sample=True``, a :class:`SparseSampling` processor, and transformers' own temperature,
+    top-k, top-p, min-p, typical-p, epsilon and eta warpers turned off (a model's generation config
+    may set them, and top-k is 50 by default: it would cut a support longer than 50 tokens)."""
+    return dict(do_sample=True, logits_processor=LogitsProcessorList([SparseSampling(normalizer, temperature, **params)]),
+                temperature=1.0, top_k=0, top_p=1.0, min_p=None, typical_p=1.0, epsilon_cutoff=0.0, eta_cutoff=0.0)

@@ -184,7 +184,13 @@ def test_generate_with_a_sparse_normalizer(factory, impl):
     steps = out[:, 1:]
     alive = torch.ones_like(steps, dtype=torch.bool)
     alive[:, 1:] = (steps[:, :-1] != 1).cumprod(1).bool()  # after EOS only padding follows
-    assert torch.equal(logits.argmax(-1)[alive], steps[alive])
+    # Compared by the contract: the cached and the full pass round differently, so a step whose two
+    # best logits are within rounding (times a support flip's effect) may go either way; every
+    # step with a clear winner must agree, and most steps have one.
+    top2 = logits.topk(2, dim=-1).values
+    clear = alive & (top2[..., 0] - top2[..., 1] > 1e-3)
+    assert clear.sum() >= 0.8 * alive.sum()
+    assert torch.equal(logits.argmax(-1)[clear], steps[clear])
 
 
 def test_gqa_model_softmax_equals_eager():

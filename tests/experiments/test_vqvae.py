@@ -76,9 +76,14 @@ def test_quantizer_picks_the_nearest_code_and_passes_gradients_straight_through(
     z = torch.randn(2, 3, 4, 4, requires_grad=True)
     z_q, codes, _, _ = vq(z)
     flat = z.detach().permute(0, 2, 3, 1).reshape(-1, 3)
-    expected = torch.cdist(flat, vq.codebook.detach()).argmin(1)
-    assert torch.equal(codes.flatten(), expected)
-    torch.testing.assert_close(z_q.detach().permute(0, 2, 3, 1).reshape(-1, 3), vq.codebook.detach()[expected])
+    distances = torch.cdist(flat, vq.codebook.detach())
+    expected = distances.argmin(1)
+    # the quantizer computes distances its own way: points whose two nearest codes are within
+    # rounding of each other may pick either (none here with this seed, but that is not a contract)
+    two = distances.topk(2, dim=1, largest=False).values
+    clear = two[:, 1] - two[:, 0] > 1e-4
+    assert clear.float().mean() > 0.9 and torch.equal(codes.flatten()[clear], expected[clear])
+    torch.testing.assert_close(z_q.detach().permute(0, 2, 3, 1).reshape(-1, 3), vq.codebook.detach()[codes.flatten()])
     (z_q * torch.arange(3.0)[None, :, None, None]).sum().backward()
     torch.testing.assert_close(z.grad, torch.arange(3.0)[None, :, None, None].expand_as(z))
 
