@@ -71,7 +71,7 @@ def _fetch_into(store: Path, download: bool = True) -> None:
     """The verified package (a local .deb, the artifact cache, or fetched when ``download``), unpacked;
     its IDX files copied into ``store`` with the provenance record."""
     deb = provenance.fetch_artifact(
-        ARTIFACT, search=[store, store.parent], how_to=_HOW_TO, download=download,
+        ARTIFACT, store.parent, search=[store], how_to=_HOW_TO, download=download,
         missing=f"Fashion-MNIST is not in {store} and fetching is off; {_HOW_TO}")
     try:
         store.mkdir(parents=True, exist_ok=True)

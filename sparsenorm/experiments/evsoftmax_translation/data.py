@@ -174,8 +174,8 @@ def fetch_libreoffice(folder: Path) -> Path:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         roots, debs = {}, []
-        for lang, package in PACKAGES.items():
-            deb = provenance.fetch_artifact(package, search=[Path(folder)], how_to=how_to)
+        for lang in PACKAGES:
+            deb = provenance.fetch_artifact(PACKAGES[lang], Path(folder), how_to=how_to)
             debs.append(deb)
             root = extract_deb(deb, work / lang, f"extract {HELP_ROOTS[lang]} from {deb.name} yourself") / HELP_ROOTS[lang]
             if not root.is_dir():

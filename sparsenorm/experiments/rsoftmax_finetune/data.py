@@ -161,7 +161,7 @@ def sentences_file(data_dir: Optional[Path] = None) -> Path:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise UserFacingError(f"cannot create {folder}: {exc}; set SPARSENORM_CACHE or --data-dir") from None
-    sdist = provenance.fetch_artifact(VADER_ARTIFACT, how_to=f"place {SENTENCES_FILE} in --data-dir")
+    sdist = provenance.fetch_artifact(VADER_ARTIFACT, data_dir, how_to=f"place {SENTENCES_FILE} in --data-dir")
     raw = extract_sentences(sdist)
     partial = path.with_name(f"{path.name}.{os.getpid()}.part")
     partial.write_bytes(raw)

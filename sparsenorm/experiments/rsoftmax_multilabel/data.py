@@ -361,7 +361,7 @@ def fetch_yeast(data_dir: Optional[Path] = None) -> Path:
         yeast_npz_from_rdata(rdb, rdx, target)
         provenance.write_derived(target, [folder])
         return target
-    deb = provenance.fetch_artifact(MLR_ARTIFACT, search=[folder], how_to=_MLR_HOW_TO)
+    deb = provenance.fetch_artifact(MLR_ARTIFACT, folder, how_to=_MLR_HOW_TO)
     with tempfile.TemporaryDirectory() as tmp:
         rdb, rdx = _extract_rdata(deb, Path(tmp))
         yeast_npz_from_rdata(rdb, rdx, target)
