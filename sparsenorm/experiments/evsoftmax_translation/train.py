@@ -140,7 +140,7 @@ def train(spec: Dict[str, Any], train_examples: List[Example], device: torch.dev
     start = 0
     ckpt = Path(spec["checkpoint"]) if spec.get("checkpoint") else None
     if ckpt is not None and spec.get("resume") and ckpt.is_file():
-        state = torch.load(ckpt, map_location=device, weights_only=False)
+        state = torch.load(ckpt, map_location=device, weights_only=True)
         model.load_state_dict(state["model"])
         optim.load_state_dict(state["optim"])
         start, history = state["step"], state["history"]
@@ -211,7 +211,7 @@ def launch(spec: Dict[str, Any], data_path: Path, nproc: int, spec_path: Path) -
     if result.returncode != 0:
         tail = "\n".join((result.stderr or result.stdout).strip().splitlines()[-15:])
         raise RuntimeError(f"distributed training failed (exit {result.returncode}):\n{tail}")
-    return torch.load(spec["checkpoint"], map_location="cpu", weights_only=False)
+    return torch.load(spec["checkpoint"], map_location="cpu", weights_only=True)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -228,7 +228,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         torch.set_num_threads(spec.get("threads", 1))
     dist.init_process_group(backend)
     try:
-        data = torch.load(spec["data"], weights_only=False)
+        data = torch.load(spec["data"], weights_only=True)
         result = train(spec, data["train"], device)
         if spec.get("dump_params"):  # the DDP test: every rank's final parameters
             flat = torch.cat([p.detach().reshape(-1).cpu() for p in result["model"].parameters()])

@@ -24,6 +24,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from .._shared.common import UserFacingError
+from .._shared import provenance
 from .._shared.fashion_mnist import CLASS_NAMES as FASHION_CLASSES, load_fashion_mnist
 from .._shared.mnist import IMAGE_SIDE, MNIST, load_mnist, split_fingerprint
 
@@ -76,7 +77,9 @@ def load_images(dataset: str = "fashion-mnist", data_dir: Optional[Path] = None,
     if dataset not in DATASETS:
         raise UserFacingError(f"--dataset {dataset!r} is unknown; choose one of {', '.join(DATASETS)}")
     if data_dir is not None and _is_image_folder(Path(data_dir).expanduser()):
-        return load_image_folder(Path(data_dir).expanduser(), image_size=image_size, seed=seed)
+        images = load_image_folder(Path(data_dir).expanduser(), image_size=image_size, seed=seed)
+        provenance.record_user_path(Path(data_dir).expanduser(), "ImageFolder (--data-dir)")
+        return images
     if image_size not in (None, IMAGE_SIDE):
         raise UserFacingError(f"--image-size {image_size}: {dataset} images are {IMAGE_SIDE}x{IMAGE_SIDE}; the option "
                               f"applies to an ImageFolder --data-dir only")

@@ -3,9 +3,10 @@
 **Rotten Tomatoes** (default). The 10,605 movie-review sentences SST was built from, with the mean
 human sentiment score in [-4, 4] of Hutto & Gilbert (ICWSM 2014), ship inside the *source* package
 of PyPI ``vaderSentiment`` 3.3.2 (``additional_resources/hutto_ICWSM_2014.tar.gz`` ->
-``movieReviewSnippets_GroundTruth.txt``, lines ``id<TAB>score<TAB>sentence``). The sdist is
-downloaded once with ``pip download --no-deps --no-binary :all:`` (never installed) and the text
-file is cached. Label: positive iff the mean score is > 0; the 37 sentences with score exactly 0
+``movieReviewSnippets_GroundTruth.txt``, lines ``id<TAB>score<TAB>sentence``). The sdist (version
+and SHA-256 pinned in :mod:`.._shared.artifacts`) is fetched once and verified by
+:func:`.._shared.provenance.fetch_artifact` (never installed) and the text file is cached with a
+provenance record. Label: positive iff the mean score is > 0; the 37 sentences with score exactly 0
 are left out (neither side). Split: stratified 80 / 10 / 10 train / validation / test with
 :data:`SPLIT_SEED` (scikit-learn ``train_test_split``), the same for every run seed.
 
@@ -22,19 +23,19 @@ from __future__ import annotations
 import csv
 import io
 import os
-import subprocess
-import sys
 import tarfile
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from .._shared import provenance
+from .._shared.artifacts import ARTIFACTS
 from .._shared.common import UserFacingError, cache_dir
 
-VADER_PACKAGE = "vaderSentiment==3.3.2"
+VADER_ARTIFACT = "vaderSentiment"
+VADER_PACKAGE = ARTIFACTS[VADER_ARTIFACT].spec  # "vaderSentiment==3.3.2"
 INNER_ARCHIVE = "additional_resources/hutto_ICWSM_2014.tar.gz"
 SENTENCES_FILE = "movieReviewSnippets_GroundTruth.txt"
 CACHE_SUBDIR = "rotten_tomatoes"
@@ -92,7 +93,10 @@ class TextData:
 def load_data(data_dir: Optional[Path] = None) -> TextData:
     """GLUE TSVs when ``data_dir`` holds ``train.tsv``; else the Rotten Tomatoes sentences (cached in ``data_dir``)."""
     if data_dir is not None and (Path(data_dir) / "train.tsv").is_file():
-        return load_glue_tsv(Path(data_dir))
+        data = load_glue_tsv(Path(data_dir))
+        provenance.record_user_path(Path(data_dir), "GLUE-style TSVs (--data-dir)",
+                                    [Path(data_dir) / "train.tsv", Path(data_dir) / "dev.tsv"])
+        return data
     return load_rotten_tomatoes(data_dir)
 
 
@@ -148,7 +152,7 @@ def sentences_file(data_dir: Optional[Path] = None) -> Path:
     """``movieReviewSnippets_GroundTruth.txt`` in ``data_dir`` (or the cache), fetched once from PyPI."""
     folder = Path(data_dir) if data_dir is not None else cache_dir() / CACHE_SUBDIR
     path = folder / SENTENCES_FILE
-    if path.is_file():
+    if provenance.use_derived(path, "Rotten Tomatoes sentences (--data-dir)", user_folder=data_dir is not None):
         return path
     if data_dir is not None and not folder.is_dir():
         raise UserFacingError(f"--data-dir {folder} does not exist (give a folder with train.tsv/dev.tsv, "
@@ -157,14 +161,12 @@ def sentences_file(data_dir: Optional[Path] = None) -> Path:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise UserFacingError(f"cannot create {folder}: {exc}; set SPARSENORM_CACHE or --data-dir") from None
-    print(f"sparsenorm: fetching the Rotten Tomatoes sentences ({VADER_PACKAGE} sdist, 2.5 MB) into {folder} (once)",
-          file=sys.stderr)
-    with tempfile.TemporaryDirectory() as tmp:
-        sdist = pip_download(VADER_PACKAGE, Path(tmp), source=True)
-        raw = extract_sentences(sdist)
+    sdist = provenance.fetch_artifact(VADER_ARTIFACT, data_dir, how_to=f"place {SENTENCES_FILE} in --data-dir")
+    raw = extract_sentences(sdist)
     partial = path.with_name(f"{path.name}.{os.getpid()}.part")
     partial.write_bytes(raw)
     os.replace(partial, path)
+    provenance.write_derived(path, [sdist])
     return path
 
 
@@ -183,23 +185,6 @@ def extract_sentences(sdist: Path) -> bytes:
     except (KeyError, tarfile.TarError, OSError) as exc:
         raise UserFacingError(f"{sdist.name} does not hold {INNER_ARCHIVE} -> {SENTENCES_FILE} ({exc}); "
                               f"place {SENTENCES_FILE} in --data-dir") from None
-
-
-def pip_download(requirement: str, dest: Path, source: bool = False) -> Path:
-    """``pip download --no-deps`` one distribution into ``dest`` (a wheel, or with ``source`` the sdist)."""
-    kind = ["--no-binary", ":all:"] if source else ["--only-binary", ":all:"]
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", *kind, "--disable-pip-version-check",
-           "--timeout", "60", requirement, "-d", str(dest)]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise UserFacingError(f"could not run pip to fetch {requirement} ({exc})") from None
-    files = sorted(p for p in dest.iterdir() if p.suffix in (".whl", ".gz", ".zip"))
-    if proc.returncode != 0 or not files:
-        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        raise UserFacingError(f"`pip download {requirement}` failed ({last}); run it where PyPI is reachable "
-                              f"and pass the extracted files with --data-dir / --model-dir")
-    return files[0]
 
 
 # ---------------------------------------------------------------- GLUE-style TSV files

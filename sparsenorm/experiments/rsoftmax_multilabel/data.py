@@ -15,8 +15,10 @@ User data format (``--data-dir FILE``):
 
 Yeast (Elisseeff & Weston 2001; 2,417 genes x 103 features, 14 labels) ships in the Debian package
 ``r-cran-mlr`` as the R object ``yeast.task`` inside the lazy-load database ``data/Rdata.rdb``.
-It is read without R (:mod:`.._shared.r_lazyload`). The result is cached as ``yeast.npz`` (the NPZ format
-above, with the standard split) in :func:`common.cache_dir` or ``--data-dir DIR``.
+It is read without R (:mod:`.._shared.r_lazyload`). The package's version and SHA-256 are pinned
+(:mod:`.._shared.artifacts`); it is fetched and verified by :func:`.._shared.provenance.fetch_artifact`.
+The result is cached as ``yeast.npz`` (the NPZ format above, with the standard split) in
+:func:`common.cache_dir` or ``--data-dir DIR``, with a provenance record naming what it was made from.
 """
 from __future__ import annotations
 
@@ -29,15 +31,16 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from .._shared import provenance
 from .._shared.common import UserFacingError, cache_dir
-from .._shared.debian import download_deb, extract_deb
+from .._shared.debian import extract_deb
 from .._shared.r_lazyload import read_mlr_multilabel_task
 
 SYNTHETIC_SAMPLES = 5000
 SYNTHETIC_FEATURES = 128
 SYNTHETIC_VALIDATION_FRACTION = 0.2
 
-MLR_PACKAGE = "r-cran-mlr"
+MLR_ARTIFACT = MLR_PACKAGE = "r-cran-mlr"
 YEAST_OBJECT = "yeast.task"
 YEAST_SHAPE = (2417, 103, 14)
 # Mulan/LIBSVM's standard split: the first 1,500 rows are the training set, the last 917 the test
@@ -311,12 +314,9 @@ def load_user_data(path: Path, seed: int = 0, eval_fraction: float = 0.2, name: 
 # yeast from Debian's r-cran-mlr (an R lazy-load database, read without R by _shared.r_lazyload)
 
 
-def _download_mlr_deb(workdir: Path) -> Path:
-    """``apt-get download r-cran-mlr`` into ``workdir``."""
-    how_to = (f"or download {MLR_PACKAGE}_*.deb by hand (https://packages.debian.org/stable/{MLR_PACKAGE}) "
-              f"into the data folder (--data-dir DIR or $SPARSENORM_CACHE), or pass your own data with "
-              f"--data-dir FILE.npz|FILE.csv")
-    return download_deb(MLR_PACKAGE, workdir, "yeast", how_to)
+_MLR_HOW_TO = (f"or download {MLR_PACKAGE}_*.deb by hand (https://packages.debian.org/stable/{MLR_PACKAGE}) "
+               f"into the data folder (--data-dir DIR or $SPARSENORM_CACHE), or pass your own data with "
+               f"--data-dir FILE.npz|FILE.csv")
 
 
 def _extract_rdata(deb: Path, workdir: Path) -> Tuple[Path, Path]:
@@ -346,22 +346,27 @@ def yeast_npz_from_rdata(rdb: Path, rdx: Path, target: Path) -> Path:
 def fetch_yeast(data_dir: Optional[Path] = None) -> Path:
     """Path of ``yeast.npz`` in ``data_dir`` (default :func:`common.cache_dir`), creating it if needed.
 
-    Looks, in order, for a cached ``yeast.npz``, then for ``Rdata.rdb``/``Rdata.rdx`` or an
-    ``r-cran-mlr_*.deb`` already in the folder (offline use), else runs ``apt-get download``.
+    Looks, in order, for a cached ``yeast.npz`` (with a provenance record that matches, or in a
+    ``data_dir`` the user's own), then for ``Rdata.rdb``/``Rdata.rdx`` or an ``r-cran-mlr_*.deb``
+    already in the folder (offline use), else fetches the pinned package.
     """
     folder = Path(data_dir) if data_dir is not None else cache_dir()
     target = folder / YEAST_CACHE_NAME
-    if target.is_file():
+    if provenance.use_derived(target, "yeast cache (--data-dir)", user_folder=data_dir is not None):
         return target
     folder.mkdir(parents=True, exist_ok=True)
-    if (folder / "Rdata.rdb").is_file() and (folder / "Rdata.rdx").is_file():
-        return yeast_npz_from_rdata(folder / "Rdata.rdb", folder / "Rdata.rdx", target)
+    rdb, rdx = folder / "Rdata.rdb", folder / "Rdata.rdx"
+    if rdb.is_file() and rdx.is_file():
+        provenance.record_user_path(folder, "mlr's Rdata.rdb/.rdx (--data-dir)", [rdb, rdx])
+        yeast_npz_from_rdata(rdb, rdx, target)
+        provenance.write_derived(target, [folder])
+        return target
+    deb = provenance.fetch_artifact(MLR_ARTIFACT, folder, how_to=_MLR_HOW_TO)
     with tempfile.TemporaryDirectory() as tmp:
-        work = Path(tmp)
-        debs = sorted(folder.glob(f"{MLR_PACKAGE}_*.deb"))
-        deb = debs[-1] if debs else _download_mlr_deb(work)
-        rdb, rdx = _extract_rdata(deb, work)
-        return yeast_npz_from_rdata(rdb, rdx, target)
+        rdb, rdx = _extract_rdata(deb, Path(tmp))
+        yeast_npz_from_rdata(rdb, rdx, target)
+    provenance.write_derived(target, [deb])
+    return target
 
 
 def load_yeast(data_dir: Optional[Path] = None) -> MultilabelData:
@@ -374,5 +379,7 @@ def load_yeast(data_dir: Optional[Path] = None) -> MultilabelData:
 def load_real_data(data_dir: Optional[Path] = None) -> MultilabelData:
     """``--data-dir FILE`` (.npz/.csv): the user's data; ``--data-dir DIR`` or none: yeast."""
     if data_dir is not None and Path(data_dir).suffix.lower() in (".npz", ".csv"):
-        return load_user_data(Path(data_dir))
+        data = load_user_data(Path(data_dir))
+        provenance.record_user_path(Path(data_dir), "multi-label data (--data-dir)")
+        return data
     return load_yeast(data_dir)
