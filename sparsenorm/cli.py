@@ -109,11 +109,12 @@ def build_parser(argv: Optional[List[str]] = None) -> argparse.ArgumentParser:
     for name in EXPERIMENTS:
         if name in named:
             experiment = load(name).EXPERIMENT
-            exp_parser = which.add_parser(name, parents=[common], help=experiment.description,
+            # help strings are %-format templates: a description's "10%" must not be read as a code
+            exp_parser = which.add_parser(name, parents=[common], help=experiment.description.replace("%", "%%"),
                                           description=experiment.description)
             experiment.add_arguments(exp_parser)
         else:  # not run by this command line: its module (and its extras) stay unimported
-            which.add_parser(name, parents=[common], help=_describe(name) if listing else None)
+            which.add_parser(name, parents=[common], help=_describe(name).replace("%", "%%") if listing else None)
     which.add_parser("all", parents=[common], help="every experiment, then the index OUT/README.md")
 
     sub.add_parser("demo", help="print the worked examples for every normalizer and check the properties table")

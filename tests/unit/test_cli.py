@@ -90,3 +90,12 @@ def test_build_kernels_reports_what_was_built(capsys):
     built = [name for name, ok in kernels.available().items() if ok]
     assert code == (0 if len(built) == len(kernels.available()) else 1)
     assert all(name in out for name in built)
+
+
+@pytest.mark.parametrize("argv", [["reproduce", "--help"], ["reproduce", "ssvae", "--help"]])
+def test_help_prints_descriptions_with_percent_signs(capsys, argv):
+    """ssvae's description says "10% labels": argparse's help strings are %-templates, so it must be escaped."""
+    with pytest.raises(SystemExit) as done:
+        cli.main(argv)
+    assert done.value.code == 0
+    assert "10% labels" in capsys.readouterr().out
