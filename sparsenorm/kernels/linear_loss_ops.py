@@ -107,13 +107,14 @@ def _setup(ctx, inputs, output) -> None:
     ctx.args = (kind, param, ignore_index, tc, vc)
     ctx.spent = False
     ctx.mark_non_differentiable(gh, gw, gb, stats)
+    ctx.set_materialize_grads(False)  # no zero gradients of the V x d output grad_weight in the backward
     if ctx.fused:
         ctx.save_for_backward(gh, gw, gb)
     else:
         ctx.save_for_backward(hidden, weight, bias, target, vocab_mask, stats)
 
 
-def _backward(ctx, grad_loss: Tensor, *_unused):
+def _backward(ctx, grad_loss: Optional[Tensor], *_unused):
     kind, param, ignore_index, tc, vc = ctx.args
     if ctx.fused:
         if ctx.spent:
@@ -121,11 +122,15 @@ def _backward(ctx, grad_loss: Tensor, *_unused):
                                "computed in the forward, are scaled in place by the first backward")
         ctx.spent = True
         gh, gw, gb = ctx.saved_tensors
+        if grad_loss is None:  # the loss was not used: no gradient
+            return (None,) * 13
         scale = grad_loss.to(gh.dtype)
         gh, gw = gh.mul_(scale), gw.mul_(scale)
         gb = gb.mul_(scale) if ctx.has_bias else None
     else:
         hidden, weight, bias, target, vocab_mask, stats = ctx.saved_tensors
+        if grad_loss is None:
+            return (None,) * 13
         gh, gw, gb = linear_loss_backward(hidden, weight, bias, target, vocab_mask, stats, grad_loss, kind, param,
                                           ignore_index, tc, vc)
         gb = gb if ctx.has_bias else None
