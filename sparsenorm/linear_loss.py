@@ -127,8 +127,9 @@ def fused_linear_loss(
         **params: the normalizer's parameters (``eps`` for ev_softmax, ``alpha`` for entmax_bisect).
 
     Gradients. With 'mean' or 'sum' and a graph to build, the gradients are computed in the same
-    pass as the loss (the loss is meant to be the last operation; a second ``backward`` through it
-    raises). With 'none' the backward recomputes the logits block by block. No double backward.
+    pass as the loss (the loss is meant to be the last operation); the backward scales them by the
+    incoming gradient. With 'none' the backward recomputes the logits block by block. No double
+    backward.
 
     Returns:
         The loss, in ``hidden``'s dtype.

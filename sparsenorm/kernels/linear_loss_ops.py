@@ -13,8 +13,10 @@ row-wise ops (``kernels/ops.py``), so the C++ kernel runs on CPU and the Triton 
 
 Autograd. When the loss is reduced to a scalar (``row_weight`` given, the functional's 'mean' and
 'sum'), the forward computes the gradients (``with_grads``) and the backward scales them by the
-incoming scalar gradient, in place: the fused loss is meant to be the last operation, and a second
-backward through the same graph is refused (its saved gradients are spent). Per-token losses
+incoming scalar gradient -- in place unless the graph is retained (``retain_graph=True``), so that
+no second V x d tensor exists (the fused loss is meant to be the last operation). Why in the
+forward: a backward pass of its own would recompute the N x V logits' products (a third more
+matrix work for softmax and ev-softmax). Per-token losses
 (``row_weight`` None) are differentiated by :func:`linear_loss_backward`. No double backward.
 """
 from __future__ import annotations
@@ -105,7 +107,6 @@ def _setup(ctx, inputs, output) -> None:
     ctx.fused = with_grads and row_weight is not None
     ctx.has_bias = bias is not None
     ctx.args = (kind, param, ignore_index, tc, vc)
-    ctx.spent = False
     ctx.mark_non_differentiable(gh, gw, gb, stats)
     ctx.set_materialize_grads(False)  # no zero gradients of the V x d output grad_weight in the backward
     if ctx.fused:
@@ -117,16 +118,15 @@ def _setup(ctx, inputs, output) -> None:
 def _backward(ctx, grad_loss: Optional[Tensor], *_unused):
     kind, param, ignore_index, tc, vc = ctx.args
     if ctx.fused:
-        if ctx.spent:
-            raise RuntimeError("sparsenorm::linear_loss: backward through the same fused loss twice; its gradients, "
-                               "computed in the forward, are scaled in place by the first backward")
-        ctx.spent = True
         gh, gw, gb = ctx.saved_tensors
         if grad_loss is None:  # the loss was not used: no gradient
             return (None,) * 13
         scale = grad_loss.to(gh.dtype)
-        gh, gw = gh.mul_(scale), gw.mul_(scale)
-        gb = gb.mul_(scale) if ctx.has_bias else None
+        if torch._C._autograd._get_current_graph_task_keep_graph():  # retain_graph: keep the saved gradients
+            gh, gw, gb = gh * scale, gw * scale, gb * scale
+        else:  # the graph is freed after this backward: scale in place, no second V x d tensor
+            gh, gw, gb = gh.mul_(scale), gw.mul_(scale), gb.mul_(scale)
+        gb = gb if ctx.has_bias else None
     else:
         hidden, weight, bias, target, vocab_mask, stats = ctx.saved_tensors
         if grad_loss is None:
