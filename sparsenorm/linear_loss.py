@@ -122,7 +122,7 @@ def fused_linear_loss(
             one rule, is also a bias of ``-inf`` or at or below ``finfo(dtype).min / 2``: such
             entries have probability 0, stay out of ev-softmax's mean and get no gradient; a target
             on one gives an infinite loss.
-        token_chunk, vocab_chunk: block sizes (0: blocks of about 16 MiB of logits, whole
+        token_chunk, vocab_chunk: block sizes (0: blocks of about 32 MiB of logits, whole
             vocabulary rows while at least 32 of them fit).
         **params: the normalizer's parameters (``eps`` for ev_softmax, ``alpha`` for entmax_bisect).
 

@@ -9,7 +9,7 @@ row NaN; float16/bfloat16/float32 in, float32 compute, output in ``out_dtype``, 
   :func:`ev_softmax_backward` ``(grad, out, log=False)``: Eq. 7 (``eps`` None or 0), Eq. 10 (``eps > 0``)
   and their log; rows of any length (longer than 8192 entries streamed in chunks);
 * :func:`project` ``(x, kind, mask=None, out_dtype=None)`` and :func:`project_backward`
-  ``(p, grad, kind)``: sparsemax / 1.5-entmax with the exact threshold, rows up to 16384 entries
+  ``(p, grad, kind)``: sparsemax / 1.5-entmax with the exact threshold, rows of any length (longer than 16384 entries streamed in chunks)
   (:func:`project_supports` says whether a tensor qualifies);
 * :func:`flash_ev_softmax_attention_forward` ``(q, k, v, key_lengths=None, is_causal=False,
   scale=None, key_mask=None)`` and :func:`flash_ev_softmax_attention_backward`: flash ev-softmax
