@@ -46,6 +46,8 @@ LOSSES = ["softmax", "ev_softmax", "sparsemax", "entmax15"]
 TIME_TARGET = {"softmax": 1.2, "ev_softmax": 1.2, "sparsemax": 1.5, "entmax15": 1.5, "entmax_bisect": 1.5}
 MEMORY_TARGET = 0.10
 BASELINE = "materialised softmax"
+SCHEMA = "sparsenorm.bench_linear_loss/1"
+"""Marks this benchmark's JSON (the docs' hook renders each file with its own report)."""
 
 
 def labels_for(losses: List[str]) -> List[str]:
@@ -136,7 +138,7 @@ def support_sizes(losses: List[str], args, rows: int = 256) -> Dict[str, float]:
     return out
 
 
-def report(results: Dict) -> str:
+def markdown_report(results: Dict) -> str:
     times, peaks = results.get("time_s", {}), results.get("peak_bytes", {})
     base_t, base_m = times.get(BASELINE), peaks.get(BASELINE)
     rows = []
@@ -182,14 +184,14 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     if args.report:
         with open(args.report) as f:
-            print(report(json.load(f)))
+            print(markdown_report(json.load(f)))
         return
     torch.set_num_threads(args.threads)
     losses = args.losses.split(",")
     if "softmax" not in losses:
         losses.insert(0, "softmax")
     labels = labels_for(losses)
-    results = {"tokens": args.tokens, "dim": args.dim, "vocab": args.vocab, "logit_scale": args.logit_scale,
+    results = {"schema": SCHEMA, "tokens": args.tokens, "dim": args.dim, "vocab": args.vocab, "logit_scale": args.logit_scale,
                "threads": args.threads, "rounds": args.rounds, "losses": losses, "cpu": cpu_model(),
                "torch": torch.__version__, "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
                "load_at_start": machine_load(), "support_sizes": support_sizes(losses, args)}
@@ -200,7 +202,7 @@ def main(argv=None) -> None:
     if not args.no_time:
         results["time_s"] = time_all(labels, args)
         results["load_at_end"] = machine_load()
-    print(report(results))
+    print(markdown_report(results))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

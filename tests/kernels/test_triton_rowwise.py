@@ -200,6 +200,34 @@ def test_projection_rows_longer_than_the_register_tile(kind, max_iter, monkeypat
 
 
 @in_process
+@pytest.mark.parametrize("kind", ["sparsemax", "entmax15"])
+@pytest.mark.parametrize("vocab_chunk", [0, 64])
+def test_fused_linear_loss_with_the_triton_row_kernel(kind, vocab_chunk):
+    """The fused linear + loss's algorithm (kernels/reference/linear_loss.py) with the Triton row
+    kernel as its row-wise step, as it runs on CUDA: loss and gradients equal the materialised
+    Fenchel-Young loss (float32, error model of tests/unit/test_linear_loss.py)."""
+    import torch.nn.functional as F
+
+    from sparsenorm import registry
+    from sparsenorm.kernels.reference import linear_loss as ref_linear
+
+    g = torch.Generator().manual_seed(9)
+    h = torch.randn(10, 8, generator=g).to(DEVICE)
+    w = torch.randn(200, 8, generator=g).to(DEVICE)
+    y = torch.randint(0, 200, (10,), generator=g).to(DEVICE)
+    plan = ref_linear.make_plan(10, 200, 4, vocab_chunk, 16)
+    loss, gh, gw, _, _ = ref_linear.forward(h, w, None, y, None, kind, 0.0, -100, torch.ones(10, device=DEVICE), True,
+                                            plan, lambda z: tproj.project(z, kind))
+    hr, wr = h.cpu().double().requires_grad_(), w.cpu().double().requires_grad_()
+    expect = registry.get(kind).single_label_loss(F.linear(hr, wr), y.cpu(), reduction="sum")
+    expect.backward()
+    tol = 64 * 8 * torch.finfo(torch.float32).eps * float(h.abs().max() * w.abs().max()) * 200
+    torch.testing.assert_close(loss.cpu().double(), expect.detach(), atol=tol, rtol=0)
+    torch.testing.assert_close(gh.cpu().double(), hr.grad, atol=tol, rtol=0)
+    torch.testing.assert_close(gw.cpu().double(), wr.grad, atol=tol, rtol=0)
+
+
+@in_process
 def test_launchers_reject_bad_input_by_name():
     x = torch.randn(3, 4).to(DEVICE)
     with pytest.raises(TypeError, match="x must have dtype"):
