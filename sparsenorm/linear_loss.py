@@ -122,9 +122,12 @@ def fused_linear_loss(
             one rule, is also a bias of ``-inf`` or at or below ``finfo(dtype).min / 2``: such
             entries have probability 0, stay out of ev-softmax's mean and get no gradient; a target
             on one gives an infinite loss.
-        token_chunk, vocab_chunk: block sizes (0: blocks of about 32 MiB of logits, whole
-            vocabulary rows while at least 32 of them fit).
-        **params: the normalizer's parameters (``eps`` for ev_softmax, ``alpha`` for entmax_bisect).
+        token_chunk: tokens per block (0: blocks of about 32 MiB of logits).
+        vocab_chunk: vocabulary entries per block (0: whole vocabulary rows while at least 32 of
+            them fit in a block, else chunks).
+
+    Further keyword arguments are the normalizer's parameters (``eps`` for ev_softmax, ``alpha``
+    for entmax_bisect), as :func:`sparsenorm.registry.get` takes them.
 
     Gradients. With 'mean' or 'sum' and a graph to build, the gradients are computed in the same
     pass as the loss (the loss is meant to be the last operation); the backward scales them by the

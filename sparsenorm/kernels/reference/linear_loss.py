@@ -120,8 +120,9 @@ def mean_logit(hidden: Tensor, weight: Tensor, bias: Optional[Tensor], there: Op
         w_mean = weight.mean(0)
         b_mean = bias.mean() if bias is not None else None
     else:
-        count = there.sum().clamp_min(1).to(weight.dtype)
-        w_mean = (weight * there.unsqueeze(1)).sum(0) / count
+        on = there.to(weight.dtype)
+        count = on.sum().clamp_min(1)
+        w_mean = (on @ weight) / count  # a product, not a V x d masked copy
         b_mean = torch.where(there, bias, torch.zeros_like(bias)).sum() / count if bias is not None else None
     t = hidden @ w_mean
     return t + b_mean if b_mean is not None else t
