@@ -275,3 +275,21 @@ def test_fake_and_schema():
     bargs = (h.detach(), w.detach(), b.detach(), y, None, stats, torch.ones(6, dtype=torch.float64), "ev_softmax",
              1e-6, -100, 4, 8)
     torch.library.opcheck(linear_loss_ops.linear_loss_backward, bargs, test_utils=("test_schema", "test_faketensor"))
+
+
+@pytest.mark.parametrize("name", ["ev_softmax", "entmax15"])
+def test_frozen_weight_and_no_grad(name):
+    """Only ``hidden`` requires a gradient (a frozen output layer); under ``no_grad`` no gradient is
+    computed and the value is the same."""
+    _, h, w, b, y = _inputs(13)
+    w_frozen, b_frozen = w.detach(), b.detach()
+    loss = sparsenorm.fused_linear_loss(h, w_frozen, y, name, bias=b_frozen)
+    (gh,) = torch.autograd.grad(loss, (h,))
+    ref = _materialised(name, h, w_frozen, b_frozen, y)
+    (rh,) = torch.autograd.grad(ref, (h,))
+    tol = _tol(h, w, torch.float64)
+    _close(gh, rh, tol, "grad hidden")
+    with torch.no_grad():
+        value = sparsenorm.fused_linear_loss(h, w, y, name, bias=b)
+    assert not value.requires_grad
+    _close(value, ref.detach(), tol, "no_grad value")
