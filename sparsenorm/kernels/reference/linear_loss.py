@@ -372,6 +372,9 @@ def _sparse_chunk(hidden, weight, bias, there, y, ok, w, alpha, plan, t0, t1, gr
         rows, cols = (dense_p > 0).nonzero(as_tuple=True)
         pv, zv = dense_p[rows, cols], z[rows, cols]
         zy = z.gather(1, yc.unsqueeze(1)).squeeze(1)
+        del z  # the block is not needed any more: free it before the gradient's gathers
+        if grads.h is None or rows.numel() <= DENSE_FRACTION * dense_p.numel():
+            dense_p = None  # (kept only for a wide support's dense products)
     else:
         rows, cols, pv, zv = _search_support(h, weight, bias, there, plan, alpha, project_rows)
         zy = (h * weight.index_select(0, yc)).sum(1)
@@ -391,7 +394,7 @@ def _sparse_chunk(hidden, weight, bias, there, y, ok, w, alpha, plan, t0, t1, gr
     if grads.h is None:
         return
     wc = w[t0:t1]
-    if dense_p is not None and rows.numel() > DENSE_FRACTION * dense_p.numel():
+    if dense_p is not None:
         g = dense_p.mul_(wc.unsqueeze(1))  # a wide support: dense products are cheaper
         _sub_target_(g, yc, okc, wc, there)
         grads.dense(g, h, weight, t0, t1, 0, n_vocab)
