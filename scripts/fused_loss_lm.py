@@ -4,7 +4,7 @@ the fused softmax, ev-softmax (Eq. 10) and 1.5-entmax losses, side by side.
     python scripts/fused_loss_lm.py [--steps 300] [--out docs/guide/fused_loss_lm]
 
 Data: the English side of the LibreOffice help pages the translation experiment already fetches
-(``sparsenorm.experiments.evsoftmax_translation.data``; ~400k words), lower-cased words and
+(``sparsenorm.experiments.evsoftmax_translation.data``; ~485k word and punctuation tokens), lower-cased words and
 punctuation, the 8,000 most frequent plus ``<unk>``, padded to a multiple of 64 (8,064 entries) whose
 padding rows are "not there" (``vocab_mask``). Model: embeddings (d = 128), two causal transformer
 layers (4 heads), an output layer of its own; sequences of 64 tokens, batches of 16, AdamW 3e-3,
