@@ -293,3 +293,20 @@ def test_frozen_weight_and_no_grad(name):
         value = sparsenorm.fused_linear_loss(h, w, y, name, bias=b)
     assert not value.requires_grad
     _close(value, ref.detach(), tol, "no_grad value")
+
+
+@pytest.mark.parametrize("name, reduction", [("ev_softmax", "mean"), ("entmax15", "none")])
+def test_compiles_without_graph_breaks(name, reduction):
+    """``torch.compile(fullgraph=True)`` traces the functional and the ops (fakes, autograd) and gives
+    the eager values and gradients."""
+    torch._dynamo.reset()
+    _, h, w, b, y = _inputs(14, n=12, v=40)
+
+    def f(h, w, b):
+        return sparsenorm.fused_linear_loss(h, w, y, name, bias=b, reduction=reduction)
+
+    compiled = torch.compile(f, backend="aot_eager", fullgraph=True)
+    got, ref = compiled(h, w, b), f(h, w, b)
+    _close(got.detach(), ref.detach(), 0.0, "loss")
+    for a, r in zip(_grads(got, (h, w, b)), _grads(ref, (h, w, b))):
+        _close(a, r, 0.0, "grad")
