@@ -9,7 +9,8 @@
 
 One implementation serves every device: the chunk algorithm is PyTorch (matrix products by ATen
 on CPU, cuBLAS on CUDA), and the row-wise step of the sparse kinds goes through the registered
-row-wise ops (``kernels/ops.py``), so the C++ kernel runs on CPU and the Triton kernel on CUDA.
+row-wise ops (``kernels/ops.py``), so the C++ kernel runs on CPU and the Triton kernel on CUDA;
+softmax/ev-softmax's block step is one Triton kernel on CUDA (``kernels/triton/linear_loss.py``).
 
 Autograd. When the loss is reduced to a scalar (``row_weight`` given, the functional's 'mean' and
 'sum'), the forward computes the gradients (``with_grads``) and the backward scales them by the
@@ -41,6 +42,17 @@ def _project_rows(kind: str, param: float):
     return None
 
 
+def _block_rows(hidden: Tensor):
+    """softmax/ev-softmax's whole-row block step: the Triton kernel on CUDA where available, else the
+    reference's (None)."""
+    if not hidden.is_cuda:
+        return None
+    launchers = ops.triton_launchers()
+    if launchers is None or not launchers.linear_loss_supports(hidden):
+        return None
+    return launchers.linear_loss_block_rows
+
+
 def _plan(hidden: Tensor, weight: Tensor, token_chunk: int, vocab_chunk: int, k: int) -> ref.Plan:
     return ref.make_plan(hidden.shape[0], weight.shape[0], token_chunk, vocab_chunk, k,
                          itemsize=hidden.element_size())
@@ -66,7 +78,7 @@ def linear_loss(hidden: Tensor, weight: Tensor, bias: Optional[Tensor], target: 
     plan = _plan(hidden, weight, token_chunk, vocab_chunk, k)
     loss, gh, gw, gb, stats = ref.forward(hidden, weight, bias, target, vocab_mask, kind, param, ignore_index,
                                           row_weight, with_grads and row_weight is not None, plan,
-                                          _project_rows(kind, param))
+                                          _project_rows(kind, param), _block_rows(hidden))
     return loss, _or_empty(gh, hidden), _or_empty(gw, weight), _or_empty(gb, weight), stats
 
 

@@ -228,6 +228,63 @@ def test_fused_linear_loss_with_the_triton_row_kernel(kind, vocab_chunk):
 
 
 @in_process
+@pytest.mark.parametrize("ev", [False, True])
+@pytest.mark.parametrize("n_cols", [300, 5000])
+def test_linear_loss_block_step_matches_the_reference(ev, n_cols):
+    """The fused linear + loss's softmax/ev-softmax block step (one program per row, rows streamed in
+    chunks of 4096: 5000 columns take two) against the reference's ``dense_block_``: loss, log Z,
+    threshold and the in-place gradient, with not-there entries, an ignored row and a target not there."""
+    from sparsenorm.kernels.reference import linear_loss as ref_linear
+    from sparsenorm.kernels.triton import linear_loss as tlin
+
+    g = torch.Generator().manual_seed(11)
+    z = torch.randn(6, n_cols, generator=g) * 3
+    z[1, ::7] = float("-inf")
+    y = torch.randint(0, n_cols, (6,), generator=g)
+    y[1] = 7  # a target that is not there: infinite loss, no target term in the gradient
+    w = torch.rand(6, generator=g)
+    w[2] = 0.0  # an ignored row
+    wy = w.clone()
+    wy[1] = 0.0
+    thr = z.masked_fill(z == float("-inf"), 0).mean(1)
+    shift = ref_linear.off_support_shift(1e-3)
+    expect_z = z.clone()
+    expect = ref_linear.dense_block_(expect_z, thr, y, w, wy, ev, shift, True)
+    got_z = z.clone().to(DEVICE)
+    got = tlin.block_rows(got_z, thr.to(DEVICE), y.to(DEVICE), w.to(DEVICE), wy.to(DEVICE), ev, shift, True)
+    for a, b in zip(got, expect):
+        torch.testing.assert_close(a.cpu(), b, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got_z.cpu(), expect_z, atol=1e-6, rtol=1e-5)
+    assert got[0][1].item() == float("inf") and float(got_z[2].abs().max()) == 0.0
+
+
+@in_process
+@pytest.mark.parametrize("name", ["softmax", "ev_softmax"])
+def test_fused_linear_loss_with_the_triton_block_step(name):
+    """The fused algorithm with the Triton block step, as it runs on CUDA, against the materialised loss."""
+    import torch.nn.functional as F
+
+    from sparsenorm import registry
+    from sparsenorm.kernels.reference import linear_loss as ref_linear
+    from sparsenorm.kernels.triton import linear_loss as tlin
+
+    g = torch.Generator().manual_seed(12)
+    h = torch.randn(10, 8, generator=g).to(DEVICE)
+    w = torch.randn(200, 8, generator=g).to(DEVICE)
+    y = torch.randint(0, 200, (10,), generator=g).to(DEVICE)
+    plan = ref_linear.make_plan(10, 200, 4, 0, 0)
+    loss, gh, gw, _, _ = ref_linear.forward(h, w, None, y, None, name, 1e-6, -100, torch.ones(10, device=DEVICE),
+                                            True, plan, None, tlin.block_rows)
+    hr, wr = h.cpu().double().requires_grad_(), w.cpu().double().requires_grad_()
+    expect = registry.get(name).single_label_loss(F.linear(hr, wr), y.cpu(), reduction="sum")
+    expect.backward()
+    tol = 64 * 8 * torch.finfo(torch.float32).eps * float(h.abs().max() * w.abs().max()) * 200
+    torch.testing.assert_close(loss.cpu().double(), expect.detach(), atol=tol, rtol=0)
+    torch.testing.assert_close(gh.cpu().double(), hr.grad, atol=tol, rtol=0)
+    torch.testing.assert_close(gw.cpu().double(), wr.grad, atol=tol, rtol=0)
+
+
+@in_process
 def test_launchers_reject_bad_input_by_name():
     x = torch.randn(3, 4).to(DEVICE)
     with pytest.raises(TypeError, match="x must have dtype"):

@@ -190,31 +190,48 @@ def _finite_or_zero(m: Tensor) -> Tensor:
     return torch.where(m == _NEG_INF, torch.zeros_like(m), m)
 
 
+def dense_block_(z: Tensor, thr: Optional[Tensor], y: Tensor, w: Tensor, wy: Tensor, ev: bool, shift: float,
+                 grad: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    """A whole-row block of logits ``z`` (rows, V) -> ``(loss, log Z, t)`` per row, softmax or
+    (``ev``) Eq. 10 with the threshold ``t = min(thr, max)``; with ``grad``, ``z`` becomes in place
+    the gradient ``w_r (p - e_y)`` of the weighted losses (``wy_r`` = ``w_r``, or 0 where the target is
+    ignored or not there). One exp per entry. (``BlockRows``: the Triton kernel does the same on CUDA.)"""
+    m = z.amax(1)
+    t = None
+    if ev:
+        t = torch.minimum(thr, m)  # the max entry is on the support: m is also Eq. 10's max
+        _shift_off_(z, t, shift)
+    zy = z.gather(1, y.unsqueeze(1)).squeeze(1)  # Eq. 10's log-weight of the target included
+    m_safe = _finite_or_zero(m)
+    e = z.sub_(m_safe.unsqueeze(1)).exp_()
+    total = e.sum(1)
+    lse = m_safe + torch.log(total)
+    if grad:
+        e.mul_((w / total).unsqueeze(1))
+        e.scatter_add_(1, y.unsqueeze(1), -wy.unsqueeze(1))
+    return lse - zy, lse, lse if t is None else t
+
+
+BlockRows = Callable[[Tensor, Optional[Tensor], Tensor, Tensor, Tensor, bool, float, bool], Tuple[Tensor, Tensor, Tensor]]
+
+
 def _softmax_family_chunk(hidden, weight, bias, there, y, ok, w, kind, eps, thr_ev, plan, t0, t1, grads,
-                          loss_rows, stats) -> None:
+                          loss_rows, stats, block_rows=None) -> None:
     """Loss (and gradients) of tokens t0:t1 for softmax / ev-softmax."""
     h = hidden[t0:t1]
     yc, okc = y[t0:t1], ok[t0:t1]
     n_vocab = weight.shape[0]
     shift = off_support_shift(eps) if kind == "ev_softmax" else 0.0
-    if plan.vocab_chunk >= n_vocab:  # one block: stats, loss and gradient from it, in place, one exp
+    if plan.vocab_chunk >= n_vocab:  # one block: stats, loss and gradient from it, in place
         z = chunk_logits(h, weight, bias, there, 0, n_vocab)
-        m = z.amax(1)
-        t = None
-        if kind == "ev_softmax":
-            t = torch.minimum(thr_ev[t0:t1], m)  # the max entry is on the support: m is also Eq. 10's max
-            _shift_off_(z, t, shift)
-        zy = z.gather(1, yc.unsqueeze(1)).squeeze(1)  # Eq. 10's log-weight of the target included
-        m_safe = _finite_or_zero(m)
-        e = z.sub_(m_safe.unsqueeze(1)).exp_()
-        total = e.sum(1)
-        lse = m_safe + torch.log(total)
-        loss_rows[t0:t1] = lse - zy
-        stats[t0:t1, 0], stats[t0:t1, 1] = lse, lse if t is None else t
+        wc = w[t0:t1]
+        wy = torch.where(okc if there is None else okc & there.index_select(0, yc), wc, torch.zeros_like(wc))
+        loss, lse, t = (block_rows or dense_block_)(z, None if thr_ev is None else thr_ev[t0:t1], yc, wc, wy,
+                                                    kind == "ev_softmax", shift, grads.h is not None)
+        loss_rows[t0:t1] = loss
+        stats[t0:t1, 0], stats[t0:t1, 1] = lse, t
         if grads.h is not None:
-            g = e.mul_((w[t0:t1] / total).unsqueeze(1))
-            _sub_target_(g, yc, okc, w[t0:t1], there)
-            grads.dense(g, h, weight, t0, t1, 0, n_vocab)
+            grads.dense(z, h, weight, t0, t1, 0, n_vocab)
         return
     # Streamed: running max m, masses s_on, s_off relative to m, count of entries at m (ev-softmax).
     n = t1 - t0
@@ -428,7 +445,7 @@ def _sparse_grads_recomputed(hidden, weight, bias, there, y, ok, w, alpha, stats
 # ----------------------------------------------------------------------------- entry points
 def forward(hidden: Tensor, weight: Tensor, bias: Optional[Tensor], target: Tensor, vocab_mask: Optional[Tensor],
             kind: str, param: float, ignore_index: int, row_weight: Optional[Tensor], with_grads: bool,
-            plan: Plan, project_rows: Optional[ProjectRows] = None):
+            plan: Plan, project_rows: Optional[ProjectRows] = None, block_rows: Optional[BlockRows] = None):
     """``(loss, grad_h, grad_W, grad_b, stats)``.
 
     ``loss``: per-token losses (N,) (0 on ignored rows) when ``row_weight`` is None, else the
@@ -437,7 +454,8 @@ def forward(hidden: Tensor, weight: Tensor, bias: Optional[Tensor], target: Tens
     (N, 2): per token ``(log Z, t)`` (softmax, ev-softmax) or ``(t, max logit)`` (sparse kinds),
     what :func:`backward` needs. ``param``: ev-softmax's eps, entmax_bisect's alpha.
     ``project_rows``: the row-wise map of the sparse kinds (the registered op, so that the kernel
-    of the device runs).
+    of the device runs); ``block_rows``: softmax/ev-softmax's whole-row block step (default
+    :func:`dense_block_`; the Triton kernel on CUDA).
     """
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
@@ -453,7 +471,7 @@ def forward(hidden: Tensor, weight: Tensor, bias: Optional[Tensor], target: Tens
     for t0, t1 in _spans(n, plan.token_chunk):
         if kind in ("softmax", "ev_softmax"):
             _softmax_family_chunk(hidden, weight, bias, there, y, ok, w, kind, param, thr_ev, plan, t0, t1,
-                                  grads, loss_rows, stats)
+                                  grads, loss_rows, stats, block_rows)
         else:
             _sparse_chunk(hidden, weight, bias, there, y, ok, w, kind_alpha(kind, param), plan, t0, t1, grads,
                           loss_rows, stats, project_rows)
