@@ -32,6 +32,7 @@ from .entmax import (
 )
 from .losses import *  # noqa: F401,F403  (the loss functions and modules, listed in losses.__all__)
 from .losses import __all__ as _loss_names
+from .linear_loss import FusedLinearLoss, fused_linear_loss
 
 __version__ = "0.1.0"
 
@@ -44,6 +45,7 @@ __all__ = [
     "sparsehourglass", "SparseHourglass",
     "use_cpu_kernels", "kernels",
     "marginalize",
+    "fused_linear_loss", "FusedLinearLoss",
     *_loss_names,
 ]
 

@@ -3,7 +3,7 @@
 Each entry pairs a normalizer's evaluation-time function with its training-time form, its
 log-probability function (where one exists), its default losses for single-label (class index)
 and multi-label (target distribution / multi-hot) targets, and its capabilities (``cpu_kernel``,
-``supports_mask``, ``attention``, ``entmax_twin``, ``attention_threshold``, ``alpha``; the post-hoc
+``supports_mask``, ``attention``, ``entmax_twin``, ``attention_threshold``, ``alpha``, ``linear_loss``; the post-hoc
 switch ``trains_as``/``evaluates_as`` behind :meth:`Normalizer.for_mode`), which is what the benchmark, the experiments and
 the attention layer select by. Code elsewhere takes normalizers from here rather than listing
 names (the experiments are being moved onto these fields).
@@ -71,6 +71,11 @@ class Normalizer:
     alpha: Optional[float] = None
     """The entmax ``alpha`` of a ``"searched"`` map (sparsemax = 2, 1.5-entmax = 1.5, bisection: its
     ``alpha`` parameter), which is what a threshold search needs to know about it."""
+    linear_loss: Optional[str] = None
+    """Streamable single-label loss: the kind of the fused op ``sparsenorm::linear_loss``
+    (``sparsenorm.kernels.linear_loss_ops``) that computes ``single_label_loss(F.linear(h, W, b), y)``
+    from ``h``, ``W`` and ``b`` without the N x V logits (:func:`sparsenorm.fused_linear_loss`), or
+    None where the loss needs the whole row in a way that is not streamed."""
     trains_as: Optional[str] = None
     """Post-hoc forms: the registry name of the map used while training (see :meth:`for_mode`)."""
     evaluates_as: Optional[str] = None
@@ -103,40 +108,42 @@ def _build() -> Dict[str, Normalizer]:
         Normalizer(
             "softmax", "Softmax: dense, the baseline.",
             masked_softmax, masked_softmax, masked_log_softmax,
-            F.cross_entropy, softmax_multilabel_loss, sparse=False,
+            F.cross_entropy, softmax_multilabel_loss, sparse=False, linear_loss="softmax",
         ),
         Normalizer(
             "ev_softmax", "Evidential softmax (Chen et al. 2021, Eq. 7); trained through Eq. 10.",
             evidential.ev_softmax, bind(evidential.ev_softmax_train, eps=1e-6),
             bind(evidential.log_ev_softmax_train, eps=1e-6),
             ev_losses.ev_softmax_nll_loss, ev_losses.ev_softmax_multilabel_loss, sparse=True,
-            params={"eps": 1e-6}, cpu_kernel=True, attention_threshold="known",
+            params={"eps": 1e-6}, cpu_kernel=True, attention_threshold="known", linear_loss="ev_softmax",
         ),
         Normalizer(
             "posthoc_evidential",
             "Post-hoc evidential sparsification (Itkina et al. 2020): softmax-trained, sparsified at test time.",
             masked_softmax, masked_softmax, masked_log_softmax,
             F.cross_entropy, softmax_multilabel_loss, sparse=True, posthoc=True, attention=False,
-            trains_as="softmax", evaluates_as="ev_softmax",
+            trains_as="softmax", evaluates_as="ev_softmax", linear_loss="softmax",
         ),
         Normalizer(
             "sparsemax", "Sparsemax (Martins & Astudillo 2016): Euclidean projection onto the simplex.",
             sparsemax, sparsemax, None,
             fenchel_young.sparsemax_loss, fenchel_young.sparsemax_loss, sparse=True,
             cpu_kernel=True, entmax_twin="sparsemax", attention_threshold="searched", alpha=2.0,
+            linear_loss="sparsemax",
         ),
         Normalizer(
             "entmax15", "1.5-entmax (Peters et al. 2019), exact threshold (no full sort).",
             entmax15, entmax15, None,
             fenchel_young.entmax15_loss, fenchel_young.entmax15_loss, sparse=True,
             cpu_kernel=True, entmax_twin="entmax15", attention_threshold="searched", alpha=1.5,
+            linear_loss="entmax15",
         ),
         Normalizer(
             "entmax_bisect", "alpha-entmax by bisection (default alpha=1.5).",
             bind(entmax_bisect, alpha=1.5), bind(entmax_bisect, alpha=1.5), None,
             bind(fenchel_young.entmax_bisect_loss, alpha=1.5), bind(fenchel_young.entmax_bisect_loss, alpha=1.5),
             sparse=True, params={"alpha": 1.5}, entmax_twin="entmax_bisect", attention_threshold="searched",
-            alpha=1.5,
+            alpha=1.5, linear_loss="entmax_bisect",
         ),
         Normalizer(
             "t_softmax", "t-softmax (Bałazy et al., r-softmax paper Eq. 1), temperature-like t.",

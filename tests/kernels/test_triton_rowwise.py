@@ -188,6 +188,116 @@ def test_projection_backward_matches_autograd(dtype, kind):
 
 
 @in_process
+@pytest.mark.parametrize("kind", ["sparsemax", "entmax15"])
+@pytest.mark.parametrize("max_iter", [None, 0])
+def test_projection_rows_longer_than_the_register_tile(kind, max_iter, monkeypatch):
+    """Rows of 20,000 entries (past MAX_COLS = 16,384, as every LM vocabulary): one program per row
+    streams the iteration in chunks, and (max_iter 0) the bisection fallback; forward and backward
+    against the reference, every not-there form and the empty/NaN/+inf rows included."""
+    if max_iter is not None:
+        monkeypatch.setattr(tproj, "MAX_ITER", max_iter)
+    n_cols = 20000
+    assert n_cols > tproj.MAX_COLS
+    x, mask = rows_with_every_case(torch.float32, n_cols=n_cols, seed=6)
+    x = x * 3  # supports of a few to a few hundred entries
+    out = tproj.project(x, kind, mask=mask)
+    ref = getattr(sparsenorm, kind)(not_there_as_neg_inf(x, mask).cpu())
+    check_rows(out.cpu(), ref, torch.float32)
+    assert (out[3] == 0).all() and (out[9, ::2] == 0).all()
+    good = torch.tensor(GOOD_ROWS)
+    p = ref[good].double().clone()
+    g = torch.randn(p.shape, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+    expect = sparsenorm.kernels.reference.projection.dense_backward(p, g, kind)
+    dx = tproj.project_backward(p.float().to(DEVICE), g.float().to(DEVICE), kind)
+    torch.testing.assert_close(dx.cpu().double(), expect, atol=2e-5, rtol=2e-5)
+
+
+@in_process
+@pytest.mark.parametrize("kind", ["sparsemax", "entmax15"])
+@pytest.mark.parametrize("vocab_chunk", [0, 64])
+def test_fused_linear_loss_with_the_triton_row_kernel(kind, vocab_chunk):
+    """The fused linear + loss's algorithm (kernels/reference/linear_loss.py) with the Triton row
+    kernel as its row-wise step, as it runs on CUDA: loss and gradients equal the materialised
+    Fenchel-Young loss (float32, error model of tests/unit/test_linear_loss.py)."""
+    import torch.nn.functional as F
+
+    from sparsenorm import registry
+    from sparsenorm.kernels.reference import linear_loss as ref_linear
+
+    g = torch.Generator().manual_seed(9)
+    h = torch.randn(10, 8, generator=g).to(DEVICE)
+    w = torch.randn(200, 8, generator=g).to(DEVICE)
+    y = torch.randint(0, 200, (10,), generator=g).to(DEVICE)
+    plan = ref_linear.make_plan(10, 200, 4, vocab_chunk, 16)
+    loss, gh, gw, _, _ = ref_linear.forward(h, w, None, y, None, kind, 0.0, -100, torch.ones(10, device=DEVICE), True,
+                                            plan, lambda z: tproj.project(z, kind))
+    hr, wr = h.cpu().double().requires_grad_(), w.cpu().double().requires_grad_()
+    expect = registry.get(kind).single_label_loss(F.linear(hr, wr), y.cpu(), reduction="sum")
+    expect.backward()
+    tol = 64 * 8 * torch.finfo(torch.float32).eps * float(h.abs().max() * w.abs().max()) * 200
+    torch.testing.assert_close(loss.cpu().double(), expect.detach(), atol=tol, rtol=0)
+    torch.testing.assert_close(gh.cpu().double(), hr.grad, atol=tol, rtol=0)
+    torch.testing.assert_close(gw.cpu().double(), wr.grad, atol=tol, rtol=0)
+
+
+@in_process
+@pytest.mark.parametrize("ev", [False, True])
+@pytest.mark.parametrize("n_cols", [300, 5000])
+def test_linear_loss_block_step_matches_the_reference(ev, n_cols):
+    """The fused linear + loss's softmax/ev-softmax block step (one program per row, rows streamed in
+    chunks of 4096: 5000 columns take two) against the reference's ``dense_block_``: loss, log Z,
+    threshold and the in-place gradient, with not-there entries, an ignored row and a target not there."""
+    from sparsenorm.kernels.reference import linear_loss as ref_linear
+    from sparsenorm.kernels.triton import linear_loss as tlin
+
+    g = torch.Generator().manual_seed(11)
+    z = torch.randn(6, n_cols, generator=g) * 3
+    z[1, ::7] = float("-inf")
+    y = torch.randint(0, n_cols, (6,), generator=g)
+    y[1] = 7  # a target that is not there: infinite loss, no target term in the gradient
+    w = torch.rand(6, generator=g)
+    w[2] = 0.0  # an ignored row
+    wy = w.clone()
+    wy[1] = 0.0
+    thr = z.masked_fill(z == float("-inf"), 0).mean(1)
+    shift = ref_linear.off_support_shift(1e-3)
+    expect_z = z.clone()
+    expect = ref_linear.dense_block_(expect_z, thr, y, w, wy, ev, shift, True)
+    got_z = z.clone().to(DEVICE)
+    got = tlin.block_rows(got_z, thr.to(DEVICE), y.to(DEVICE), w.to(DEVICE), wy.to(DEVICE), ev, shift, True)
+    for a, b in zip(got, expect):
+        torch.testing.assert_close(a.cpu(), b, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got_z.cpu(), expect_z, atol=1e-6, rtol=1e-5)
+    assert got[0][1].item() == float("inf") and float(got_z[2].abs().max()) == 0.0
+
+
+@in_process
+@pytest.mark.parametrize("name", ["softmax", "ev_softmax"])
+def test_fused_linear_loss_with_the_triton_block_step(name):
+    """The fused algorithm with the Triton block step, as it runs on CUDA, against the materialised loss."""
+    import torch.nn.functional as F
+
+    from sparsenorm import registry
+    from sparsenorm.kernels.reference import linear_loss as ref_linear
+    from sparsenorm.kernels.triton import linear_loss as tlin
+
+    g = torch.Generator().manual_seed(12)
+    h = torch.randn(10, 8, generator=g).to(DEVICE)
+    w = torch.randn(200, 8, generator=g).to(DEVICE)
+    y = torch.randint(0, 200, (10,), generator=g).to(DEVICE)
+    plan = ref_linear.make_plan(10, 200, 4, 0, 0)
+    loss, gh, gw, _, _ = ref_linear.forward(h, w, None, y, None, name, 1e-6, -100, torch.ones(10, device=DEVICE),
+                                            True, plan, None, tlin.block_rows)
+    hr, wr = h.cpu().double().requires_grad_(), w.cpu().double().requires_grad_()
+    expect = registry.get(name).single_label_loss(F.linear(hr, wr), y.cpu(), reduction="sum")
+    expect.backward()
+    tol = 64 * 8 * torch.finfo(torch.float32).eps * float(h.abs().max() * w.abs().max()) * 200
+    torch.testing.assert_close(loss.cpu().double(), expect.detach(), atol=tol, rtol=0)
+    torch.testing.assert_close(gh.cpu().double(), hr.grad, atol=tol, rtol=0)
+    torch.testing.assert_close(gw.cpu().double(), wr.grad, atol=tol, rtol=0)
+
+
+@in_process
 def test_launchers_reject_bad_input_by_name():
     x = torch.randn(3, 4).to(DEVICE)
     with pytest.raises(TypeError, match="x must have dtype"):
@@ -199,9 +309,7 @@ def test_launchers_reject_bad_input_by_name():
     with pytest.raises(ValueError, match="mask"):
         tev.ev_softmax_forward(x, mask=torch.ones(5, dtype=torch.bool, device=DEVICE))
     assert tev.ev_softmax_forward(x[:0]).shape == (0, 4)
-    assert not tproj.supports(torch.randn(2, tproj.MAX_COLS + 1).to(DEVICE))
-    with pytest.raises(ValueError, match="at most"):
-        tproj.project(torch.randn(2, tproj.MAX_COLS + 1).to(DEVICE), "sparsemax")
+    assert tproj.supports(torch.randn(2, tproj.MAX_COLS + 1).to(DEVICE))  # long rows are streamed
 
 
 @pytest.mark.skipif(IN_PROCESS, reason="ran in this process")

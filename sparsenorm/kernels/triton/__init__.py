@@ -9,8 +9,11 @@ row NaN; float16/bfloat16/float32 in, float32 compute, output in ``out_dtype``, 
   :func:`ev_softmax_backward` ``(grad, out, log=False)``: Eq. 7 (``eps`` None or 0), Eq. 10 (``eps > 0``)
   and their log; rows of any length (longer than 8192 entries streamed in chunks);
 * :func:`project` ``(x, kind, mask=None, out_dtype=None)`` and :func:`project_backward`
-  ``(p, grad, kind)``: sparsemax / 1.5-entmax with the exact threshold, rows up to 16384 entries
+  ``(p, grad, kind)``: sparsemax / 1.5-entmax with the exact threshold, rows of any length (longer than 16384 entries streamed in chunks)
   (:func:`project_supports` says whether a tensor qualifies);
+* :func:`linear_loss_block_rows` ``(z, thr, y, w, wy, ev, shift, grad)``: the fused linear + loss's
+  block step for softmax / ev-softmax (loss, ``log Z``, threshold, and the gradient in place), float32
+  rows of any length (:func:`linear_loss_supports`);
 * :func:`flash_ev_softmax_attention_forward` ``(q, k, v, key_lengths=None, is_causal=False,
   scale=None, key_mask=None)`` and :func:`flash_ev_softmax_attention_backward`: flash ev-softmax
   attention, the two halves of the op ``sparsenorm::ev_softmax_attention_flash``
@@ -21,6 +24,8 @@ was first imported (Triton's interpreter: how the tests run without a GPU). Impo
 raises ``ImportError`` where triton is not installed.
 """
 from .attention import flash_ev_softmax_attention_backward, flash_ev_softmax_attention_forward
+from .linear_loss import block_rows as linear_loss_block_rows
+from .linear_loss import supports as linear_loss_supports
 from .evidential import ev_softmax_backward, ev_softmax_forward
 from .evidential import supports as ev_softmax_supports
 from .projection import project, project_backward
@@ -30,4 +35,5 @@ __all__ = [
     "ev_softmax_forward", "ev_softmax_backward", "ev_softmax_supports",
     "project", "project_backward", "project_supports",
     "flash_ev_softmax_attention_forward", "flash_ev_softmax_attention_backward",
+    "linear_loss_block_rows", "linear_loss_supports",
 ]

@@ -36,7 +36,9 @@ from ._common import check_tensor, not_there_level
 from ._rows import as_rows, row_launch, row_tile
 
 MAX_COLS = 1 << 14
-"""The longest row these kernels hold in registers; :func:`supports` is False beyond it."""
+"""The longest row a program holds in registers; longer rows (a vocabulary) are streamed in chunks
+of ``CHUNK`` entries by one program per row, every pass of the threshold iteration a read of the row."""
+CHUNK = 4096
 MAX_ITER = 64
 BISECT_STEPS = 40
 _KINDS = {"sparsemax": 0, "entmax15": 1}
@@ -147,16 +149,163 @@ def _project_bwd_kernel(
     offs, inb = row_tile(n_rows, n_cols, ROWS, BLOCK)
     p = tl.load(p_ptr + offs, mask=inb, other=0.0).to(tl.float32)
     g = tl.load(grad_ptr + offs, mask=inb, other=0.0).to(tl.float32)
-    if ENTMAX:
-        w = tl.sqrt(tl.maximum(p, 0.0))
-    else:
-        w = (p > 0).to(tl.float32)
-    w = tl.where(p != p, p, w)  # NaN rows stay NaN
+    w = _backward_weight(p, ENTMAX)  # NaN rows stay NaN
     total = tl.sum(w, axis=1)
     total = tl.where(total > 0, total, 1.0)
     q = tl.sum(w * g, axis=1) / total
     dx = (g - q[:, None]) * w
     tl.store(dx_ptr + offs, dx.to(dx_ptr.dtype.element_ty), mask=inb)
+
+
+@triton.jit
+def _long_z(x_ptr, mask_ptr, base, cols, n_cols, level, shift, HAS_MASK: tl.constexpr):
+    """A chunk of a long row shifted by ``shift`` (its max): not there ``-inf``."""
+    inb = cols < n_cols
+    x = tl.load(x_ptr + base + cols, mask=inb, other=float("-inf")).to(tl.float32)
+    there = inb & ~(x <= level)
+    if HAS_MASK:
+        there = there & (tl.load(mask_ptr + base + cols, mask=inb, other=0) != 0)
+    return tl.where(there, x - shift, float("-inf"))
+
+
+@triton.jit
+def _long_sums(x_ptr, mask_ptr, base, n_cols, level, shift, tau, HAS_MASK: tl.constexpr, ENTMAX: tl.constexpr,
+               BLOCK: tl.constexpr):
+    """``(s1, s2, n)`` of :func:`_f_and_sums` over a long row, chunk by chunk; each of shape (1,)."""
+    a1 = tl.zeros((BLOCK,), tl.float32)
+    a2 = tl.zeros((BLOCK,), tl.float32)
+    an = tl.zeros((BLOCK,), tl.float32)
+    for start in range(0, n_cols, BLOCK):
+        z = _long_z(x_ptr, mask_ptr, base, start + tl.arange(0, BLOCK), n_cols, level, shift, HAS_MASK)
+        d = tl.maximum(z - tau, 0.0)
+        a1 += d
+        if ENTMAX:
+            a2 += d * d
+        an += (d > 0).to(tl.float32)
+    one = tl.zeros((1,), tl.float32)
+    s1 = one + tl.sum(a1, axis=0)
+    if ENTMAX:
+        s2 = one + tl.sum(a2, axis=0)
+    else:
+        s2 = s1
+    return s1, s2, one + tl.sum(an, axis=0)
+
+
+@triton.jit
+def _project_fwd_long_kernel(
+    x_ptr, mask_ptr, out_ptr, n_cols, level, eps,
+    HAS_MASK: tl.constexpr, ENTMAX: tl.constexpr, MAX_ITER: tl.constexpr, BISECT_STEPS: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """One long row per program: the iteration of :func:`_project_fwd_kernel`, every pass streamed."""
+    base = tl.program_id(0).to(tl.int64) * n_cols
+    top = tl.full((BLOCK,), float("-inf"), tl.float32)
+    count = tl.zeros((BLOCK,), tl.int32)
+    n_bad = tl.zeros((BLOCK,), tl.int32)
+    for start in range(0, n_cols, BLOCK):  # the max, the count of entries there, NaN/+inf
+        cols = start + tl.arange(0, BLOCK)
+        inb = cols < n_cols
+        x = tl.load(x_ptr + base + cols, mask=inb, other=float("-inf")).to(tl.float32)
+        there = inb & ~(x <= level)
+        if HAS_MASK:
+            there = there & (tl.load(mask_ptr + base + cols, mask=inb, other=0) != 0)
+        top = tl.maximum(top, tl.where(there, x, float("-inf")))
+        count += there.to(tl.int32)
+        n_bad += (there & ((x != x) | (x == float("inf")))).to(tl.int32)
+    zero = tl.zeros((1,), tl.float32)
+    bad = (zero + tl.sum(n_bad, axis=0)) > 0
+    empty = (zero + tl.sum(count, axis=0)) == 0
+    shift = tl.where(empty | bad, 0.0, zero + tl.max(top, axis=0))
+
+    if ENTMAX:
+        lower = -2.0
+    else:
+        lower = -1.0
+    tau = zero + lower
+    tau_out = zero
+    prev_n = zero - 1.0
+    was_root = zero > 1.0
+    done = empty | bad
+    it = 0
+    while (tl.sum((~done).to(tl.int32), axis=0) > 0) & (it < MAX_ITER):
+        s1, s2, n = _long_sums(x_ptr, mask_ptr, base, n_cols, level, shift, tau, HAS_MASK, ENTMAX, BLOCK)
+        final = _closed_form(tau, s1, s2, n, ENTMAX)
+        if ENTMAX:
+            f = s2 / 4 - 1
+            now = (was_root & (n == prev_n)) | (tl.abs(f) <= 16 * eps) | (n == 0)
+            below = f >= 0
+            new_tau = tl.where(below, final, tau + 2 * f / tl.maximum(s1, eps))
+            was_root = below
+        else:
+            now = n == prev_n
+            new_tau = tl.maximum(tau, final)
+        now = now & ~done
+        tau_out = tl.where(now, final, tau_out)
+        done = done | now
+        tau = new_tau
+        prev_n = n
+        it += 1
+
+    if tl.sum((~done).to(tl.int32), axis=0) > 0:  # bisection, then the closed form on {z > lo}
+        lo = zero + lower
+        hi = zero
+        for _ in range(BISECT_STEPS):
+            mid = (lo + hi) * 0.5
+            s1, s2, n = _long_sums(x_ptr, mask_ptr, base, n_cols, level, shift, mid, HAS_MASK, ENTMAX, BLOCK)
+            if ENTMAX:
+                f = s2 / 4 - 1
+            else:
+                f = s1 - 1
+            lo = tl.where(f >= 0, mid, lo)
+            hi = tl.where(f >= 0, hi, mid)
+        s1, s2, n = _long_sums(x_ptr, mask_ptr, base, n_cols, level, shift, lo, HAS_MASK, ENTMAX, BLOCK)
+        tau_out = tl.where(done, tau_out, _closed_form(lo, s1, s2, n, ENTMAX))
+
+    for start in range(0, n_cols, BLOCK):  # the output
+        cols = start + tl.arange(0, BLOCK)
+        z = _long_z(x_ptr, mask_ptr, base, cols, n_cols, level, shift, HAS_MASK)
+        p = tl.maximum(z - tau_out, 0.0)
+        if ENTMAX:
+            p = p * 0.5
+            p = p * p
+        p = tl.where(bad, float("nan"), p)
+        tl.store(out_ptr + base + cols, p.to(out_ptr.dtype.element_ty), mask=cols < n_cols)
+
+
+@triton.jit
+def _project_bwd_long_kernel(p_ptr, grad_ptr, dx_ptr, n_cols, ENTMAX: tl.constexpr, BLOCK: tl.constexpr):
+    """One long row per program: the sums of ``w`` and ``w g``, then ``(g - q) w``."""
+    base = tl.program_id(0).to(tl.int64) * n_cols
+    acc_w = tl.zeros((BLOCK,), tl.float32)
+    acc_wg = tl.zeros((BLOCK,), tl.float32)
+    for start in range(0, n_cols, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        inb = cols < n_cols
+        p = tl.load(p_ptr + base + cols, mask=inb, other=0.0).to(tl.float32)
+        g = tl.load(grad_ptr + base + cols, mask=inb, other=0.0).to(tl.float32)
+        w = _backward_weight(p, ENTMAX)
+        acc_w += w
+        acc_wg += w * g
+    total = tl.sum(acc_w, axis=0)
+    total = tl.where(total > 0, total, 1.0)
+    q = tl.sum(acc_wg, axis=0) / total
+    for start in range(0, n_cols, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        inb = cols < n_cols
+        p = tl.load(p_ptr + base + cols, mask=inb, other=0.0).to(tl.float32)
+        g = tl.load(grad_ptr + base + cols, mask=inb, other=0.0).to(tl.float32)
+        dx = (g - q) * _backward_weight(p, ENTMAX)
+        tl.store(dx_ptr + base + cols, dx.to(dx_ptr.dtype.element_ty), mask=inb)
+
+
+@triton.jit
+def _backward_weight(p, ENTMAX: tl.constexpr):
+    """``w = 1{p > 0}`` (sparsemax) or ``sqrt(p)`` (1.5-entmax); NaN stays NaN."""
+    if ENTMAX:
+        w = tl.sqrt(tl.maximum(p, 0.0))
+    else:
+        w = (p > 0).to(tl.float32)
+    return tl.where(p != p, p, w)
 
 
 def _kind(kind: str) -> int:
@@ -169,7 +318,7 @@ def supports(x: Tensor) -> bool:
     """Whether :func:`project` runs a kernel on ``x`` (device, dtype, row length)."""
     from ._common import _DTYPES, runnable_on
 
-    return x.dtype in _DTYPES and runnable_on(x) and x.dim() > 0 and 0 < x.shape[-1] <= MAX_COLS
+    return x.dtype in _DTYPES and runnable_on(x) and x.dim() > 0 and x.shape[-1] > 0
 
 
 def project(x: Tensor, kind: str, mask: Optional[Tensor] = None, out_dtype: Optional[torch.dtype] = None) -> Tensor:
@@ -180,12 +329,18 @@ def project(x: Tensor, kind: str, mask: Optional[Tensor] = None, out_dtype: Opti
     entmax = _kind(kind)
     check_tensor(x, "x")
     out_dtype = out_dtype or x.dtype
-    x2, m2 = as_rows(x, mask, MAX_COLS)
+    x2, m2 = as_rows(x, mask)
     out = torch.empty(x2.shape, dtype=out_dtype, device=x.device)
     if x2.numel():
-        row_launch(_project_fwd_kernel, x2, (x2, m2 if m2 is not None else x2, out, x2.shape[0], x2.shape[1],
-                   not_there_level(x.dtype), torch.finfo(torch.float32).eps),
-                   HAS_MASK=m2 is not None, ENTMAX=entmax, MAX_ITER=MAX_ITER, BISECT_STEPS=BISECT_STEPS)
+        flags = dict(HAS_MASK=m2 is not None, ENTMAX=entmax, MAX_ITER=MAX_ITER, BISECT_STEPS=BISECT_STEPS)
+        m2 = m2 if m2 is not None else x2  # an unused pointer without a mask
+        eps = torch.finfo(torch.float32).eps
+        if x2.shape[1] <= MAX_COLS:
+            row_launch(_project_fwd_kernel, x2, (x2, m2, out, x2.shape[0], x2.shape[1], not_there_level(x.dtype), eps),
+                       **flags)
+        else:
+            _project_fwd_long_kernel[(x2.shape[0],)](x2, m2, out, x2.shape[1], not_there_level(x.dtype), eps,
+                                                     BLOCK=CHUNK, num_warps=8, **flags)
     return out.view(x.shape)
 
 
@@ -196,9 +351,12 @@ def project_backward(p: Tensor, grad: Tensor, kind: str) -> Tensor:
     check_tensor(p, "p")
     check_tensor(grad, "grad")
     grad = grad.expand_as(p)
-    p2, _ = as_rows(p, None, MAX_COLS)
-    g2, _ = as_rows(grad, None, MAX_COLS)
+    p2, _ = as_rows(p, None)
+    g2, _ = as_rows(grad, None)
     dx = torch.empty(p2.shape, dtype=p.dtype, device=p.device)
     if p2.numel():
-        row_launch(_project_bwd_kernel, p2, (p2, g2, dx, p2.shape[0], p2.shape[1]), ENTMAX=entmax)
+        if p2.shape[1] <= MAX_COLS:
+            row_launch(_project_bwd_kernel, p2, (p2, g2, dx, p2.shape[0], p2.shape[1]), ENTMAX=entmax)
+        else:
+            _project_bwd_long_kernel[(p2.shape[0],)](p2, g2, dx, p2.shape[1], ENTMAX=entmax, BLOCK=CHUNK, num_warps=8)
     return dx.view(p.shape)

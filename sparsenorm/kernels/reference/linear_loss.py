@@ -1,0 +1,501 @@
+"""Fused linear + single-label loss without the N x V logits: the chunked algorithms, pure PyTorch.
+
+The loss of logits ``z = h W^T + b`` (``h`` (N, d) hidden states, ``W`` (V, d), ``b`` (V,)) against
+class indices ``y``, computed over chunks of tokens x chunks of vocabulary, so that at most one
+``token_chunk x vocab_chunk`` block of logits exists at a time. Per kind (``kinds`` below):
+
+* ``softmax``: cross-entropy ``lse(z) - z_y``, with the running max / sum of a streamed
+  log-sum-exp (the algorithm of Cut Cross-Entropy, Wijmans et al. 2025).
+* ``ev_softmax``: the NLL of Eq. 10 of the ev-softmax paper, ``-log p_y`` with
+  ``p_i ∝ (1{z_i >= t} + eps) e^{z_i}``. The threshold is ``t = min(mean_v z, max_v z)`` and the
+  mean logit is ``h . mean_v(W) + mean_v(b)`` over the vocabulary entries that are there: known
+  before the vocabulary is streamed. So one pass gives the normaliser
+  ``Z = sum_on e^z + eps/(1 + eps) sum_off e^z`` (the two masses of Eq. 10, each a running
+  log-sum-exp; the ``max`` only matters when rounding puts the mean above every logit, where the
+  entries at the maximum are the support, counted on the way), and the loss
+  ``log Z - z_y - log w_y``. Gradient w.r.t. ``z``: ``p - e_y`` (Eq. 12's form at eps > 0).
+* ``sparsemax``, ``entmax15``, ``entmax_bisect`` (alpha-entmax, ``alpha > 1``): the Fenchel-Young
+  loss ``L = H_alpha(p) + <p, z> - z_y`` (``H_alpha`` the Tsallis entropy, ``H(e_y) = 0``),
+  gradient ``p - e_y``, with ``p = [(alpha - 1)(z - t)]_+^{1/(alpha - 1)}`` for the exact row
+  threshold ``t`` (in units of ``z``). The threshold comes from a candidate search: each vocabulary
+  chunk gives its ``k`` largest logits (``topk``); the candidates of all chunks are projected
+  together (the row-wise kernel, ``project_rows``), and ``t`` is read off the largest candidate
+  (``t = z_max - p_max^{alpha - 1} / (alpha - 1)``). The result is exact when no logit left out
+  can be in the support, i.e. when the ``k``-th largest logit of every truncated chunk is ``<= t``
+  (a logit ``<= t`` has ``p = 0``); the tokens where that check fails are redone on their whole
+  rows. The gradient ``p - e_y`` is exactly sparse: the products ``G W`` and ``G^T h`` touch only
+  the support's rows of ``W`` (and of ``h``) -- no logits are recomputed for them.
+
+When one chunk spans the whole vocabulary (``vocab_chunk >= V``) each token chunk's logits are one
+block: the row-wise kernels run on it directly (no candidate search), and softmax/ev-softmax turn
+the block into its gradient in place (no recomputation).
+
+Gradients in the forward. With ``with_grads`` the forward also returns the gradients of
+``sum_r row_weight_r loss_r`` w.r.t. ``h``, ``W`` and ``b``, from the logits it already has (as
+Liger-Kernel's fused linear cross-entropy does): a loss that is the last operation is then
+differentiated with no second pass over the vocabulary. :func:`backward` is the other route: the
+gradients for arbitrary per-token weights (reduction ``'none'``) from the saved per-token
+statistics, recomputing the logits.
+
+"Not there" vocabulary entries (``vocab_mask == False``, or a bias at or below
+``finfo(dtype).min / 2``, ``-inf`` included) are ``-inf`` logits: probability 0, left out of the
+mean, zero gradient. A target that is not there gives an infinite loss (as the materialised
+losses). Rows whose target is ``ignore_index`` give 0 and no gradient.
+
+Host reads: the sparse kinds read support sizes on the host (``nonzero``) to build the sparse
+gradient and to decide the fallback -- the search is exact only with them. Softmax and ev-softmax
+are sync-free.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, List, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from ..._validation import not_there_level
+from .evidential import off_support_shift
+
+KINDS = ("softmax", "ev_softmax", "sparsemax", "entmax15", "entmax_bisect")
+SPARSE_ALPHA = {"sparsemax": 2.0, "entmax15": 1.5}
+"""The entmax ``alpha`` of the sparse kinds with a fixed one (``entmax_bisect`` takes it as ``param``)."""
+
+ProjectRows = Callable[[Tensor], Tensor]
+
+_NEG_INF = float("-inf")
+CHUNK_BYTES = 32 << 20
+"""Default size of one block of logits (float32: 8M entries; 170 tokens of a 49k vocabulary). Larger
+blocks make the products faster (16 MiB cost 1.2x, 8 MiB 1.5x the time of 32 MiB, one thread) and
+the peak memory larger."""
+MIN_TOKENS = 32
+"""With fewer tokens than this per whole-vocabulary block, the vocabulary is streamed in chunks."""
+DEFAULT_K = 128
+"""Candidates per vocabulary chunk in the threshold search of the sparse kinds."""
+DENSE_FRACTION = 1 / 32
+"""A support wider than this fraction of a whole-row block: its gradient by dense products."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    token_chunk: int
+    vocab_chunk: int
+    k: int
+
+
+def make_plan(n_tokens: int, n_vocab: int, token_chunk: int = 0, vocab_chunk: int = 0, k: int = 0,
+              chunk_bytes: int = CHUNK_BYTES, itemsize: int = 4) -> Plan:
+    """Chunk sizes: given ones (> 0) are kept; 0 picks blocks of about ``chunk_bytes`` -- whole
+    vocabulary rows when at least :data:`MIN_TOKENS` of them fit, else vocabulary chunks."""
+    entries = max(1, chunk_bytes // itemsize)
+    if vocab_chunk <= 0:
+        vocab_chunk = n_vocab if entries // max(n_vocab, 1) >= MIN_TOKENS else max(1024, entries // 256)
+    vocab_chunk = max(1, min(vocab_chunk, max(n_vocab, 1)))
+    if token_chunk <= 0:
+        token_chunk = max(1, entries // vocab_chunk)
+    token_chunk = max(1, min(token_chunk, max(n_tokens, 1)))
+    return Plan(token_chunk, vocab_chunk, k if k > 0 else DEFAULT_K)
+
+
+def kind_alpha(kind: str, param: float) -> float:
+    return SPARSE_ALPHA.get(kind, param)
+
+
+def vocab_there(weight: Tensor, bias: Optional[Tensor], vocab_mask: Optional[Tensor]) -> Optional[Tensor]:
+    """(V,) bool, False where a vocabulary entry is not there; None when every entry is."""
+    there = None
+    if vocab_mask is not None:
+        there = vocab_mask.to(torch.bool)
+    if bias is not None:
+        b_there = ~(bias <= not_there_level(bias.dtype))
+        there = b_there if there is None else there & b_there
+    return there
+
+
+def mean_logit(hidden: Tensor, weight: Tensor, bias: Optional[Tensor], there: Optional[Tensor]) -> Tensor:
+    """``h . mean_v(W) + mean_v(b)`` over the entries that are there (ev-softmax's threshold before
+    its clamp to the row max): (N,)."""
+    if there is None:
+        w_mean = weight.mean(0)
+        b_mean = bias.mean() if bias is not None else None
+    else:
+        on = there.to(weight.dtype)
+        count = on.sum().clamp_min(1)
+        w_mean = (on @ weight) / count  # a product, not a V x d masked copy
+        b_mean = torch.where(there, bias, torch.zeros_like(bias)).sum() / count if bias is not None else None
+    t = hidden @ w_mean
+    return t + b_mean if b_mean is not None else t
+
+
+def chunk_logits(h: Tensor, weight: Tensor, bias: Optional[Tensor], there: Optional[Tensor], v0: int,
+                 v1: int) -> Tensor:
+    """The logits block ``h W[v0:v1]^T + b[v0:v1]``, not-there columns ``-inf``."""
+    w = weight[v0:v1]
+    z = torch.addmm(bias[v0:v1], h, w.t()) if bias is not None else h @ w.t()
+    if there is not None:
+        z.masked_fill_(~there[v0:v1], _NEG_INF)
+    return z
+
+
+def _spans(n: int, step: int) -> List[Tuple[int, int]]:
+    return [(i, min(i + step, n)) for i in range(0, n, step)]
+
+
+class _Grads:
+    """Accumulators of the gradients w.r.t. ``h``, ``W``, ``b`` (None where not wanted)."""
+
+    def __init__(self, hidden: Tensor, weight: Tensor, bias: Optional[Tensor], wanted: bool):
+        self.h = torch.zeros_like(hidden) if wanted else None
+        self.w = torch.zeros_like(weight) if wanted else None
+        self.b = torch.zeros_like(bias) if wanted and bias is not None else None
+
+    def dense(self, g: Tensor, h: Tensor, weight: Tensor, t0: int, t1: int, v0: int, v1: int) -> None:
+        """Add a dense block ``G = dL/dz`` (tokens t0:t1 x vocabulary v0:v1)."""
+        self.h[t0:t1].addmm_(g, weight[v0:v1])
+        self.w[v0:v1].addmm_(g.t(), h)
+        if self.b is not None:
+            self.b[v0:v1].add_(g.sum(0))
+
+    def sparse(self, rows: Tensor, cols: Tensor, vals: Tensor, h: Tensor, weight: Tensor, t0: int,
+               piece: int) -> None:
+        """Add ``G`` given by its nonzero entries (``rows`` local to the token chunk starting at
+        ``t0``, ``cols`` global), in pieces of ``piece`` entries: only those rows of ``W`` and ``h``."""
+        for s0, s1 in _spans(rows.numel(), max(1, piece)):
+            r, c, v = rows[s0:s1], cols[s0:s1], vals[s0:s1].unsqueeze(1)
+            self.h[t0:].index_add_(0, r, weight.index_select(0, c) * v)
+            self.w.index_add_(0, c, h.index_select(0, r) * v)
+            if self.b is not None:
+                self.b.index_add_(0, c, vals[s0:s1])
+
+    def target(self, y: Tensor, w: Tensor, h: Tensor, weight: Tensor, t0: int, t1: int) -> None:
+        """Add the ``-e_y`` part of ``G = p - e_y`` with row weights ``w`` (0 on ignored rows)."""
+        self.h[t0:t1].sub_(weight.index_select(0, y) * w.unsqueeze(1))
+        self.w.index_add_(0, y, h * (-w).unsqueeze(1))
+        if self.b is not None:
+            self.b.index_add_(0, y, -w)
+
+    def out(self) -> Tuple[Optional[Tensor], Optional[Tensor], Optional[Tensor]]:
+        return self.h, self.w, self.b
+
+
+# ----------------------------------------------------------------------------- softmax / ev-softmax
+def _shift_off_(z: Tensor, thr: Tensor, shift: float) -> Tensor:
+    """In place: Eq. 10's log-weights, ``z + log(eps/(1+eps))`` where ``z < thr`` (off the support).
+    (The comparison is written as 0/1 in ``z``'s dtype: adding a boolean tensor costs a promoting copy.)"""
+    return z.add_(torch.lt(z, thr.unsqueeze(1), out=torch.empty_like(z)), alpha=shift)
+
+
+def _finite_or_zero(m: Tensor) -> Tensor:
+    return torch.where(m == _NEG_INF, torch.zeros_like(m), m)
+
+
+def dense_block_(z: Tensor, thr: Optional[Tensor], y: Tensor, w: Tensor, wy: Tensor, ev: bool, shift: float,
+                 grad: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    """A whole-row block of logits ``z`` (rows, V) -> ``(loss, log Z, t)`` per row, softmax or
+    (``ev``) Eq. 10 with the threshold ``t = min(thr, max)``; with ``grad``, ``z`` becomes in place
+    the gradient ``w_r (p - e_y)`` of the weighted losses (``wy_r`` = ``w_r``, or 0 where the target is
+    ignored or not there). One exp per entry. (``BlockRows``: the Triton kernel does the same on CUDA.)"""
+    m = z.amax(1)
+    t = None
+    if ev:
+        t = torch.minimum(thr, m)  # the max entry is on the support: m is also Eq. 10's max
+        _shift_off_(z, t, shift)
+    zy = z.gather(1, y.unsqueeze(1)).squeeze(1)  # Eq. 10's log-weight of the target included
+    m_safe = _finite_or_zero(m)
+    e = z.sub_(m_safe.unsqueeze(1)).exp_()
+    total = e.sum(1)
+    lse = m_safe + torch.log(total)
+    if grad:
+        e.mul_((w / total).unsqueeze(1))
+        e.scatter_add_(1, y.unsqueeze(1), -wy.unsqueeze(1))
+    return lse - zy, lse, lse if t is None else t
+
+
+BlockRows = Callable[[Tensor, Optional[Tensor], Tensor, Tensor, Tensor, bool, float, bool], Tuple[Tensor, Tensor, Tensor]]
+
+
+def _softmax_family_chunk(hidden, weight, bias, there, y, ok, w, kind, eps, thr_ev, plan, t0, t1, grads,
+                          loss_rows, stats, block_rows=None) -> None:
+    """Loss (and gradients) of tokens t0:t1 for softmax / ev-softmax."""
+    h = hidden[t0:t1]
+    yc, okc = y[t0:t1], ok[t0:t1]
+    n_vocab = weight.shape[0]
+    shift = off_support_shift(eps) if kind == "ev_softmax" else 0.0
+    if plan.vocab_chunk >= n_vocab:  # one block: stats, loss and gradient from it, in place
+        z = chunk_logits(h, weight, bias, there, 0, n_vocab)
+        wc = w[t0:t1]
+        wy = torch.where(okc if there is None else okc & there.index_select(0, yc), wc, torch.zeros_like(wc))
+        loss, lse, t = (block_rows or dense_block_)(z, None if thr_ev is None else thr_ev[t0:t1], yc, wc, wy,
+                                                    kind == "ev_softmax", shift, grads.h is not None)
+        loss_rows[t0:t1] = loss
+        stats[t0:t1, 0], stats[t0:t1, 1] = lse, t
+        if grads.h is not None:
+            grads.dense(z, h, weight, t0, t1, 0, n_vocab)
+        return
+    # Streamed: running max m, masses s_on, s_off relative to m, count of entries at m (ev-softmax).
+    n = t1 - t0
+    m = h.new_full((n,), _NEG_INF)
+    s_on = h.new_zeros(n)
+    s_off = h.new_zeros(n)
+    c_max = h.new_zeros(n)
+    zy = h.new_full((n,), _NEG_INF)
+    thr = None if thr_ev is None else thr_ev[t0:t1]
+    for v0, v1 in _spans(n_vocab, plan.vocab_chunk):
+        z = chunk_logits(h, weight, bias, there, v0, v1)
+        in_chunk = (yc >= v0) & (yc < v1)
+        zy = torch.where(in_chunk, z.gather(1, (yc - v0).clamp(0, v1 - v0 - 1).unsqueeze(1)).squeeze(1), zy)
+        cm = z.amax(1)
+        new_m = torch.maximum(m, cm)
+        safe = _finite_or_zero(new_m)
+        scale = torch.exp(m - safe)
+        e = (z - safe.unsqueeze(1)).exp_()
+        if kind == "ev_softmax":
+            on = z >= thr.unsqueeze(1)
+            e_on = torch.where(on, e, torch.zeros_like(e)).sum(1)
+            s_on = s_on * scale + e_on
+            s_off = s_off * scale + (e.sum(1) - e_on)
+            c_max = torch.where(cm > m, (z == cm.unsqueeze(1)).sum(1).to(z.dtype),
+                                torch.where(cm == m, c_max + (z == cm.unsqueeze(1)).sum(1).to(z.dtype), c_max))
+        else:
+            s_on = s_on * scale + e.sum(1)
+        m = new_m
+    safe_m = _finite_or_zero(m)
+    if kind == "ev_softmax":
+        r = math.exp(shift)  # eps / (1 + eps)
+        none_on = m < thr  # rounding put the mean above every logit: the entries at the max are the support
+        s_on2 = torch.where(none_on, c_max, s_on)
+        s_off2 = torch.where(none_on, (s_off - c_max).clamp_min(0), s_off)
+        lse = safe_m + torch.log(s_on2 + r * s_off2)
+        t = torch.minimum(thr, m)
+        zy = torch.where(zy >= t, zy, zy + shift)
+    else:
+        lse = safe_m + torch.log(s_on)
+        t = lse
+    loss_rows[t0:t1] = lse - zy
+    stats[t0:t1, 0], stats[t0:t1, 1] = lse, t
+    if grads.h is not None:
+        _softmax_family_grads(hidden, weight, bias, there, y, ok, w, kind, eps, stats, plan, t0, t1, grads)
+
+
+def _sub_target_(g: Tensor, y: Tensor, ok: Tensor, w: Tensor, there: Optional[Tensor], v0: int = 0) -> None:
+    """``g[r, y_r - v0] -= w_r`` for the rows whose target lies in this block and is there."""
+    width = g.shape[1]
+    inside = ok & (y >= v0) & (y < v0 + width)
+    if there is not None:
+        inside = inside & there.index_select(0, y)
+    col = (y - v0).clamp(0, width - 1).unsqueeze(1)
+    g.scatter_add_(1, col, torch.where(inside, -w, torch.zeros_like(w)).unsqueeze(1))
+
+
+def _softmax_family_grads(hidden, weight, bias, there, y, ok, w, kind, eps, stats, plan, t0, t1, grads) -> None:
+    """Gradient pass over the vocabulary for tokens t0:t1 from their ``(log Z, t)``: ``p - e_y``."""
+    h = hidden[t0:t1]
+    lse, t = stats[t0:t1, 0], stats[t0:t1, 1]
+    shift = off_support_shift(eps) if kind == "ev_softmax" else 0.0
+    for v0, v1 in _spans(weight.shape[0], plan.vocab_chunk):
+        z = chunk_logits(h, weight, bias, there, v0, v1)
+        if kind == "ev_softmax":
+            _shift_off_(z, t, shift)
+        g = z.sub_(lse.unsqueeze(1)).exp_().mul_(w[t0:t1].unsqueeze(1))
+        _sub_target_(g, y[t0:t1], ok[t0:t1], w[t0:t1], there, v0)
+        grads.dense(g, h, weight, t0, t1, v0, v1)
+
+
+# ----------------------------------------------------------------------------- sparsemax / entmax
+def _p_of(u: Tensor, alpha: float) -> Tensor:
+    """``p = [(alpha - 1) u]_+^{1/(alpha - 1)}`` for ``u = z - t`` (in units of ``z``)."""
+    u = u.clamp_min(0)
+    if alpha == 2.0:
+        return u
+    if alpha == 1.5:
+        return (u * 0.5).square_()
+    return (u * (alpha - 1)).pow_(1 / (alpha - 1))
+
+
+def _threshold_from(p_max: Tensor, z_max: Tensor, alpha: float) -> Tensor:
+    """``t`` from the largest entry: ``p_max = [(alpha - 1)(z_max - t)]^{1/(alpha - 1)}``."""
+    if alpha == 2.0:
+        return z_max - p_max
+    if alpha == 1.5:
+        return z_max - 2 * p_max.sqrt()
+    return z_max - p_max.pow(alpha - 1) / (alpha - 1)
+
+
+def _tsallis_terms(p: Tensor, alpha: float) -> Tensor:
+    """``p^alpha`` entry by entry (the Tsallis entropy is ``(1 - sum p^alpha) / (alpha(alpha-1))``)."""
+    if alpha == 2.0:
+        return p * p
+    if alpha == 1.5:
+        return p * p.sqrt()
+    return p.pow(alpha)
+
+
+def _support_of_block(z: Tensor, project_rows: ProjectRows) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Whole-row block: ``(rows, cols, p, z)`` of the support entries, by the row-wise kernel."""
+    p = project_rows(z)
+    rows, cols = (p > 0).nonzero(as_tuple=True)
+    return rows, cols, p[rows, cols], z[rows, cols]
+
+
+def _search_support(h, weight, bias, there, plan, alpha, project_rows) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The support of the tokens ``h`` by the candidate search over vocabulary chunks (module
+    docstring), with the uncertified tokens redone on whole rows: ``(rows, cols, p, z)``."""
+    n_vocab = weight.shape[0]
+    n = h.shape[0]
+    vals, idx = [], []
+    bound = h.new_full((n,), _NEG_INF)  # max over truncated chunks of their k-th largest logit
+    for v0, v1 in _spans(n_vocab, plan.vocab_chunk):
+        z = chunk_logits(h, weight, bias, there, v0, v1)
+        k = min(plan.k, v1 - v0)
+        top = torch.topk(z, k, dim=1, sorted=False)
+        vals.append(top.values)
+        idx.append(top.indices + v0)
+        if k < v1 - v0:
+            bound = torch.maximum(bound, top.values.amin(1))
+    cand = torch.cat(vals, 1)
+    cand_idx = torch.cat(idx, 1)
+    p = project_rows(cand)
+    p_max, arg = p.max(1)
+    z_max = cand.gather(1, arg.unsqueeze(1)).squeeze(1)
+    t = _threshold_from(p_max, z_max, alpha)
+    certified = bound <= t
+    on = (p > 0) & certified.unsqueeze(1)
+    rows, slot = on.nonzero(as_tuple=True)
+    parts = [(rows, cand_idx[rows, slot], p[rows, slot], cand[rows, slot])]
+    redo = (~certified).nonzero().squeeze(1)
+    if redo.numel():  # whole rows for the tokens whose support may hold a logit left out
+        step = max(1, (plan.token_chunk * plan.vocab_chunk) // max(n_vocab, 1))
+        for s0, s1 in _spans(redo.numel(), step):
+            sel = redo[s0:s1]
+            z = torch.cat([chunk_logits(h.index_select(0, sel), weight, bias, there, v0, v1)
+                           for v0, v1 in _spans(n_vocab, plan.vocab_chunk)], 1)
+            r, c, pv, zv = _support_of_block(z, project_rows)
+            parts.append((sel[r], c, pv, zv))
+    return tuple(torch.cat(list(col)) for col in zip(*parts))  # type: ignore[return-value]
+
+
+def _sparse_chunk(hidden, weight, bias, there, y, ok, w, alpha, plan, t0, t1, grads, loss_rows, stats,
+                  project_rows) -> None:
+    """Loss (and gradients) of tokens t0:t1 for the Fenchel-Young losses of the sparse kinds."""
+    h = hidden[t0:t1]
+    yc, okc = y[t0:t1], ok[t0:t1]
+    n_vocab = weight.shape[0]
+    n = t1 - t0
+    dense_p = None
+    if plan.vocab_chunk >= n_vocab:
+        z = chunk_logits(h, weight, bias, there, 0, n_vocab)
+        dense_p = project_rows(z)
+        rows, cols = (dense_p > 0).nonzero(as_tuple=True)
+        pv, zv = dense_p[rows, cols], z[rows, cols]
+        zy = z.gather(1, yc.unsqueeze(1)).squeeze(1)
+        del z  # the block is not needed any more: free it before the gradient's gathers
+        if grads.h is None or rows.numel() <= DENSE_FRACTION * dense_p.numel():
+            dense_p = None  # (kept only for a wide support's dense products)
+    else:
+        rows, cols, pv, zv = _search_support(h, weight, bias, there, plan, alpha, project_rows)
+        zy = (h * weight.index_select(0, yc)).sum(1)
+        if bias is not None:
+            zy = zy + bias.index_select(0, yc)
+        if there is not None:
+            zy = torch.where(there.index_select(0, yc), zy, torch.full_like(zy, _NEG_INF))
+    # Per row: the max logit m (on the support), sum p (z - m) and sum p^alpha over the support.
+    m = h.new_full((n,), _NEG_INF).scatter_reduce_(0, rows, zv, "amax")
+    inner = h.new_zeros(n).index_add_(0, rows, pv * (zv - m.index_select(0, rows)))
+    powsum = h.new_zeros(n).index_add_(0, rows, _tsallis_terms(pv, alpha))
+    p_max = h.new_zeros(n).scatter_reduce_(0, rows, pv, "amax")
+    entropy = (1 - powsum) / (alpha * (alpha - 1))
+    loss_rows[t0:t1] = (entropy + inner - (zy - m)).clamp_min(0)
+    stats[t0:t1, 0] = _threshold_from(p_max, m, alpha)
+    stats[t0:t1, 1] = m
+    if grads.h is None:
+        return
+    wc = w[t0:t1]
+    if dense_p is not None:
+        g = dense_p.mul_(wc.unsqueeze(1))  # a wide support: dense products are cheaper
+        _sub_target_(g, yc, okc, wc, there)
+        grads.dense(g, h, weight, t0, t1, 0, n_vocab)
+        return
+    grads.sparse(rows, cols, pv * wc.index_select(0, rows), h, weight, t0, _piece(plan, weight))
+    y_there = okc if there is None else okc & there.index_select(0, yc)
+    grads.target(yc, torch.where(y_there, wc, torch.zeros_like(wc)), h, weight, t0, t1)
+
+
+def _piece(plan: Plan, weight: Tensor) -> int:
+    """Support entries per gather, so that a gathered block of rows is no bigger than a logits block."""
+    return max(1, (plan.token_chunk * plan.vocab_chunk) // max(1, weight.shape[1]))
+
+
+def _sparse_grads_recomputed(hidden, weight, bias, there, y, ok, w, alpha, stats, plan, t0, t1, grads) -> None:
+    """Gradient of tokens t0:t1 from their saved threshold: the support is ``{z > t}`` of the
+    recomputed logits, ``p = [(alpha - 1)(z - t)]_+^{1/(alpha - 1)}``."""
+    h = hidden[t0:t1]
+    t = stats[t0:t1, 0]
+    wc = w[t0:t1]
+    for v0, v1 in _spans(weight.shape[0], plan.vocab_chunk):
+        z = chunk_logits(h, weight, bias, there, v0, v1)
+        rows, cols = (z > t.unsqueeze(1)).nonzero(as_tuple=True)
+        pv = _p_of(z[rows, cols] - t.index_select(0, rows), alpha)
+        grads.sparse(rows, cols + v0, pv * wc.index_select(0, rows), h, weight, t0, _piece(plan, weight))
+    yc, okc = y[t0:t1], ok[t0:t1]
+    y_there = okc if there is None else okc & there.index_select(0, yc)
+    grads.target(yc, torch.where(y_there, wc, torch.zeros_like(wc)), h, weight, t0, t1)
+
+
+# ----------------------------------------------------------------------------- entry points
+def forward(hidden: Tensor, weight: Tensor, bias: Optional[Tensor], target: Tensor, vocab_mask: Optional[Tensor],
+            kind: str, param: float, ignore_index: int, row_weight: Optional[Tensor], with_grads: bool,
+            plan: Plan, project_rows: Optional[ProjectRows] = None, block_rows: Optional[BlockRows] = None):
+    """``(loss, grad_h, grad_W, grad_b, stats)``.
+
+    ``loss``: per-token losses (N,) (0 on ignored rows) when ``row_weight`` is None, else the
+    scalar ``sum_r row_weight_r loss_r``. With ``with_grads`` (needs ``row_weight``), the gradients
+    of that scalar w.r.t. ``hidden``, ``weight`` and ``bias`` (None where not computed). ``stats``
+    (N, 2): per token ``(log Z, t)`` (softmax, ev-softmax) or ``(t, max logit)`` (sparse kinds),
+    what :func:`backward` needs. ``param``: ev-softmax's eps, entmax_bisect's alpha.
+    ``project_rows``: the row-wise map of the sparse kinds (the registered op, so that the kernel
+    of the device runs); ``block_rows``: softmax/ev-softmax's whole-row block step (default
+    :func:`dense_block_`; the Triton kernel on CUDA).
+    """
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    n = hidden.shape[0]
+    there = vocab_there(weight, bias, vocab_mask)
+    ok = target != ignore_index
+    y = target.masked_fill(~ok, 0)
+    w = ok.to(hidden.dtype) if row_weight is None else row_weight.to(hidden.dtype) * ok
+    grads = _Grads(hidden, weight, bias, with_grads)
+    loss_rows = hidden.new_zeros(n)
+    stats = hidden.new_zeros(n, 2)
+    thr_ev = mean_logit(hidden, weight, bias, there) if kind == "ev_softmax" else None
+    for t0, t1 in _spans(n, plan.token_chunk):
+        if kind in ("softmax", "ev_softmax"):
+            _softmax_family_chunk(hidden, weight, bias, there, y, ok, w, kind, param, thr_ev, plan, t0, t1,
+                                  grads, loss_rows, stats, block_rows)
+        else:
+            _sparse_chunk(hidden, weight, bias, there, y, ok, w, kind_alpha(kind, param), plan, t0, t1, grads,
+                          loss_rows, stats, project_rows)
+    loss_rows = loss_rows.masked_fill(~ok, 0.0)
+    if row_weight is None:
+        return (loss_rows, *grads.out(), stats)
+    weighted = torch.where(w != 0, loss_rows * w, torch.zeros_like(loss_rows))
+    return (weighted.sum(), *grads.out(), stats)
+
+
+def backward(hidden: Tensor, weight: Tensor, bias: Optional[Tensor], target: Tensor, vocab_mask: Optional[Tensor],
+             stats: Tensor, grad_rows: Tensor, kind: str, param: float, ignore_index: int,
+             plan: Plan) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
+    """Gradients of ``sum_r grad_rows_r loss_r`` w.r.t. ``hidden``, ``weight``, ``bias`` from the
+    forward's ``stats``, recomputing the logits block by block."""
+    there = vocab_there(weight, bias, vocab_mask)
+    ok = target != ignore_index
+    y = target.masked_fill(~ok, 0)
+    w = grad_rows.to(hidden.dtype).expand(hidden.shape[0]) * ok
+    grads = _Grads(hidden, weight, bias, True)
+    for t0, t1 in _spans(hidden.shape[0], plan.token_chunk):
+        if kind in ("softmax", "ev_softmax"):
+            _softmax_family_grads(hidden, weight, bias, there, y, ok, w, kind, param, stats, plan, t0, t1, grads)
+        else:
+            _sparse_grads_recomputed(hidden, weight, bias, there, y, ok, w, kind_alpha(kind, param), stats, plan,
+                                     t0, t1, grads)
+    return grads.out()
