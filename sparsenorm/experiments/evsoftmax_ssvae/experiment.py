@@ -15,6 +15,7 @@ from .._shared.runner import Claim, Job, Report, RunOptions
 from .claims import judge_claims
 from .estimators import ESTIMATORS
 from .data import DataRef
+from .paper import GATE
 from .paper import DECISIVE, DEFAULT_NORMALIZERS, FULL, PAPER, PAPER_NORMALIZERS, PAPER_TABLE2, QUICK
 from .report import write_report
 from .train import Settings, normalizer, run_group, training_groups
@@ -36,6 +37,7 @@ def _estimator_list(text: str):
 
 class SemiSupervisedVAE:
     name = "ssvae"
+    regime_gate = GATE  # the paper's regime (paper.py): checked on every run, see _shared/regime.py
     description = "Semi-supervised VAE (M2) on MNIST with 10% labels: exact sparse marginalisation (ev-softmax paper Sec. 4.2, Table 2)"
     paper = PAPER
     default_normalizers = DEFAULT_NORMALIZERS

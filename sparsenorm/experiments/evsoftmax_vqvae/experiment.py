@@ -22,6 +22,7 @@ from .._shared.runner import Job, RunOptions
 from . import classifier as clf
 from .data import DATASETS, ImageSet, load_images
 from .evaluate import decode_all, evaluate_prior, mean_pairwise_distance
+from .paper import GATE
 from .paper import DEFAULT_NORMALIZERS, PAPER, QUICK, Settings
 from .train import SeedModels, train_prior
 from .vqvae import VQVAE, VQVAEConfig, codebook_stats, encode_all, reconstruction_mse, train_vqvae
@@ -48,6 +49,7 @@ class Context:
 
 class VQVAEExperiment:
     name = "vqvae"
+    regime_gate = GATE  # the paper's regime (paper.py): checked on every run, see _shared/regime.py
     description = "VQ-VAE with sparse class-conditional PixelCNN priors (ev-softmax paper, Sec. 4.3, Table 3)"
     paper = PAPER
     default_normalizers = DEFAULT_NORMALIZERS
