@@ -67,6 +67,9 @@ class SemiSupervisedVAE:
         parser.add_argument("--steps-per-epoch", type=int,
                             help="semi-supervised steps per epoch (default: quick 100, full one pass = 704)")
         parser.add_argument("--pretrain-epochs", type=int, help="labelled-only warm-start epochs (quick 3, full 100)")
+        parser.add_argument("--classifier-weight", type=float,
+                            help="Kingma et al.'s alpha: weight of the labelled classification loss in the "
+                                 "semi-supervised phase (see paper.py for each mode's default)")
         parser.add_argument("--workers", type=int, help="parallel jobs on CPU (default: the number of CPU cores)")
         parser.add_argument("--estimators", type=_estimator_list,
                             help=f"Monte-Carlo estimators trained beside the normalizers, comma-separated, or 'none' "
@@ -92,6 +95,10 @@ class SemiSupervisedVAE:
             if not 0.0 <= extra["r"] < 1.0:
                 raise UserFacingError(f"--r must be in [0, 1), got {extra['r']}")
             settings = replace(settings, r=extra["r"])
+        if extra.get("classifier_weight") is not None:
+            if not extra["classifier_weight"] > 0:
+                raise UserFacingError(f"--classifier-weight must be positive, got {extra['classifier_weight']}")
+            settings = replace(settings, classifier_weight=extra["classifier_weight"])
         if extra.get("select_on"):
             settings = replace(settings, select_on=extra["select_on"])
         chosen = extra.get("estimators")

@@ -8,6 +8,7 @@ classified (top-1/top-3), K = mean nonzero codes per sampling step, diversity, a
 """
 from __future__ import annotations
 
+import argparse
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -73,8 +74,13 @@ class VQVAEExperiment:
         parser.add_argument("--image-size", type=int, help="side of the images of an ImageFolder --data-dir "
                             "(default: their own, else 64); a multiple of 4")
         parser.add_argument("--codebook", choices=("loss", "ema"), help="codebook updates: loss (the paper) or ema")
-        parser.add_argument("--restart-dead-codes", action="store_true", default=None,
-                            help="move codes unused for an epoch onto encoder outputs")
+        parser.add_argument("--restart-dead-codes", action=argparse.BooleanOptionalAction, default=None,
+                            help="move codes unused for --restart-every steps onto encoder outputs (default: on)")
+        parser.add_argument("--restart-every", type=int, help="steps between dead-code restarts (default 20; 0: after "
+                            "each epoch)")
+        parser.add_argument("--codebook-init", choices=("uniform", "kmeans"),
+                            help="codebook start: kmeans of the first batch's encoder outputs (default) or uniform "
+                                 "(-1/K, 1/K) (the paper's code)")
         parser.add_argument("--samples-per-class", type=int, help="generated images per class (default 100)")
 
     def settings(self, config: RunConfig) -> Settings:
@@ -88,7 +94,8 @@ class VQVAEExperiment:
             s = replace(s, normalizers=tuple(config.normalizers))
         extra = config.extra
         for option, field_name in (("dataset", "dataset"), ("image_size", "image_size"), ("codebook", "codebook"),
-                                   ("restart_dead_codes", "restart_dead"), ("samples_per_class", "samples_per_class")):
+                                   ("restart_dead_codes", "restart_dead"), ("samples_per_class", "samples_per_class"),
+                                   ("restart_every", "restart_every"), ("codebook_init", "codebook_init")):
             if extra.get(option) is not None:
                 s = replace(s, **{field_name: extra[option]})
         if s.samples_per_class < 1:
@@ -131,10 +138,11 @@ class VQVAEExperiment:
     def _seed_models(self, seed: int, data: ImageSet, s: Settings, device: torch.device,
                      classifier: clf.SmallResNet, out: Path) -> SeedModels:
         config = VQVAEConfig(channels=data.shape[0], hidden=s.vq_hidden, codes=s.codes, beta=s.beta,
-                             codebook=s.codebook, restart_dead=s.restart_dead)
+                             codebook=s.codebook, restart_dead=s.restart_dead, restart_every=s.restart_every,
+                             init=s.codebook_init)
         n_train = len(data.train_y) if s.vq_train_images is None else min(s.vq_train_images, len(data.train_y))
         key = (f"vqvae-{data.fingerprint()}-seed{seed}-h{s.vq_hidden}-k{s.codes}-{s.codebook}"
-               f"{'-restart' if s.restart_dead else ''}-e{s.vq_epochs}-lr{s.vq_lr:g}-b{s.vq_batch}-beta{s.beta:g}"
+               f"{f'-restart{s.restart_every}' if s.restart_dead else ''}{'-kmeans' if s.codebook_init == 'kmeans' else ''}-e{s.vq_epochs}-lr{s.vq_lr:g}-b{s.vq_batch}-beta{s.beta:g}"
                f"-n{n_train}"
                f"{f'-steps{s.max_steps}' if s.max_steps else ''}.pt")
         path = out / "models" / key
