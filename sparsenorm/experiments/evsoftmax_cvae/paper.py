@@ -22,7 +22,7 @@ PAPER_SETTING = {
 from .._shared.regime import Gate, Measured  # noqa: E402  (shared records; nothing of the experiment)
 
 GATE_FALL = 0.5
-"""The softmax prior's distance to the true prior must end at most this fraction of where it started."""
+"""The softmax prior must close at least half of its distance to the true prior that a prior can close."""
 
 
 def prior_distance(prior, decoded_digit) -> float:
@@ -40,10 +40,22 @@ def prior_distance(prior, decoded_digit) -> float:
     return float(np.mean(out))
 
 
+def prior_distance_floor(decoded_digit) -> float:
+    """The least :func:`prior_distance` any prior reaches with these decoded digits: the true prior's mass moved to
+    the nearest decoded digit (a decoder that draws no 3 leaves the odd query's 3s a distance of 1 away)."""
+    import numpy as np
+
+    from .._shared.metrics import parity_target
+
+    available = np.unique(np.asarray(decoded_digit, dtype=int))
+    return float(np.mean([sum(w * np.abs(available - d).min() for d, w in enumerate(parity_target(q)) if w)
+                          for q in ("even", "odd")]))
+
+
 def _measure_gate(summary, records, settings) -> Measured:
     """Per seed of the lead setting, the softmax prior's distance to the true prior at initialisation and at the
-    end, both read through the trained decoder's digit per latent class (so only the prior's own learning counts);
-    the mean over seeds of end / start."""
+    end, both read through the trained decoder's digit per latent class (so only the prior's own learning counts),
+    less the floor no prior can go below with those digits; the mean over seeds of (end - floor) / (start - floor)."""
     import numpy as np
 
     lead = summary["lead"]
@@ -53,17 +65,20 @@ def _measure_gate(summary, records, settings) -> Measured:
         return Measured(None, "softmax did not run in the lead setting")
     start = np.array([prior_distance(r["initial_prior"], r["decoded_digit"]) for r in runs])
     end = np.array([prior_distance(r["prior"], r["decoded_digit"]) for r in runs])
-    ratio = float(np.mean(end / np.maximum(start, 1e-12)))
-    figure = (f"softmax prior's distance {start.mean():.2f} -> {end.mean():.2f} (end / start {ratio:.2f}, "
-              f"{len(runs)} seeds)")
+    floor = np.array([prior_distance_floor(r["decoded_digit"]) for r in runs])
+    ratio = float(np.mean((end - floor) / np.maximum(start - floor, 1e-12)))
+    figure = (f"softmax prior's distance {start.mean():.2f} -> {end.mean():.2f}, floor {floor.mean():.2f} (gap left "
+              f"{ratio:.2f}, {len(runs)} seeds)")
     return Measured(bool(ratio <= GATE_FALL), figure)
 
 
 GATE = Gate(
-    condition=(f"in the lead setting, the softmax prior's Wasserstein distance to the true prior ends at most "
-               f"{GATE_FALL:g} x its value at initialisation (mean over seeds of end / start; both priors read "
-               "through the trained decoder's digit per latent class, so the decoder's own learning does not count)."),
-    short=f"softmax prior's distance falls by >= {1 - GATE_FALL:.0%}",
+    condition=(f"in the lead setting, the softmax prior closes at least {1 - GATE_FALL:.0%} of its Wasserstein "
+               "distance to the true prior over training: (end - floor) / (start - floor) <= "
+               f"{GATE_FALL:g}, mean over seeds, where both priors are read through the trained decoder's digit per "
+               "latent class (so the decoder's own learning does not count) and the floor is the least distance any "
+               "prior reaches with those digits."),
+    short=f"softmax prior closes >= {1 - GATE_FALL:.0%} of its distance",
     reason=("Fig. 3's claims rank how fast and how far each normalizer's prior converges to the true prior; in the "
             "paper softmax's distance falls over training too, only more slowly and less far than ev-softmax's. A "
             "setting where the softmax prior barely leaves its initialisation (the KL term too weak to move it) "
