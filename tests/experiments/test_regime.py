@@ -38,7 +38,8 @@ def test_a_missed_gate_replaces_every_verdict_of_the_rule_and_never_reads_not_re
         if before.verdict in regime.JUDGED:
             assert after.verdict == f"{regime.NOT_IN_REGIME} (measured mean {mean:.2f}; gate mean >= 10)"
             assert verdict.NOT_REPRODUCED not in after.verdict and verdict.REPRODUCED not in after.verdict
-            assert f"would read *{before.verdict}*" in after.evidence and after.evidence.endswith(before.evidence)
+            assert after.evidence.startswith(f"The rule alone would read *{before.verdict}*: {before.evidence} [")
+            assert "Measured: mean" in after.evidence
             assert regime.is_out_of_regime(after.verdict) and regime.tally_key(after.verdict) == regime.NOT_IN_REGIME
         else:  # not a judgement of the rule: left alone
             assert after == before

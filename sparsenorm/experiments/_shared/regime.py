@@ -16,7 +16,7 @@ The gate is a separate step applied *after* a claim's verdict is formed by the r
 When the run meets its gate the verdict is unchanged. When it misses it, or the gate cannot be
 measured from the run, every verdict of the rule (reproduced, partly, not reproduced, inconclusive)
 reads :data:`NOT_IN_REGIME` with the measured figure and the gate, e.g. "not in the paper's regime
-(measured softmax 86.6 %; gate softmax >= 95 %)", and the rule's own verdict moves into the evidence.
+(measured softmax 86.6 %; gate softmax >= 95 %)", and the rule's own verdict opens the evidence.
 A run that misses its gate therefore never reads "not reproduced" (nor "reproduced"). Verdicts that
 are not judgements of the rule (new comparison, not testable, not run) are left as they are.
 """
@@ -43,6 +43,8 @@ class Measured:
     """True / False; None when this run cannot measure it (e.g. the normalizer the gate reads did not run)."""
     figure: str
     """The measured figure in a few words, e.g. "softmax 86.6 %, 5 of 5 methods below their warm start"."""
+    detail: str = ""
+    """More of the measurement (per method, per seed) for the report and the evidence; not in the verdict."""
 
 
 @dataclass(frozen=True)
@@ -77,7 +79,7 @@ def evaluate(gate: Optional[Gate], summary: Mapping[str, Any], records: Sequence
     if measured.met not in (True, False, None):
         raise TypeError(f"a gate's measure must return met True, False or None, got {measured.met!r}")
     return {"condition": gate.condition, "short": gate.short, "reason": gate.reason, "paper": gate.paper,
-            "met": measured.met, "measured": measured.figure}
+            "met": measured.met, "measured": measured.figure, "detail": measured.detail}
 
 
 def missed(result: Optional[Mapping[str, Any]]) -> bool:
@@ -104,8 +106,9 @@ def apply(result: Optional[Mapping[str, Any]], claim):
     """``claim`` (a :class:`.verdict.Claim`) as the gate ``result`` leaves it (see the module docstring)."""
     if not missed(result) or claim.verdict not in JUDGED:
         return claim
-    evidence = (f"Outside the paper's regime ({result['condition']} Measured: {result['measured']}.) The rule alone "
-                f"would read *{claim.verdict}*: {claim.evidence}")
+    measured = result["measured"] + (f" ({result['detail']})" if result.get("detail") else "")
+    evidence = (f"The rule alone would read *{claim.verdict}*: {claim.evidence} [Outside the paper's regime: "
+                f"{result['condition']} Measured: {measured}.]")
     return dataclasses.replace(claim, verdict=regime_verdict(result), evidence=evidence)
 
 
@@ -141,7 +144,8 @@ def section(result: Optional[Mapping[str, Any]]) -> str:
     consequence = ("The verdicts below are the rule's." if result.get("met") is True else
                    f"Every verdict of the rule below therefore reads *{NOT_IN_REGIME}* (with the measured figure); "
                    "the rule's own verdict is kept in its evidence.")
-    return (f"## Paper's regime\n\n{verdict} Gate: {result['condition']} Measured: {result['measured']}. "
+    measured = result["measured"] + (f" ({result['detail']})" if result.get("detail") else "")
+    return (f"## Paper's regime\n\n{verdict} Gate: {result['condition']} Measured: {measured}. "
             f"Paper: {result['paper']}. Why: {result['reason']} {consequence}\n\n")
 
 
