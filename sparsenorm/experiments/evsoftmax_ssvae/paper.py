@@ -37,7 +37,10 @@ QUICK = dict(epochs=3, seeds=2, pretrain_epochs=10, steps_per_epoch=100, selecti
 DECISIVE = dict(epochs=10, seeds=6, pretrain_epochs=100, steps_per_epoch=200, selection_examples=2000,
                 classifier_weight=CLASSIFIER_WEIGHT)
 """Decisive mode: the authors' 100 warm-start epochs (20 gave 94.2 % on softmax, seed 0; 100 give 95.5 %, at
-about 75 CPU-s), then 10 semi-supervised epochs of 200 steps."""
+about 75 CPU-s), then 10 semi-supervised epochs of 200 steps. Checked on seed 0 (`--decisive --seeds 1 --estimators
+none`): warm start -> selected model, softmax 95.5 -> 96.05 %, sparsemax 95.3 -> 96.5 %, entmax-1.5 95.5 -> 96.2 %,
+ev-softmax 95.2 -> 95.9 %: the regime gate is met (the committed run before this: softmax 94.3 -> 86.6 %). CPU per
+semi-supervised step (one thread): softmax 29 ms, sparsemax 16 ms, entmax-1.5 17 ms, ev-softmax 20 ms."""
 
 # ------------------------------------------------------------------------------------------ the regime gate
 from .._shared.regime import Gate, Measured  # noqa: E402  (the shared gate record; nothing of the experiment)
