@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 import sparsenorm
+from sparsenorm.experiments._shared import regime
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS_TOOLS = ("mkdocs", "material", "mkdocstrings", "mkdocstrings_handlers.python")
@@ -139,7 +140,7 @@ def test_readme_experiment_table_counts_match_the_generated_claims_index():
     for line in (REPO / "results/README.md").read_text().splitlines():
         cells = _cells(line)
         if line.startswith("| ") and len(cells) >= 10 and cells[0].count(".") >= 2:
-            verdict = cells[-2].strip("*")
+            verdict = regime.tally_key(cells[-2].strip("*"))  # a missed gate's verdict carries its figure
             index.setdefault(cells[0].split(".")[1], Counter())[verdict] += 1
     readme = {}
     for line in (REPO / "README.md").read_text().splitlines():

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 from typing import Any, Dict, List
 
+from . import regime
 from .common import markdown_table
 from .verdict import label_mode, rule_paragraph
 
@@ -55,10 +56,11 @@ def write_index(root: Path) -> Path:
         lines += [markdown_table(["experiment", "paper", "claim", "verdict", "key numbers"], rows), ""]
     else:
         lines += ["No experiment results found here.", ""]
-    timing = [[e["folder"], e.get("mode", "?"), f"{e['wall_time_s']:.0f} s" if e.get("wall_time_s") else "?"]
-              for e in experiments]
+    timing = [[e["folder"], e.get("mode", "?"), _cell(regime.status(e.get("regime"))),
+               f"{e['wall_time_s']:.0f} s" if e.get("wall_time_s") else "?"] for e in experiments]
     if timing:
-        lines += ["## Run times", "", markdown_table(["experiment", "mode", "wall time"], timing), ""]
+        lines += ["## Run times and regime gates", "", markdown_table(["experiment", "mode", "paper's regime", "wall time"],
+                                                                     timing), ""]
     for exp in experiments:
         if exp.get("headline_figure"):
             lines += [f"## {exp['folder']}", "", f"![{exp['folder']}]({exp['folder']}/{exp['headline_figure']})", ""]

@@ -20,6 +20,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
+from . import regime
 from .common import markdown_table
 from .paper_claims import CLAIMS, PaperClaim
 from .verdict import NEW, NOT_RUN, NOT_TESTABLE, counts, label_mode, rule_paragraph
@@ -57,7 +58,7 @@ def load_runs(root: Path) -> List[Dict[str, Any]]:
         mode = results.get("mode", "?")
         runs.append({"folder": path.parent.relative_to(root).as_posix(), "experiment": payload.get("experiment"),
                      "mode": mode, "base_mode": mode.split()[0], "seeds": results.get("settings", {}).get("seeds"),
-                     "claims": results["claims"], "paper": results.get("paper", ""),
+                     "claims": results["claims"], "paper": results.get("paper", ""), "regime": results.get("regime"),
                      "command": _command(payload)})
     return runs
 
@@ -81,7 +82,9 @@ def _best_judgement(entry: PaperClaim, runs: List[Dict[str, Any]]) -> Optional[T
     found = [(run, c) for run in runs for c in run["claims"] if c.get("key") == entry.key]
     # More paired units is more evidence (e.g. a decisive run's 6 seeds per setting over a full run's 3);
     # a quick run is indicative whatever its count, so it only stands in when nothing else judged the claim.
-    found.sort(key=lambda rc: (rc[0]["base_mode"] == "quick", rc[1]["verdict"] == NOT_TESTABLE,
+    # A run in the paper's regime before one outside it (see .regime).
+    found.sort(key=lambda rc: (rc[0]["base_mode"] == "quick", regime.is_out_of_regime(rc[1]["verdict"]),
+                               rc[1]["verdict"] == NOT_TESTABLE,
                                -(rc[1].get("seeds") or 0), MODE_RANK.get(rc[0]["base_mode"], 9)))
     return found[0] if found else None
 
@@ -91,6 +94,7 @@ def index_rows(root: Path) -> Tuple[List[List[str]], Dict[str, int], List[Dict[s
     runs = load_runs(root)
     rows, verdicts = [], []
     for entry in CLAIMS:
+        gate = "–"
         judged = _best_judgement(entry, runs)
         if judged is not None:
             run, c = judged
@@ -99,6 +103,7 @@ def index_rows(root: Path) -> Tuple[List[List[str]], Dict[str, int], List[Dict[s
             ours = _short(c["evidence"])
             link = f"[{run['folder']}]({run['folder']}/report.md)"
             mode = run["mode"]
+            gate = regime.status(run.get("regime"))
         elif entry.tests:
             verdict, seeds, mode, ours, link = CHECKED, "–", "tests", entry.tests, "tests/"
         elif entry.experiment:
@@ -107,9 +112,9 @@ def index_rows(root: Path) -> Tuple[List[List[str]], Dict[str, int], List[Dict[s
                     "committed under this folder yet")
         else:
             verdict, seeds, mode, ours, link = NOT_RUN, "–", "–", entry.not_run, "–"
-        verdicts.append(verdict)
+        verdicts.append(regime.tally_key(verdict))
         rows.append([entry.key, _cell(entry.paper.split(" (")[0]), _cell(entry.where), _cell(entry.claim),
-                     _cell(entry.paper_value), _cell(ours), str(seeds), mode, f"**{verdict}**", link])
+                     _cell(entry.paper_value), _cell(ours), str(seeds), mode, _cell(gate), f"**{verdict}**", link])
     return rows, counts(verdicts), runs
 
 
@@ -140,10 +145,12 @@ def write_paper_index(root: Path) -> Path:
         "over a sweep). *checked by "
         "tests*: a property of a function, checked by the named tests rather than by an experiment. *no committed "
         "run*: an experiment judges it, but none of its runs is committed here. *not run*: no experiment judges it; "
-        "the row says why and what running it would take.",
+        "the row says why and what running it would take. *Paper's regime*: the judging run's regime gate (each "
+        "experiment's `paper.py` states the condition under which the paper's comparison is meaningful, and why); a "
+        f"run that misses it gives *{regime.NOT_IN_REGIME}* with the measured figure instead of the rule's verdict.",
         "",
         markdown_table(["id", "paper", "where", "claim", "paper's value", "ours (evidence)", "paired units", "mode",
-                        "verdict", "report"], rows),
+                        "paper's regime", "verdict", "report"], rows),
         "",
     ]
     new = [[f"[{run['folder']}]({run['folder']}/report.md)", _cell(c["claim"]), _cell(_short(c["evidence"]))]
@@ -153,8 +160,9 @@ def write_paper_index(root: Path) -> Path:
                   markdown_table(["run", "comparison", "what was found"], new), ""]
     if runs:
         lines += ["## Result folders", "", markdown_table(
-            ["folder", "mode", "seeds", "command"],
-            [[f"[{r['folder']}]({r['folder']}/report.md)", r["mode"], str(r["seeds"]), f"`{r['command']}`"]
+            ["folder", "mode", "seeds", "paper's regime", "command"],
+            [[f"[{r['folder']}]({r['folder']}/report.md)", r["mode"], str(r["seeds"]), _cell(regime.status(r["regime"])),
+              f"`{r['command']}`"]
              for r in runs]), ""]
     path = root / "README.md"
     path.write_text("\n".join(lines))
@@ -183,13 +191,14 @@ def rejudge(folder: Path) -> List[Tuple[str, str, str]]:
     results = payload["results"]
     summary = experiment.aggregate(results["records"], settings)
     claims = experiment.claims(summary, results["records"], settings)
+    gate, claims = regime.judge(experiment, summary, results["records"], settings, claims)
     before = {c["claim"][:40]: c["verdict"] for c in results["claims"]}  # the opening words name a claim
     changes = [(c.claim, before.get(c.claim[:40], "(new claim)"), c.verdict) for c in claims]
-    results["summary"], results["claims"] = summary, [asdict(c) for c in claims]
+    results["summary"], results["claims"], results["regime"] = summary, [asdict(c) for c in claims], gate
     _write(path, payload)
     report = folder / "report.md"
     if report.is_file():
-        text = report.read_text()
+        text = _with_regime_section(report.read_text(), gate)
         start, end = text.find("## Claims"), text.find("## What ran")
         if start >= 0 and end > start:
             section = ["## Claims", "", "*Re-judged under the current rule from this run's per-seed records, without "
@@ -198,6 +207,19 @@ def rejudge(folder: Path) -> List[Tuple[str, str, str]]:
                        claims_table(claims, config.quick), "", ""]
             report.write_text(text[:start] + "\n".join(section) + text[end:])
     return changes
+
+
+def _with_regime_section(text: str, gate: Optional[Dict[str, Any]]) -> str:
+    """A report's text with its "Paper's regime" section replaced by (or, before "## Claims", given) ``gate``'s."""
+    heading = "## Paper's regime"
+    start = text.find(heading)
+    if start >= 0:
+        end = text.find("\n## ", start + len(heading))
+        return text[:start] + regime.section(gate) + (text[end + 1:] if end >= 0 else "")
+    claims_at = text.find("## Claims")
+    if claims_at < 0 or gate is None:
+        return text
+    return text[:claims_at] + regime.section(gate) + text[claims_at:]
 
 
 def _main(argv: List[str]) -> int:

@@ -33,7 +33,7 @@ from typing import Any, Dict, List, Optional, Protocol, Sequence, Tuple, runtime
 
 import torch
 
-from . import provenance
+from . import provenance, regime
 from .common import (
     RunConfig, Stopwatch, UserFacingError, _jsonable, environment_info, markdown_table, progress,
     resolve_device, seed_everything, write_results,
@@ -286,7 +286,9 @@ def run_experiment(experiment: Experiment, config: RunConfig) -> Path:
     ordered = [records[key] for key in keys]
     summary = experiment.aggregate(ordered, settings)
     claims = experiment.claims(summary, ordered, settings)
+    gate, claims = regime.judge(experiment, summary, ordered, settings, claims)  # after the verdicts: see regime.py
     report = experiment.report(out, summary, ordered, settings, context)
+    report.body = regime.section(gate) + report.body
     read = provenance.records()
     timing = {"prepare_s": round(prepare_s, 1), "jobs_s": round(jobs_s, 1), "total_s": round(clock.elapsed, 1)}
     ran = {"jobs": keys, "reused_from_cache": reused, "run_now": [k for k in keys if k not in reused],
@@ -301,6 +303,7 @@ def run_experiment(experiment: Experiment, config: RunConfig) -> Path:
         "timing": timing,
         "summary": summary,
         "claims": [asdict(c) for c in claims],
+        "regime": gate,
         "figures": {k: Path(v).name for k, v in report.figures.items()},
         "headline_figure": Path(report.figures[report.headline]).name if report.headline else None,
         "records": ordered,

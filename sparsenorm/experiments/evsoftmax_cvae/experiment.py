@@ -17,6 +17,7 @@ from .._shared import common, digit_classifier
 from .._shared.mnist import load_mnist
 from .._shared.runner import Job, Report, RunOptions
 from . import claims as verdicts
+from .paper import GATE
 from .paper import AUTHORS_KL_WEIGHT, DEFAULT_NORMALIZERS, PAPER
 from .report import body, figures
 from .training import OPTIMIZERS, TrainingSetting, data_tensors, train_group, train_group_stacked, training_groups
@@ -68,6 +69,7 @@ DECISIVE = Settings(epochs=10, seeds=8, normalizers=DEFAULT_NORMALIZERS)
 
 class CVAEExperiment:
     name = "cvae"
+    regime_gate = GATE  # the paper's regime (paper.py): checked on every run, see _shared/regime.py
     description = ("CVAE on MNIST with even/odd queries: sparse multimodal priors (ev-softmax paper Sec. 4.1, "
                    "Fig. 2-3)")
     paper = PAPER

@@ -81,7 +81,9 @@ def _setup_section(settings: Settings, per: Dict[str, Any], names: List[str]) ->
 M2 (Kingma et al. 2014) as in App. E.2 and the authors' code: classifier q(z|x) 784-256-256-256-10, Gaussian
 latent h in R^8, encoder and decoder MLPs with two hidden layers of 128 on [x, onehot(z)] / [h, onehot(z)],
 Bernoulli pixels on dynamically binarised images. 10 % of the 50,000 training images keep their labels (one
-fixed split); batches of 64 labelled + 64 unlabelled; loss = labelled + 9 x unlabelled, the unlabelled term
+fixed split); batches of 64 labelled + 64 unlabelled; loss = labelled + 9 x unlabelled, the labelled term's
+classification loss weighted by α = {settings.classifier_weight:g} in the semi-supervised phase (Kingma et al.'s α; the
+authors' code: 1, under which the unlabelled term drags accuracy below the warm start's), the unlabelled term
 `Σ_z q(z|x)(-ELBO(x, z)) - H(q)` computed by `sparsenorm.marginalize.marginalize` (the decoder runs on the
 support only); Adam lr {settings.learning_rate:g}, weight decay {settings.weight_decay:g}; {settings.pretrain_epochs}
 labelled-only warm-start epoch(s) at lr {settings.pretrain_learning_rate:g} first; then {settings.epochs} epoch(s) of

@@ -20,6 +20,7 @@ from .._shared.common import RunConfig, UserFacingError, resolve_device
 from .._shared.runner import Claim, Job, Report, RunOptions
 from .data import load_parallel, train_sentencepiece
 from .model import BOS, EOS, SITES, attention_sites
+from .paper import GATE
 from .paper import DEFAULT_NORMALIZERS, PAPER, POSTHOC, decisive_settings, full_settings, quick_settings
 
 
@@ -86,6 +87,7 @@ def _normalizer(flag: str, allow_same: bool = False):
 
 class TranslationExperiment:
     name = "mt"
+    regime_gate = GATE  # the paper's regime (paper.py): checked on every run, see _shared/regime.py
     description = "Sparse attention in an EN->DE transformer: BLEU and attended keys per normalizer"
     paper = PAPER
     default_normalizers = DEFAULT_NORMALIZERS

@@ -8,6 +8,7 @@ classified (top-1/top-3), K = mean nonzero codes per sampling step, diversity, a
 """
 from __future__ import annotations
 
+import argparse
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -22,6 +23,7 @@ from .._shared.runner import Job, RunOptions
 from . import classifier as clf
 from .data import DATASETS, ImageSet, load_images
 from .evaluate import decode_all, evaluate_prior, mean_pairwise_distance
+from .paper import GATE
 from .paper import DEFAULT_NORMALIZERS, PAPER, QUICK, Settings
 from .train import SeedModels, train_prior
 from .vqvae import VQVAE, VQVAEConfig, codebook_stats, encode_all, reconstruction_mse, train_vqvae
@@ -48,6 +50,7 @@ class Context:
 
 class VQVAEExperiment:
     name = "vqvae"
+    regime_gate = GATE  # the paper's regime (paper.py): checked on every run, see _shared/regime.py
     description = "VQ-VAE with sparse class-conditional PixelCNN priors (ev-softmax paper, Sec. 4.3, Table 3)"
     paper = PAPER
     default_normalizers = DEFAULT_NORMALIZERS
@@ -58,7 +61,10 @@ class VQVAEExperiment:
                     "prior costs ~7x more per step (50 CPU-ms per grid), which needs a GPU (`--device cuda`).")
     decisive_note = ("Decisive mode: quick mode's model and data sizes with 6 seeds (one VQ-VAE and one prior per "
                      "normalizer each): about 32 min on 2 cores (quick mode measured 313 s per seed plus 45 s of "
-                     "preparation). Leaves out: full mode's widths and epochs, and tinyImageNet.")
+                     "preparation). Leaves out: full mode's widths and epochs, and tinyImageNet. In every mode the "
+                     "codebook starts at the k-means centres of the first batch's encoder outputs and codes unused "
+                     "for 20 steps restart on encoder outputs (the paper's code does neither; without them 21-25 of "
+                     "the 512 codes were in use, below the regime gate).")
     quick_note = ("Quick mode: 1 seed; a VQ-VAE of width 32 (paper 128) trained 2 epochs at lr 1e-3 on 10,000 "
                   "images; priors of 4 gated layers of width 32 (paper 10 x 128) trained 2 epochs on 10,000 code "
                   "grids; NLL on 2,000 test grids; a classifier of width 16 trained 2 epochs on 10,000 images; "
@@ -71,8 +77,13 @@ class VQVAEExperiment:
         parser.add_argument("--image-size", type=int, help="side of the images of an ImageFolder --data-dir "
                             "(default: their own, else 64); a multiple of 4")
         parser.add_argument("--codebook", choices=("loss", "ema"), help="codebook updates: loss (the paper) or ema")
-        parser.add_argument("--restart-dead-codes", action="store_true", default=None,
-                            help="move codes unused for an epoch onto encoder outputs")
+        parser.add_argument("--restart-dead-codes", action=argparse.BooleanOptionalAction, default=None,
+                            help="move codes unused for --restart-every steps onto encoder outputs (default: on)")
+        parser.add_argument("--restart-every", type=int, help="steps between dead-code restarts (default 20; 0: after "
+                            "each epoch)")
+        parser.add_argument("--codebook-init", choices=("uniform", "kmeans"),
+                            help="codebook start: kmeans of the first batch's encoder outputs (default) or uniform "
+                                 "(-1/K, 1/K) (the paper's code)")
         parser.add_argument("--samples-per-class", type=int, help="generated images per class (default 100)")
 
     def settings(self, config: RunConfig) -> Settings:
@@ -86,7 +97,8 @@ class VQVAEExperiment:
             s = replace(s, normalizers=tuple(config.normalizers))
         extra = config.extra
         for option, field_name in (("dataset", "dataset"), ("image_size", "image_size"), ("codebook", "codebook"),
-                                   ("restart_dead_codes", "restart_dead"), ("samples_per_class", "samples_per_class")):
+                                   ("restart_dead_codes", "restart_dead"), ("samples_per_class", "samples_per_class"),
+                                   ("restart_every", "restart_every"), ("codebook_init", "codebook_init")):
             if extra.get(option) is not None:
                 s = replace(s, **{field_name: extra[option]})
         if s.samples_per_class < 1:
@@ -129,10 +141,11 @@ class VQVAEExperiment:
     def _seed_models(self, seed: int, data: ImageSet, s: Settings, device: torch.device,
                      classifier: clf.SmallResNet, out: Path) -> SeedModels:
         config = VQVAEConfig(channels=data.shape[0], hidden=s.vq_hidden, codes=s.codes, beta=s.beta,
-                             codebook=s.codebook, restart_dead=s.restart_dead)
+                             codebook=s.codebook, restart_dead=s.restart_dead, restart_every=s.restart_every,
+                             init=s.codebook_init)
         n_train = len(data.train_y) if s.vq_train_images is None else min(s.vq_train_images, len(data.train_y))
         key = (f"vqvae-{data.fingerprint()}-seed{seed}-h{s.vq_hidden}-k{s.codes}-{s.codebook}"
-               f"{'-restart' if s.restart_dead else ''}-e{s.vq_epochs}-lr{s.vq_lr:g}-b{s.vq_batch}-beta{s.beta:g}"
+               f"{f'-restart{s.restart_every}' if s.restart_dead else ''}{'-kmeans' if s.codebook_init == 'kmeans' else ''}-e{s.vq_epochs}-lr{s.vq_lr:g}-b{s.vq_batch}-beta{s.beta:g}"
                f"-n{n_train}"
                f"{f'-steps{s.max_steps}' if s.max_steps else ''}.pt")
         path = out / "models" / key

@@ -37,7 +37,14 @@ class Settings:
     vq_lr: float = 2e-4
     beta: float = 1.0
     codebook: str = "loss"
-    restart_dead: bool = False
+    # The regime gate (below) needs a used codebook. The paper's code starts the codebook at uniform(-1/K, 1/K) and
+    # never restarts a code: here that leaves 21-25 of 512 codes in use (the committed decisive run). k-means++ of the
+    # first batch's encoder outputs and a restart of the codes no batch chose in the last 20 steps: 470 of 512 in use
+    # on the test set (perplexity 262) and a lower test MSE (0.064 vs 0.097; decisive mode's VQ-VAE, seed 0, 221 s);
+    # the six VQ-VAEs of the decisive rerun use 467-490 of 512 codes (perplexity 229-297).
+    codebook_init: str = "kmeans"
+    restart_dead: bool = True
+    restart_every: int = 20  # steps; 0: restart after each epoch but the last
     vq_train_images: Optional[int] = None  # None: the whole training split
     # stage 2: gated PixelCNN priors (App. E.3: 10 layers, hidden 128, batch 32, 100 epochs, best validation loss)
     prior_dim: int = 64
@@ -58,3 +65,33 @@ class Settings:
 QUICK = dict(seeds=1, vq_hidden=32, vq_epochs=2, vq_lr=1e-3, vq_train_images=10_000, prior_dim=32, prior_layers=4,
              prior_epochs=2, prior_batch=64, prior_train_grids=10_000, eval_grids=2_000, samples_per_class=100,
              classifier_width=16, classifier_epochs=2, classifier_train_images=10_000)
+
+# ------------------------------------------------------------------------------------------ the regime gate
+from .._shared.regime import Gate, Measured  # noqa: E402  (the shared gate record; nothing of the experiment)
+
+GATE_CODES_FRACTION = 0.5
+"""At least this fraction of the codebook in use on the test set (256 of 512)."""
+
+
+def _measure_gate(summary, records, settings) -> Measured:
+    """Codes used by the VQ-VAE's encodings of the test images (mean over seeds), against the codebook size."""
+    used = summary["vqvae"]["test_codes_used"]
+    codes = int(getattr(settings, "codes", 512))
+    need = GATE_CODES_FRACTION * codes
+    perplexity = summary["vqvae"].get("test_perplexity", {}).get("mean")
+    figure = f"{used['mean']:.0f} of {codes} codes used on the test set" + (
+        f" (perplexity {perplexity:.0f})" if perplexity is not None else "")
+    return Measured(bool(used["mean"] >= need), figure)
+
+
+GATE = Gate(
+    condition=(f"the VQ-VAE uses at least {GATE_CODES_FRACTION:.0%} of its codebook (256 of 512 codes) on the test "
+               "set (codes assigned to at least one test-image position, mean over seeds)."),
+    short=f">= {GATE_CODES_FRACTION:.0%} of the codebook in use",
+    reason=("Table 3's K (nonzero codes per sampling step: 46-102 for the sparse priors against softmax's 512) and "
+            "its sample accuracies compare priors over a codebook the encoder uses. With a few dozen live codes, a "
+            "sparse prior's K mostly counts dead codes that no image maps to, and zeroing them costs nothing: the "
+            "comparison of K and of accuracy then judges the codebook collapse, not the prior."),
+    paper="Table 3: K = 512 codes, sparse priors K = 46-102 (the VQ-VAE of App. E.3, 16x16 grids, tinyImageNet)",
+    measure=_measure_gate,
+)

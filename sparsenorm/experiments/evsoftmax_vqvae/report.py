@@ -120,7 +120,7 @@ def _tables(summary: Dict[str, Any], settings) -> Dict[str, List[List[str]]]:
                     _fmt(m, "diversity", digits=3), _fmt(m, "distinct_codes_sampled", digits=0)])
     vq_rows = [[str(seed), f"{v['test_mse']:.4f}", f"{v['test_codes_used']} / {settings.codes}",
                 f"{v['test_perplexity']:.1f}", f"{100 * v['classifier_top1_on_reconstructions']:.1f}%",
-                str(v.get("dead_code_restarts") or "none"), f"{v['train_time_s']:.0f} s"]
+                _restarts(v.get("dead_code_restarts")), f"{v['train_time_s']:.0f} s"]
                for seed, v in sorted(summary["vqvae_per_seed"].items(), key=lambda kv: int(kv[0]))]
     return {"table3": table3, "fit": fit, "vq_rows": vq_rows}
 
@@ -161,13 +161,21 @@ def _setting_section(summary: Dict[str, Any], settings, context) -> List[str]:
     ]
 
 
+def _restarts(counts) -> str:
+    """Dead-code restarts in a cell: each restart's count when there are a few, else their total."""
+    if not counts:
+        return "none"
+    return str(counts) if len(counts) <= 5 else f"{sum(counts)} codes in {len(counts)} restarts (first: {counts[:3]})"
+
+
 def _results_section(summary: Dict[str, Any], settings, context, table3, fit, vq_rows) -> List[str]:
     """Stage 1 (the VQ-VAE), Table 3, and how well each prior fits the test codes."""
     return [
         "## Stage 1: the VQ-VAE (trained once per seed, shared by every prior)", "",
         f"Width {settings.vq_hidden}, β = {settings.beta:g}, codebook updates by "
         f"{'the codebook loss (the paper)' if settings.codebook == 'loss' else 'EMA'}"
-        f"{', dead-code restarts after each epoch' if settings.restart_dead else ''}, Adam {settings.vq_lr:g}, "
+        f"{', codebook started at the k-means centres of the first batch' if settings.codebook_init == 'kmeans' else ''}"
+        f"{(f', dead-code restarts every {settings.restart_every} steps' if settings.restart_every else ', dead-code restarts after each epoch') if settings.restart_dead else ''}, Adam {settings.vq_lr:g}, "
         f"{settings.vq_epochs} epoch(s). Codes used and perplexity (exp of the entropy of the code histogram) on the "
         "test grids; the last column is the classifier's accuracy on VQ-VAE reconstructions of test images, the "
         "ceiling for samples.", "",

@@ -10,8 +10,11 @@ gradient passes to the encoder by the straight-through estimator. Loss = MSE rec
 Option ``codebook="ema"``: the codebook follows exponential moving averages of its assigned
 encoder outputs instead of the codebook loss (van den Oord et al. 2017, App. A.1). Option
 ``restart_dead``: after each epoch but the last, codes no training batch of that epoch chose are
-moved onto random encoder outputs of the last batch (dead-code restart),
-so a collapsed codebook recovers; the report gives codebook usage and perplexity either way.
+moved onto random encoder outputs of the last batch (dead-code restart), or, with ``restart_every`` = n > 0,
+every n steps the codes no batch chose in those steps; so a collapsed codebook recovers. Option
+``init="kmeans"``: the codebook starts at the k-means centres of the first batch's encoder outputs
+instead of uniform(-1/K, 1/K) (which the encoder outputs do not reach, so most codes are never
+chosen); the report gives codebook usage and perplexity either way.
 """
 from __future__ import annotations
 
@@ -35,10 +38,16 @@ class VQVAEConfig:
     codebook: str = "loss"  # "loss" (the paper) or "ema"
     ema_decay: float = 0.99
     restart_dead: bool = False
+    restart_every: int = 0  # with restart_dead: every this many steps (0: after each epoch but the last)
+    init: str = "uniform"  # "uniform" (the paper's code: uniform(-1/K, 1/K)) or "kmeans" (of the first batch)
 
     def __post_init__(self):
         if self.codebook not in ("loss", "ema"):
             raise ValueError(f"codebook must be 'loss' or 'ema', got {self.codebook!r}")
+        if self.init not in ("uniform", "kmeans"):
+            raise ValueError(f"init must be 'uniform' or 'kmeans', got {self.init!r}")
+        if self.restart_every < 0:
+            raise ValueError(f"restart_every must be >= 0, got {self.restart_every}")
 
 
 class ResBlock(nn.Module):
@@ -93,6 +102,34 @@ class VectorQuantizer(nn.Module):
         commitment = F.mse_loss(flat, quantised.detach())
         z_q = flat + (quantised - flat).detach()  # straight-through
         return (z_q.reshape(n, h, w, d).permute(0, 3, 1, 2), codes.reshape(n, h, w), codebook_loss, commitment)
+
+    @torch.no_grad()
+    def kmeans_init(self, flat: Tensor, gen: torch.Generator, iterations: int = 10) -> None:
+        """Set the codebook to the k-means centres of the encoder outputs ``flat`` (M, D): k-means++ seeding (each
+        next centre drawn with probability proportional to the squared distance to the nearest one so far), then
+        ``iterations`` Lloyd rounds; a centre left without rows keeps its place."""
+        k = len(self.codebook)
+        first = int(torch.randint(len(flat), (1,), generator=gen))
+        centres = flat.new_empty(k, flat.shape[1])
+        centres[0] = flat[first]
+        closest = (flat - centres[0]).pow(2).sum(1)
+        for i in range(1, k):
+            weights = closest.cpu().double()
+            pick = int(torch.multinomial(weights / weights.sum(), 1, generator=gen)) if weights.sum() > 0 else \
+                int(torch.randint(len(flat), (1,), generator=gen))
+            centres[i] = flat[pick]
+            closest = torch.minimum(closest, (flat - centres[i]).pow(2).sum(1))
+        for _ in range(iterations):
+            dist = flat.pow(2).sum(1, keepdim=True) - 2 * flat @ centres.t() + centres.pow(2).sum(1)
+            assign = dist.argmin(1)
+            counts = torch.bincount(assign, minlength=k).to(flat.dtype)
+            sums = torch.zeros_like(centres).index_add_(0, assign, flat)
+            filled = counts > 0
+            centres[filled] = sums[filled] / counts[filled, None]
+        self.codebook.copy_(centres)
+        if self.ema:
+            self.ema_count.fill_(1.0)
+            self.ema_sum.copy_(centres)
 
     @torch.no_grad()
     def restart_dead(self, recent: Tensor, min_usage: float, gen: torch.Generator) -> int:
@@ -181,14 +218,21 @@ def train_vqvae(config: VQVAEConfig, train_x: np.ndarray, val_x: np.ndarray, *, 
         model.train()
         for idx in _batches(len(train_x), batch, gen):
             x = to_device(torch.from_numpy(train_x[idx.numpy()]), device)
+            if steps == 0 and config.init == "kmeans":
+                with torch.no_grad():
+                    z_e = model.encoder(x).permute(0, 2, 3, 1).reshape(-1, config.hidden)
+                model.quantizer.kmeans_init(z_e, gen)
             result = model(x)
             optimizer.zero_grad(set_to_none=True)
             result["loss"].backward()
             optimizer.step()
             steps += 1
+            if config.restart_dead and config.restart_every and steps % config.restart_every == 0:
+                recent = result["z_e"].detach().permute(0, 2, 3, 1).reshape(-1, config.hidden)
+                restarts.append(model.quantizer.restart_dead(recent, 1.0, gen))  # dead: unused in those steps
             if max_steps is not None and steps >= max_steps:
                 break
-        if config.restart_dead and epoch < epochs - 1:
+        if config.restart_dead and not config.restart_every and epoch < epochs - 1:
             recent = result["z_e"].detach().permute(0, 2, 3, 1).reshape(-1, config.hidden)
             restarts.append(model.quantizer.restart_dead(recent, 1.0, gen))  # dead: unused for a whole epoch
         history.append(reconstruction_mse(model, val_x, device))

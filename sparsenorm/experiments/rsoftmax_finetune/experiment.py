@@ -24,6 +24,7 @@ import torch
 from .._shared.common import RunConfig, UserFacingError
 from .._shared.runner import Claim, Job, Report, RunOptions
 from .claims import judge_claims
+from .paper import GATE
 from .paper import (DECISIVE, DECISIVE_NORMALIZERS, DEFAULT_NORMALIZERS, FULL, MAP_LENGTHS, MAP_NORMALIZERS, PAPER, QUICK,
                     QUICK_NORMALIZERS, SWAP_NORMALIZERS)
 
@@ -59,6 +60,7 @@ def _floats(text: str) -> List[float]:
 
 class FinetuneExperiment:
     name = "finetune"
+    regime_gate = GATE  # the paper's regime (paper.py): checked on every run, see _shared/regime.py
     description = ("Fine-tuning a pretrained transformer with sparse attention (r-softmax paper Sec. 4.2, Table 2): "
                    "all-MiniLM-L6-v2 on Rotten Tomatoes sentences; softmax, sparsemax, sparsehourglass, r-softmax, "
                    "1.5-entmax, ev-softmax, post-hoc evidential")

@@ -17,6 +17,7 @@ from .._shared.runner import Job, Report, RunOptions
 from . import claims as verdicts
 from .data import average_label_sweep, document_length_sweep, load_real_data, make_synthetic
 from .methods import RSoftmaxOptions, methods_for
+from .paper import GATE
 from .paper import (BATCH_SIZE, CLASS_COUNTS, COUNT_DECODES, COUNT_HEADS, DEFAULT_NORMALIZERS, FIXED_DOCUMENT_LENGTH, HIDDEN,
                     LEARNING_RATE, RATE_GRADS)
 from .report import body, figures
@@ -79,6 +80,7 @@ def dataset_records(job_records: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
 
 class MultilabelExperiment:
     name = "multilabel"
+    regime_gate = GATE  # the paper's regime (paper.py): checked on every run, see _shared/regime.py
     description = ("Multi-label classification (r-softmax paper Sec. 4.1, Fig. 2 / Table 1): synthetic sweeps and "
                    "yeast; softmax+threshold, sigmoid, sparsemax (huber/hinge), sparsehourglass, r-softmax, ev-softmax")
     paper = "r-softmax (Bałazy et al. 2023), Sec. 4.1, Fig. 2, Table 1; sparsemax (Martins & Astudillo 2016)"
