@@ -63,8 +63,8 @@ class Normalizer:
     entmax_twin: Optional[str] = None
     """The ``entmax`` package's function computing the same map, if any (for comparisons)."""
     attention_threshold: Optional[str] = None
-    """What attention may do with this map without the L x S score matrix (``sparsenorm.kernels.
-    attention_ops`` keys its memory-efficient kernels by this): ``"known"`` -- the threshold is
+    """What attention may do with this map without the L x S score matrix
+    (``sparsenorm.kernels.attention_dispatch`` keys its memory-efficient kernels by this): ``"known"`` -- the threshold is
     known before the pass over the keys (ev-softmax: the mean score is ``q . mean(k)``);
     ``"searched"`` -- the threshold must be searched over key blocks (sparsemax, entmax: a
     bisection on tau with running sums); None -- it needs the whole row at once (a quantile, a

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .._validation import check_multihead_inputs
-from .functional import attend, resolve_normalizer
+from .functional import resolve_normalizer, sparse_attention_from_parts
 from .masks import lengths_keep, merge, split_mask
 
 
@@ -114,7 +114,7 @@ class MultiheadAttention(nn.MultiheadAttention):
         keep, bias, key_lengths = self._keep_and_bias(attn_mask, key_padding_mask, key_lengths, N, L, key.shape[0])
         causal = is_causal and attn_mask is None
 
-        result = attend(
+        result = sparse_attention_from_parts(
             self._forms[self.training], q, k, v, keep, bias, key_lengths=key_lengths, is_causal=causal,
             dropout_p=self.dropout if self.training else 0.0, return_weights=need_weights, stats_module=self,
         )

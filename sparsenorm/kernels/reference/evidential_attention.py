@@ -22,7 +22,8 @@ is redone with the threshold capped at its maximum valid score, as the dense ev-
 (this check reads one boolean per query block on the host: the one host read of this module,
 inside the registered op ``sparsenorm::ev_softmax_attention_blockwise``, so it breaks no graph).
 
-The op, its autograd and the choice of kernel are in :mod:`sparsenorm.kernels.attention_ops`.
+The op and its autograd are in :mod:`sparsenorm.kernels.ops.evidential_attention`, the choice of
+kernel in :mod:`sparsenorm.kernels.attention_dispatch`.
 """
 from __future__ import annotations
 

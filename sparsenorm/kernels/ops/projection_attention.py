@@ -16,9 +16,9 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from .._validation import check_floating, check_n_iter, check_param, compute_dtype
-from . import cpu
-from .reference import attention_projection as ref
+from ..._validation import check_floating, check_n_iter, check_param, compute_dtype
+from .. import cpu
+from ..reference import attention_projection as ref
 
 BLOCK_Q = ref.BLOCK_Q
 BLOCK_K = ref.BLOCK_K
