@@ -1,6 +1,6 @@
 """The one entry path of every normalizer, and every argument check.
 
-Every public function goes through :func:`normalize`: check ``x`` -> normalize ``dim`` -> upcast
+Every public function goes through :func:`run_on_rows`: check ``x`` -> normalize ``dim`` -> upcast
 (float16/bfloat16 are computed in float32) -> apply the "not there" rule and ``mask`` -> call the
 algorithm on rows along the LAST dimension -> move the dimension back and cast to the input dtype.
 Bad input fails here with a message that names the argument, never deep inside a kernel.
@@ -258,7 +258,7 @@ def per_row_tensor(rows: Tensor, value: Union[float, Tensor]) -> Tensor:
     return torch.full(rows.shape[:-1] + (1,), value, dtype=rows.dtype, device=rows.device)
 
 
-def normalize(
+def run_on_rows(
     fn: Callable[..., Tensor],
     x: Tensor,
     dim: int,

@@ -31,7 +31,7 @@ from typing import Optional, Union
 
 from torch import Tensor, nn
 
-from ._validation import check_floating, check_k, check_n_iter, check_param, normalize
+from ._validation import check_floating, check_k, check_n_iter, check_param, run_on_rows
 from .kernels.ops import projection as ops
 
 __all__ = [
@@ -64,7 +64,7 @@ def sparsemax(X: Tensor, dim: int = -1, k: Optional[int] = None, mask: Optional[
     distribution.
     """
     check_k(k)
-    return normalize(ops.project, X, dim, mask, "sparsemax", k, name="X", marks_not_there=False)
+    return run_on_rows(ops.project, X, dim, mask, "sparsemax", k, name="X", marks_not_there=False)
 
 
 # ----------------------------------------------------------------------------- 1.5-entmax
@@ -89,7 +89,7 @@ def entmax15(X: Tensor, dim: int = -1, k: Optional[int] = None, mask: Optional[T
     ``p = 0`` is taken as 0).
     """
     check_k(k)
-    return normalize(ops.project, X, dim, mask, "entmax15", k, name="X", marks_not_there=False)
+    return run_on_rows(ops.project, X, dim, mask, "entmax15", k, name="X", marks_not_there=False)
 
 
 # ----------------------------------------------------------------------------- bisection
@@ -132,7 +132,7 @@ def entmax_bisect(
         check_floating(alpha, "alpha")
     check_param(alpha, "alpha", low=0.0, low_inclusive=False)
     maybe_softmax = isinstance(alpha, Tensor) or float(alpha) == 1.0
-    return normalize(ops.entmax_bisect_rows, X, dim, mask, n_iter, bool(ensure_sum_one), maybe_softmax,
+    return run_on_rows(ops.entmax_bisect_rows, X, dim, mask, n_iter, bool(ensure_sum_one), maybe_softmax,
                      params={"alpha": alpha}, name="X", marks_not_there=not ops.entmax_bisect_is_fused(alpha))
 
 
@@ -145,7 +145,7 @@ def sparsemax_bisect(X: Tensor, dim: int = -1, n_iter: int = 50, ensure_sum_one:
     ``mask`` as :func:`sparsemax`.
     """
     check_n_iter(n_iter)
-    return normalize(ops.SparsemaxBisectFunction.apply, X, dim, mask, n_iter, bool(ensure_sum_one), name="X")
+    return run_on_rows(ops.SparsemaxBisectFunction.apply, X, dim, mask, n_iter, bool(ensure_sum_one), name="X")
 
 
 # ----------------------------------------------------------------------------- modules

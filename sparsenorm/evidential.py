@@ -39,7 +39,7 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
-from ._validation import check_eps, check_floating, compute_dtype, normalize
+from ._validation import check_eps, check_floating, compute_dtype, run_on_rows
 from .kernels import ops
 
 _NEG_INF = float("-inf")
@@ -64,7 +64,7 @@ def ev_softmax(x: Tensor, dim: int = -1, mask: Optional[Tensor] = None) -> Tenso
         dim: dimension to normalize over.
         mask: optional boolean tensor broadcastable to ``x``; True = keep.
     """
-    return normalize(ops.ev_softmax, x, dim, mask, None, False, marks_not_there=False)
+    return run_on_rows(ops.ev_softmax, x, dim, mask, None, False, marks_not_there=False)
 
 
 def ev_softmax_train(x: Tensor, dim: int = -1, eps: float = 1e-6, mask: Optional[Tensor] = None) -> Tensor:
@@ -80,7 +80,7 @@ def ev_softmax_train(x: Tensor, dim: int = -1, eps: float = 1e-6, mask: Optional
         ValueError: if ``eps`` is negative, NaN or infinite.
     """
     check_eps(eps)
-    return normalize(ops.ev_softmax, x, dim, mask, float(eps), False, marks_not_there=False)
+    return run_on_rows(ops.ev_softmax, x, dim, mask, float(eps), False, marks_not_there=False)
 
 
 def log_ev_softmax_train(
@@ -100,7 +100,7 @@ def log_ev_softmax_train(
         ValueError: if ``eps`` is negative, NaN or infinite.
     """
     check_eps(eps)
-    return normalize(ops.ev_softmax, x, dim, mask, float(eps), True, marks_not_there=False)
+    return run_on_rows(ops.ev_softmax, x, dim, mask, float(eps), True, marks_not_there=False)
 
 
 # ----------------------------------------------------------------------------------------------

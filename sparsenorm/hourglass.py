@@ -15,7 +15,7 @@ from typing import Optional, Union
 
 from torch import Tensor, nn
 
-from ._validation import check_param, normalize
+from ._validation import check_param, run_on_rows
 from .kernels.ops import hourglass as ops
 from .kernels.reference import hourglass as ref_hourglass
 
@@ -61,7 +61,7 @@ def sparsehourglass(x: Tensor, q: Param = 1.0, dim: int = -1, mask: Optional[Ten
     double backward works.
     """
     check_param(q, "q", low=0.0, low_inclusive=False)
-    return normalize(ops.sparsehourglass_rows, x, dim, mask, params={"q": q}, marks_not_there=False)
+    return run_on_rows(ops.sparsehourglass_rows, x, dim, mask, params={"q": q}, marks_not_there=False)
 
 
 class SparseHourglass(nn.Module):

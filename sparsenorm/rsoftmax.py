@@ -10,7 +10,7 @@ Both are a *weighted softmax* ``p_i = w_i exp(x_i) / sum_j w_j exp(x_j)`` with t
   ``torch.quantile(..., interpolation="linear")``).
 
 Layering: :func:`t_softmax` / :func:`r_softmax` validate and go through the entry path
-(``sparsenorm._validation.normalize``), which leaves entries at or below ``finfo.min / 2`` to the
+(``sparsenorm._validation.run_on_rows``), which leaves entries at or below ``finfo.min / 2`` to the
 operators (they read them as not there), and call the op layer (``sparsenorm.kernels.ops.rsoftmax``):
 the registered operators ``sparsenorm::r_softmax_forward`` / ``t_softmax_forward`` and their shared
 ``r_softmax_backward`` run a fused C++ kernel on CPU where built (order statistics by bucket
@@ -42,7 +42,7 @@ from typing import Optional, Union
 import torch
 from torch import Tensor, nn
 
-from ._validation import check_param, normalize
+from ._validation import check_param, run_on_rows
 from .kernels.ops import rsoftmax as ops
 
 Param = Union[float, int, Tensor]
@@ -74,7 +74,7 @@ def t_softmax(x: Tensor, t: Param, dim: int = -1, mask: Optional[Tensor] = None)
     raises a clear ``RuntimeError``.
     """
     check_param(t, "t", low=0.0, low_inclusive=False)
-    return normalize(ops.t_softmax_rows, x, dim, mask, params={"t": t}, marks_not_there=False)
+    return run_on_rows(ops.t_softmax_rows, x, dim, mask, params={"t": t}, marks_not_there=False)
 
 
 def r_softmax(x: Tensor, r: Param, dim: int = -1, mask: Optional[Tensor] = None) -> Tensor:
@@ -115,7 +115,7 @@ def r_softmax(x: Tensor, r: Param, dim: int = -1, mask: Optional[Tensor] = None)
     a non-floating ``x`` raises ``TypeError``. Double backward (``create_graph=True``) raises a clear ``RuntimeError``.
     """
     check_param(r, "r", low=0.0, high=1.0)
-    return normalize(ops.r_softmax_rows, x, dim, mask, params={"r": r}, marks_not_there=False)
+    return run_on_rows(ops.r_softmax_rows, x, dim, mask, params={"r": r}, marks_not_there=False)
 
 
 # --------------------------------------------------------------------------------------------
