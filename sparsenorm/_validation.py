@@ -216,9 +216,11 @@ def check_multihead_inputs(query: Tensor, key: Tensor, value: Tensor, *, embed_d
             raise ValueError(f"key_padding_mask must have shape {expected} (batch, key length), got "
                              f"{tuple(key_padding_mask.shape)}")
     if attn_mask is not None:
-        allowed = [(L, S)] + ([(query.shape[1 - seq_axis] * num_heads, L, S)] if query.dim() == 3 else [(num_heads, L, S)])
+        batched = query.shape[1 - seq_axis] * num_heads if query.dim() == 3 else num_heads
+        allowed = [(L, S), (batched, L, S)]
         if tuple(attn_mask.shape) not in allowed:
-            raise ValueError(f"attn_mask must have shape {' or '.join(map(str, allowed))}, got {tuple(attn_mask.shape)}")
+            raise ValueError(f"attn_mask must have shape {' or '.join(map(str, allowed))}, "
+                             f"got {tuple(attn_mask.shape)}")
 
 
 # ---------------------------------------------------------------------------------------- entry path

@@ -52,8 +52,8 @@ def ev_softmax(x: Tensor, dim: int = -1, mask: Optional[Tensor] = None) -> Tenso
     r"""Evidential softmax, Eq. 7: ``p_k ∝ 1{x_k >= mean(x)} exp(x_k)``.
 
     The mean is over the entries of the row that are there only (``-inf``, ``mask == False`` and
-    entries ``<= finfo(dtype).min / 2`` are excluded and get probability 0). Ties with the mean are kept (``>=``); rounding in the
-    mean can never empty a row (see the module notes). K = 1 gives 1, all-equal
+    entries ``<= finfo(dtype).min / 2`` are excluded and get probability 0). Ties with the mean are
+    kept (``>=``); rounding in the mean can never empty a row (see the module notes). K = 1 gives 1, all-equal
     entries the uniform distribution, K = 2 the one-hot argmax (a tie gives (1/2, 1/2)).
 
     Gradient (Eq. 9): ``∂p_i/∂x_j = p_i (δ_ij - p_j)``, i.e. softmax's Jacobian on the support

@@ -22,8 +22,9 @@ may run on the memory-efficient blockwise path.
 
 ``key_lengths`` (batch,) may be passed through to the attention function (keys ``j >= len`` not
 there, no boolean matrix). ``"sparsenorm_posthoc_evidential"``: softmax while the model is in
-``train()`` mode, ev-softmax in ``eval()`` mode (``Normalizer.for_mode``; post-hoc evidential sparsification of a softmax-trained model: Theorem 3.1 of
-the ev-softmax paper with the keys as the linear layer).
+``train()`` mode, ev-softmax in ``eval()`` mode (``Normalizer.for_mode``; post-hoc evidential
+sparsification of a softmax-trained model: Theorem 3.1 of the ev-softmax paper with the keys as the
+linear layer).
 
 Requires the ``[hf]`` extra (``pip install sparsenorm[hf]``).
 """

@@ -1,12 +1,12 @@
 """The one table of normalizers: experiments, benchmarks and the CLI take a normalizer by name here.
 
 Each entry pairs a normalizer's evaluation-time function with its training-time form, its
-log-probability function (where one exists), its default losses for single-label (class index)
-and multi-label (target distribution / multi-hot) targets, and its capabilities (``cpu_kernel``,
+log-probability function (where one exists), its default losses for single-label (class index) and
+multi-label (target distribution / multi-hot) targets, and its capabilities (``cpu_kernel``,
 ``supports_mask``, ``attention``, ``entmax_twin``, ``attention_threshold``, ``alpha``; the post-hoc
-switch ``trains_as``/``evaluates_as`` behind :meth:`Normalizer.for_mode`), which is what the benchmark, the experiments and
-the attention layer select by. Code elsewhere takes normalizers from here rather than listing
-names (the experiments are being moved onto these fields).
+switch ``trains_as``/``evaluates_as`` behind :meth:`Normalizer.for_mode`), which is what the benchmark,
+the experiments and the attention layer select by. Code elsewhere takes normalizers from here rather
+than listing names (the experiments are being moved onto these fields).
 
 All callables take logits first and normalize over ``dim=-1`` (functions) or classes on dim 1
 (losses, as ``torch.nn.CrossEntropyLoss``). Parameters such as ``alpha``, ``t``, ``r`` and ``q``
@@ -64,8 +64,9 @@ class Normalizer:
     """The ``entmax`` package's function computing the same map, if any (for comparisons)."""
     attention_threshold: Optional[str] = None
     """What attention may do with this map without the L x S score matrix
-    (``sparsenorm.kernels.attention_dispatch`` keys its memory-efficient kernels by this): ``"known"`` -- the threshold is
-    known before the pass over the keys (ev-softmax: the mean score is ``q . mean(k)``);
+    (``sparsenorm.kernels.attention_dispatch`` keys its memory-efficient kernels by this):
+    ``"known"`` -- the threshold is known before the pass over the keys (ev-softmax: the mean score
+    is ``q . mean(k)``);
     ``"searched"`` -- the threshold must be searched over key blocks (sparsemax, entmax: a
     bisection on tau with running sums); None -- it needs the whole row at once (a quantile, a
     sort, a sum over the row): attention builds the scores."""
@@ -201,6 +202,7 @@ def get(name: str, **overrides) -> Normalizer:
     unknown = set(overrides) - set(entry.params)
     if unknown:
         raise ValueError(
-            f"normalizer {name!r} has no parameter(s) {sorted(unknown)}; its parameters: {sorted(entry.params) or 'none'}"
+            f"normalizer {name!r} has no parameter(s) {sorted(unknown)}; "
+            f"its parameters: {sorted(entry.params) or 'none'}"
         )
     return _rebind(entry, {**entry.params, **overrides})

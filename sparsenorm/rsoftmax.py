@@ -67,11 +67,11 @@ def t_softmax(x: Tensor, t: Param, dim: int = -1, mask: Optional[Tensor] = None)
 
         mask: optional boolean tensor broadcastable to ``x``; True = keep.
 
-    Edge cases: an entry that is not there (``-inf``, ``mask == False``, or ``<= finfo(dtype).min
-    / 2``) gets exactly 0; a row with none there returns zeros with zero gradient; NaN in a row gives NaN in that row; float16/bfloat16 are computed in float32
-    and returned in the input dtype. ``t <= 0`` (or NaN) raises ``ValueError``; a non-floating
-    ``x`` raises ``TypeError``. Backward is closed-form (module docstring); double backward
-    raises a clear ``RuntimeError``.
+    Edge cases: an entry that is not there (``-inf``, ``mask == False``, or ``<= finfo(dtype).min / 2``)
+    gets exactly 0; a row with none there returns zeros with zero gradient; NaN in a row gives NaN in
+    that row; float16/bfloat16 are computed in float32 and returned in the input dtype. ``t <= 0`` (or
+    NaN) raises ``ValueError``; a non-floating ``x`` raises ``TypeError``. Backward is closed-form
+    (module docstring); double backward raises a clear ``RuntimeError``.
     """
     check_param(t, "t", low=0.0, low_inclusive=False)
     return run_on_rows(ops.t_softmax_rows, x, dim, mask, params={"t": t}, marks_not_there=False)
@@ -105,14 +105,15 @@ def r_softmax(x: Tensor, r: Param, dim: int = -1, mask: Optional[Tensor] = None)
 
         mask: optional boolean tensor broadcastable to ``x``; True = keep.
 
-    Masks: an entry that is "not there" (``-inf``, ``mask == False``, or ``<= finfo(dtype).min /
-    2``) gets exactly 0 and the quantile is taken over the entries that are there only (``r`` is the fraction of zeros among them). (The authors' code instead
-    counts underflowed entries as zeros already present and adds ``eps = 1e-8`` to ``t``, so
-    entries tied with the quantile keep a ~1e-8 weight; it also detaches ``t``. Here the formula
-    is exact and the gradient flows through the quantile.) A row with no finite entry returns
-    zeros with zero gradient; NaN in a row gives NaN in that row; float16/bfloat16 are computed
-    in float32 and returned in the input dtype. ``r`` outside ``[0, 1]`` raises ``ValueError``;
-    a non-floating ``x`` raises ``TypeError``. Double backward (``create_graph=True``) raises a clear ``RuntimeError``.
+    Masks: an entry that is "not there" (``-inf``, ``mask == False``, or ``<= finfo(dtype).min / 2``)
+    gets exactly 0 and the quantile is taken over the entries that are there only (``r`` is the fraction
+    of zeros among them). (The authors' code instead counts underflowed entries as zeros already present
+    and adds ``eps = 1e-8`` to ``t``, so entries tied with the quantile keep a ~1e-8 weight; it also
+    detaches ``t``. Here the formula is exact and the gradient flows through the quantile.) A row with
+    no finite entry returns zeros with zero gradient; NaN in a row gives NaN in that row;
+    float16/bfloat16 are computed in float32 and returned in the input dtype. ``r`` outside ``[0, 1]``
+    raises ``ValueError``; a non-floating ``x`` raises ``TypeError``. Double backward
+    (``create_graph=True``) raises a clear ``RuntimeError``.
     """
     check_param(r, "r", low=0.0, high=1.0)
     return run_on_rows(ops.r_softmax_rows, x, dim, mask, params={"r": r}, marks_not_there=False)

@@ -68,7 +68,8 @@ def _check_inputs(query: Tensor, key: Tensor, value: Tensor, dropout_p: float, s
     for name, t in (("query", query), ("key", key), ("value", value)):
         check_floating(t, name)
         if t.dim() < 2:
-            raise ValueError(f"{name} must have at least 2 dimensions (..., length, features), got shape {tuple(t.shape)}")
+            raise ValueError(f"{name} must have at least 2 dimensions (..., length, features), "
+                             f"got shape {tuple(t.shape)}")
     if key.shape[-1] != query.shape[-1]:
         raise ValueError(f"query and key must have the same last dimension, got {query.shape[-1]} and {key.shape[-1]}")
     if key.shape[-2] != value.shape[-2]:

@@ -18,12 +18,13 @@ class MultiheadAttention(nn.MultiheadAttention):
     ``**params`` its parameters, e.g. ``alpha=1.3``).
 
     The normalizer is resolved once, here; its form follows the module's mode through
-    ``Normalizer.for_mode`` (``"posthoc_evidential"`` is softmax in ``train()`` mode and
-    ev-softmax in ``eval()`` mode). ``forward`` also takes ``key_lengths`` (N,) integer: keys
-    ``j >= key_lengths[n]`` are not there, a key-padding mask without the boolean matrix. Masks keep PyTorch's MHA conventions (``key_padding_mask`` and a boolean
-    ``attn_mask``: True = not allowed; float masks are added); masked keys are "not there" as in
-    :func:`sparsenorm.attention.sparse_attention`. Where PyTorch gives NaN for a query with every
-    key masked, this gives a zero attention output (the output projection's bias then).
+    ``Normalizer.for_mode`` (``"posthoc_evidential"`` is softmax in ``train()`` mode and ev-softmax in
+    ``eval()`` mode). ``forward`` also takes ``key_lengths`` (N,) integer: keys ``j >= key_lengths[n]``
+    are not there, a key-padding mask without the boolean matrix. Masks keep PyTorch's MHA conventions
+    (``key_padding_mask`` and a boolean ``attn_mask``: True = not allowed; float masks are added);
+    masked keys are "not there" as in :func:`sparsenorm.attention.sparse_attention`. Where PyTorch gives
+    NaN for a query with every key masked, this gives a zero attention output (the output projection's
+    bias then).
     ``is_causal=True`` without ``attn_mask`` applies the causal mask (PyTorch requires the mask).
 
     Inside ``nn.TransformerEncoderLayer``, PyTorch's inference fast path (eval mode without

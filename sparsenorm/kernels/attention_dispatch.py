@@ -172,7 +172,8 @@ def _ev_softmax_flex(call: AttentionCall):
             t.requires_grad for t in (call.q, call.k, call.v)):
         return None
     q, k, v, keep, key_lengths, unflatten = _batch_head_inputs(call)
-    return unflatten(flex_attention.ev_softmax_flex_attention(q, k, v, keep, key_lengths, call.is_causal, call.scale)), None, None
+    out = flex_attention.ev_softmax_flex_attention(q, k, v, keep, key_lengths, call.is_causal, call.scale)
+    return unflatten(out), None, None
 
 
 

@@ -80,7 +80,8 @@ def threshold(q: Tensor, k: Tensor, keep: Optional[Tensor], bias: Optional[Tenso
                      else ones.cumsum(-2))[..., idx, :]
         else:
             ksum = keys.sum(-2, keepdim=True)
-            count = torch.full((1, 1), float(S), dtype=dt, device=q.device) if ones is None else ones.sum(-2, keepdim=True)
+            count = (torch.full((1, 1), float(S), dtype=dt, device=q.device) if ones is None
+                     else ones.sum(-2, keepdim=True))
         mean_k = ksum / count.clamp_min(1)
         thr = (q * mean_k).sum(-1, keepdim=True) * scale
         return thr, count.expand_as(thr)
