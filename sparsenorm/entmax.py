@@ -10,10 +10,12 @@ its known defects: ``k`` works with a negative ``dim``; a row that is all ``-inf
 a zero gradient (``entmax`` crashes); fp16/bf16 are computed in float32 (``entmax``'s bf16
 ``entmax15`` does not sum to one); double backward works (``entmax15``'s gives NaN there).
 
-The exact maps run the registered operator ``sparsenorm::project`` (``sparsenorm.kernels.ops``):
+The exact maps run the registered operator ``sparsenorm::project`` (``sparsenorm.kernels.ops.projection``):
 a fused C++ kernel on CPU where built (exact sort-free threshold iteration), else an exact iteration
-without a full sort on CPU, and a full sort (sync-free) on other devices; then the entmax
-package's closed-form backward.
+without a full sort on CPU; the Triton kernel on CUDA where triton is installed and the row fits,
+else a full sort (sync-free); then the entmax package's closed-form backward. ``entmax_bisect``
+with one number ``alpha > 1`` runs ``sparsenorm::entmax_bisect``; a tensor ``alpha`` (learned) or
+``alpha <= 1`` the bisection's ``autograd.Function`` on the op layer.
 
 Common conventions (every function here):
 

@@ -22,13 +22,15 @@ Shared conventions (every function here):
   capping it keeps the maximal entries, so no row is ever left without support, and all-equal
   entries give the uniform distribution.
 
-Implementation: the registered operator ``sparsenorm::ev_softmax`` (``sparsenorm.kernels.ops``):
-a fused C++ kernel on CPU where built, else the pure-PyTorch reference
+Implementation: the registered operator ``sparsenorm::ev_softmax`` (``sparsenorm.kernels.ops.evidential``):
+a fused C++ kernel on CPU where built, the Triton kernel on CUDA where triton is installed, else the
+pure-PyTorch reference
 (``kernels/reference/evidential.py``), which is ``softmax`` of ``x`` with the entries below the
 threshold replaced by ``-inf`` (Eq. 7) or shifted by ``log(eps) - log(1 + eps)`` (Eq. 10), so its
 float32 accuracy is that of a masked ``torch.softmax``. The shift is piecewise constant, so the
 backward pass is exactly softmax's (resp. log-softmax's) backward on the saved output, which is
-all the operator saves; it uses differentiable ops, so double backward works. The kernel sums the
+all the operator saves (a fused kernel for the log form; under ``create_graph`` differentiable ops,
+so double backward works). The kernel sums the
 row mean in double, so the support can differ from the reference only for an entry within
 rounding of its row's mean.
 """
