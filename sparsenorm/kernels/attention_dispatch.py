@@ -54,7 +54,6 @@ def _auto_min_scores(backend: str) -> int:
     return BLOCKWISE_MIN_SCORES if backend == "blockwise" else 0
 
 
-
 # ---------------------------------------------------------------------------------------------
 # Tuning of the searched-threshold kernel
 # ---------------------------------------------------------------------------------------------
@@ -82,7 +81,6 @@ def searched_block_q(keys: int) -> int:
     return block
 
 
-
 # ---------------------------------------------------------------------------------------------
 # Adapters: one AttentionCall -> one kernel's arguments (None where the kernel does not apply)
 # ---------------------------------------------------------------------------------------------
@@ -108,7 +106,6 @@ def _triton_runs_on(device_type: str) -> bool:
         return False
     from .triton._common import INTERPRET
     return INTERPRET == (device_type == "cpu")
-
 
 
 def _ev_softmax_flash(call: AttentionCall):
@@ -176,7 +173,6 @@ def _ev_softmax_flex(call: AttentionCall):
     return unflatten(out), None, None
 
 
-
 # ---------------------------------------------------------------------------------------------
 # The table and the choice
 # ---------------------------------------------------------------------------------------------
@@ -197,11 +193,9 @@ def register_attention_kernel(threshold: str, backend: str, kernel: AttentionKer
     KERNELS.setdefault(threshold, {})[backend] = kernel
 
 
-
 def check_backend(backend: str) -> None:
     if not isinstance(backend, str) or backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(map(repr, BACKENDS))}, got {backend!r}")
-
 
 
 def run_attention_kernel(fn: Callable[..., Tensor], threshold: Optional[str], call: AttentionCall,
@@ -255,7 +249,6 @@ def _run(fn, threshold, call, dropout_p, return_weights, backend):
         raise ValueError(f"backend={backend!r} does not apply to these inputs (device, dtype, shapes or mask form); "
                          "use backend='auto'")
     return (result[0], None, *result[1:])
-
 
 
 __all__ = ["AttentionCall", "KERNELS", "BACKENDS", "AUTO_ORDER", "BLOCKWISE_MIN_SCORES", "register_attention_kernel",

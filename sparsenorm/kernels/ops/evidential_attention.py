@@ -194,7 +194,6 @@ def ev_softmax_attention_blockwise(
     return out, (support if count_support else None), count
 
 
-
 # ---------------------------------------------------------------------------------------------
 # sparsenorm::ev_softmax_attention_flash (Triton)
 # ---------------------------------------------------------------------------------------------
