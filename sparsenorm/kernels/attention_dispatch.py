@@ -252,4 +252,4 @@ def _run(fn, threshold, call, dropout_p, return_weights, backend):
 
 
 __all__ = ["AttentionCall", "KERNELS", "BACKENDS", "AUTO_ORDER", "BLOCKWISE_MIN_SCORES", "register_attention_kernel",
-           "run_attention_kernel", "check_backend", "dense_attention", "searched_block_q"]
+           "run_attention_kernel", "dense_attention", "searched_block_q"]
