@@ -22,7 +22,7 @@ import torch
 
 from sparsenorm._text import markdown_table
 from sparsenorm.kernels import disabled
-from sparsenorm.kernels.attention_projection_ops import projection_attention
+from sparsenorm.kernels.ops.projection_attention import projection_attention
 from sparsenorm.kernels.reference import attention_projection as ref
 
 

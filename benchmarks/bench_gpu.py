@@ -138,7 +138,7 @@ def bench_attention(dtype: torch.dtype, rounds: int, quick: bool) -> List[dict]:
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from sparsenorm.kernels.attention_ops import flash_ev_softmax_attention
+    from sparsenorm.kernels.ops.evidential_attention import flash_ev_softmax_attention
 
     try:
         from flash_attn import flash_attn_func

@@ -44,7 +44,7 @@ __all__ = [
     "t_softmax", "r_softmax", "TSoftmax", "RSoftmax",
     "sparsehourglass", "SparseHourglass",
     "use_cpu_kernels", "kernels",
-    "marginalize",
+    "marginalize",  # noqa: F405  (a lazy submodule: __getattr__ below)
     "fused_linear_loss", "FusedLinearLoss",
     *_loss_names,
 ]

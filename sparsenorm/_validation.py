@@ -1,6 +1,6 @@
 """The one entry path of every normalizer, and every argument check.
 
-Every public function goes through :func:`normalize`: check ``x`` -> normalize ``dim`` -> upcast
+Every public function goes through :func:`run_on_rows`: check ``x`` -> normalize ``dim`` -> upcast
 (float16/bfloat16 are computed in float32) -> apply the "not there" rule and ``mask`` -> call the
 algorithm on rows along the LAST dimension -> move the dimension back and cast to the input dtype.
 Bad input fails here with a message that names the argument, never deep inside a kernel.
@@ -216,9 +216,11 @@ def check_multihead_inputs(query: Tensor, key: Tensor, value: Tensor, *, embed_d
             raise ValueError(f"key_padding_mask must have shape {expected} (batch, key length), got "
                              f"{tuple(key_padding_mask.shape)}")
     if attn_mask is not None:
-        allowed = [(L, S)] + ([(query.shape[1 - seq_axis] * num_heads, L, S)] if query.dim() == 3 else [(num_heads, L, S)])
+        batched = query.shape[1 - seq_axis] * num_heads if query.dim() == 3 else num_heads
+        allowed = [(L, S), (batched, L, S)]
         if tuple(attn_mask.shape) not in allowed:
-            raise ValueError(f"attn_mask must have shape {' or '.join(map(str, allowed))}, got {tuple(attn_mask.shape)}")
+            raise ValueError(f"attn_mask must have shape {' or '.join(map(str, allowed))}, "
+                             f"got {tuple(attn_mask.shape)}")
 
 
 # ---------------------------------------------------------------------------------------- entry path
@@ -258,7 +260,7 @@ def per_row_tensor(rows: Tensor, value: Union[float, Tensor]) -> Tensor:
     return torch.full(rows.shape[:-1] + (1,), value, dtype=rows.dtype, device=rows.device)
 
 
-def normalize(
+def run_on_rows(
     fn: Callable[..., Tensor],
     x: Tensor,
     dim: int,

@@ -45,7 +45,8 @@ class _OneLineErrorParser(argparse.ArgumentParser):
         self.exit(2, f"sparsenorm: error: {message} (see `{self.prog} --help`)\n")
 
 
-_COMMON_OPTIONS = ("quick", "decisive", "seeds", "epochs", "normalizers", "out", "device", "data_dir", "max_steps", "report_only")
+_COMMON_OPTIONS = ("quick", "decisive", "seeds", "epochs", "normalizers", "out", "device", "data_dir", "max_steps",
+                   "report_only")
 
 
 def _common_options() -> argparse.ArgumentParser:

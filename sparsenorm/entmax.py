@@ -10,10 +10,12 @@ its known defects: ``k`` works with a negative ``dim``; a row that is all ``-inf
 a zero gradient (``entmax`` crashes); fp16/bf16 are computed in float32 (``entmax``'s bf16
 ``entmax15`` does not sum to one); double backward works (``entmax15``'s gives NaN there).
 
-The exact maps run the registered operator ``sparsenorm::project`` (``sparsenorm.kernels.ops``):
+The exact maps run the registered operator ``sparsenorm::project`` (``sparsenorm.kernels.ops.projection``):
 a fused C++ kernel on CPU where built (exact sort-free threshold iteration), else an exact iteration
-without a full sort on CPU, and a full sort (sync-free) on other devices; then the entmax
-package's closed-form backward.
+without a full sort on CPU; the Triton kernel on CUDA where triton is installed and the row fits,
+else a full sort (sync-free); then the entmax package's closed-form backward. ``entmax_bisect``
+with one number ``alpha > 1`` runs ``sparsenorm::entmax_bisect``; a tensor ``alpha`` (learned) or
+``alpha <= 1`` the bisection's ``autograd.Function`` on the op layer.
 
 Common conventions (every function here):
 
@@ -29,21 +31,16 @@ from __future__ import annotations
 
 from typing import Optional, Union
 
-import torch
 from torch import Tensor, nn
-from torch.autograd import Function
 
-from ._validation import check_floating, check_k, check_n_iter, check_param, normalize
-from .kernels import ops
-from .kernels.reference.projection import bisect, bisect_backward_parts, bisect_forward, dense_backward, shift_by_max
+from ._validation import check_floating, check_k, check_n_iter, check_param, run_on_rows
+from .kernels.ops import projection as ops
 
 __all__ = [
     "sparsemax", "sparsemax_bisect", "entmax15", "entmax_bisect",
     "Sparsemax", "SparsemaxBisect", "Entmax15", "EntmaxBisect",
 ]
 
-
-# ----------------------------------------------------------------------------- helpers
 
 # ----------------------------------------------------------------------------- sparsemax
 
@@ -69,7 +66,7 @@ def sparsemax(X: Tensor, dim: int = -1, k: Optional[int] = None, mask: Optional[
     distribution.
     """
     check_k(k)
-    return normalize(ops.project, X, dim, mask, "sparsemax", k, name="X", marks_not_there=False)
+    return run_on_rows(ops.project, X, dim, mask, "sparsemax", k, name="X", marks_not_there=False)
 
 
 # ----------------------------------------------------------------------------- 1.5-entmax
@@ -94,69 +91,10 @@ def entmax15(X: Tensor, dim: int = -1, k: Optional[int] = None, mask: Optional[T
     ``p = 0`` is taken as 0).
     """
     check_k(k)
-    return normalize(ops.project, X, dim, mask, "entmax15", k, name="X", marks_not_there=False)
+    return run_on_rows(ops.project, X, dim, mask, "entmax15", k, name="X", marks_not_there=False)
 
 
 # ----------------------------------------------------------------------------- bisection
-
-class EntmaxBisectFunction(Function):
-    """alpha-entmax by bisection on ``tau`` for ``p = [(alpha - 1) x - tau]_+^(1/(alpha-1))`` over
-    the last dim; ``a`` is alpha per row (shape ``X.shape[:-1] + (1,)``)."""
-
-    generate_vmap_rule = True  # forward is torch ops only, and separate from setup_context: torch.vmap works
-
-    @staticmethod
-    def forward(X: Tensor, a: Tensor, n_iter: int, ensure_sum_one: bool, maybe_softmax: bool) -> Tensor:
-        return bisect_forward(shift_by_max(X), a, n_iter, ensure_sum_one, maybe_softmax)
-
-    @staticmethod
-    def setup_context(ctx, inputs, output) -> None:
-        ctx.save_for_backward(output, inputs[1])
-
-    @staticmethod
-    def backward(ctx, dY: Tensor):
-        p, a = ctx.saved_tensors
-        softmax_rows = a == 1
-        dX, gppr, total, on, p_on = bisect_backward_parts(p, dY, a)
-
-        d_alpha = None
-        if ctx.needs_input_grad[1]:
-            # Correia et al. (2019), Prop. 1 (as in the entmax package). Undefined at alpha = 1
-            # (0/0); returned as 0 there (documented).
-            a_safe = torch.where(softmax_rows, torch.full_like(a, 2.0), a)
-            S = torch.where(on, p_on * torch.log(p_on), torch.zeros_like(p))
-            ent = S.sum(-1, keepdim=True)
-            skewed = gppr / total
-            d_alpha = dY * (p - skewed) / (a_safe - 1) ** 2 - dY * (S - skewed * ent) / (a_safe - 1)
-            d_alpha = d_alpha.sum(-1, keepdim=True)
-            d_alpha = torch.where(softmax_rows, torch.zeros_like(d_alpha), d_alpha)
-        return dX, d_alpha, None, None, None
-
-
-class SparsemaxBisectFunction(Function):
-    """sparsemax by bisection on ``tau`` for ``p = [x - tau]_+`` over the last dim; backward as sparsemax."""
-
-    generate_vmap_rule = True  # as EntmaxBisectFunction
-
-    @staticmethod
-    def forward(X: Tensor, n_iter: int, ensure_sum_one: bool) -> Tensor:
-        z = shift_by_max(X)
-        shape = z.shape[:-1] + (1,)
-        # alpha = 2: p = [z - tau]_+ (the identity hook); tau in [max - 1, max - 1/d]
-        return bisect(z, z.new_full(shape, -1.0), z.new_full(shape, 1.0 - 1.0 / z.shape[-1]), n_iter, ensure_sum_one,
-                      lambda u: u)
-
-    @staticmethod
-    def setup_context(ctx, inputs, output) -> None:
-        ctx.save_for_backward(output)
-
-    @staticmethod
-    def backward(ctx, grad_output: Tensor):
-        (p,) = ctx.saved_tensors
-        if torch.is_grad_enabled():
-            return dense_backward(p, grad_output, "sparsemax"), None, None
-        return ops.project_backward(p, grad_output, "sparsemax"), None, None
-
 
 def entmax_bisect(
     X: Tensor,
@@ -196,19 +134,8 @@ def entmax_bisect(
         check_floating(alpha, "alpha")
     check_param(alpha, "alpha", low=0.0, low_inclusive=False)
     maybe_softmax = isinstance(alpha, Tensor) or float(alpha) == 1.0
-    fused_op = not isinstance(alpha, Tensor) and alpha > 1  # one alpha > 1 (static)
-
-    def run(rows: Tensor, alpha) -> Tensor:
-        if fused_op:
-            return ops.entmax_bisect(rows, float(alpha), n_iter, bool(ensure_sum_one))
-        a = alpha if isinstance(alpha, Tensor) else torch.full(rows.shape[:-1] + (1,), alpha, dtype=rows.dtype,
-                                                               device=rows.device)
-        return EntmaxBisectFunction.apply(rows, a, n_iter, bool(ensure_sum_one), maybe_softmax)
-
-    # The op treats entries <= finfo.min / 2 as not there itself (its C++ kernel in its passes, its
-    # reference by marking them): no marking pass here (issue 28: that pass, a masked_fill, and
-    # its backward were about half of entmax_bisect's CPU time).
-    return normalize(run, X, dim, mask, params={"alpha": alpha}, name="X", marks_not_there=not fused_op)
+    return run_on_rows(ops.entmax_bisect_rows, X, dim, mask, n_iter, bool(ensure_sum_one), maybe_softmax,
+                     params={"alpha": alpha}, name="X", marks_not_there=not ops.entmax_bisect_is_fused(alpha))
 
 
 def sparsemax_bisect(X: Tensor, dim: int = -1, n_iter: int = 50, ensure_sum_one: bool = True,
@@ -220,7 +147,7 @@ def sparsemax_bisect(X: Tensor, dim: int = -1, n_iter: int = 50, ensure_sum_one:
     ``mask`` as :func:`sparsemax`.
     """
     check_n_iter(n_iter)
-    return normalize(SparsemaxBisectFunction.apply, X, dim, mask, n_iter, bool(ensure_sum_one), name="X")
+    return run_on_rows(ops.SparsemaxBisectFunction.apply, X, dim, mask, n_iter, bool(ensure_sum_one), name="X")
 
 
 # ----------------------------------------------------------------------------- modules

@@ -22,13 +22,15 @@ Shared conventions (every function here):
   capping it keeps the maximal entries, so no row is ever left without support, and all-equal
   entries give the uniform distribution.
 
-Implementation: the registered operator ``sparsenorm::ev_softmax`` (``sparsenorm.kernels.ops``):
-a fused C++ kernel on CPU where built, else the pure-PyTorch reference
+Implementation: the registered operator ``sparsenorm::ev_softmax`` (``sparsenorm.kernels.ops.evidential``):
+a fused C++ kernel on CPU where built, the Triton kernel on CUDA where triton is installed, else the
+pure-PyTorch reference
 (``kernels/reference/evidential.py``), which is ``softmax`` of ``x`` with the entries below the
 threshold replaced by ``-inf`` (Eq. 7) or shifted by ``log(eps) - log(1 + eps)`` (Eq. 10), so its
 float32 accuracy is that of a masked ``torch.softmax``. The shift is piecewise constant, so the
 backward pass is exactly softmax's (resp. log-softmax's) backward on the saved output, which is
-all the operator saves; it uses differentiable ops, so double backward works. The kernel sums the
+all the operator saves (a fused kernel for the log form; under ``create_graph`` differentiable ops,
+so double backward works). The kernel sums the
 row mean in double, so the support can differ from the reference only for an entry within
 rounding of its row's mean.
 """
@@ -39,7 +41,7 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
-from ._validation import check_eps, check_floating, compute_dtype, normalize
+from ._validation import check_eps, check_floating, compute_dtype, run_on_rows
 from .kernels import ops
 
 _NEG_INF = float("-inf")
@@ -52,8 +54,8 @@ def ev_softmax(x: Tensor, dim: int = -1, mask: Optional[Tensor] = None) -> Tenso
     r"""Evidential softmax, Eq. 7: ``p_k ∝ 1{x_k >= mean(x)} exp(x_k)``.
 
     The mean is over the entries of the row that are there only (``-inf``, ``mask == False`` and
-    entries ``<= finfo(dtype).min / 2`` are excluded and get probability 0). Ties with the mean are kept (``>=``); rounding in the
-    mean can never empty a row (see the module notes). K = 1 gives 1, all-equal
+    entries ``<= finfo(dtype).min / 2`` are excluded and get probability 0). Ties with the mean are
+    kept (``>=``); rounding in the mean can never empty a row (see the module notes). K = 1 gives 1, all-equal
     entries the uniform distribution, K = 2 the one-hot argmax (a tie gives (1/2, 1/2)).
 
     Gradient (Eq. 9): ``∂p_i/∂x_j = p_i (δ_ij - p_j)``, i.e. softmax's Jacobian on the support
@@ -64,7 +66,7 @@ def ev_softmax(x: Tensor, dim: int = -1, mask: Optional[Tensor] = None) -> Tenso
         dim: dimension to normalize over.
         mask: optional boolean tensor broadcastable to ``x``; True = keep.
     """
-    return normalize(ops.ev_softmax, x, dim, mask, None, False, marks_not_there=False)
+    return run_on_rows(ops.ev_softmax, x, dim, mask, None, False, marks_not_there=False)
 
 
 def ev_softmax_train(x: Tensor, dim: int = -1, eps: float = 1e-6, mask: Optional[Tensor] = None) -> Tensor:
@@ -80,7 +82,7 @@ def ev_softmax_train(x: Tensor, dim: int = -1, eps: float = 1e-6, mask: Optional
         ValueError: if ``eps`` is negative, NaN or infinite.
     """
     check_eps(eps)
-    return normalize(ops.ev_softmax, x, dim, mask, float(eps), False, marks_not_there=False)
+    return run_on_rows(ops.ev_softmax, x, dim, mask, float(eps), False, marks_not_there=False)
 
 
 def log_ev_softmax_train(
@@ -100,7 +102,7 @@ def log_ev_softmax_train(
         ValueError: if ``eps`` is negative, NaN or infinite.
     """
     check_eps(eps)
-    return normalize(ops.ev_softmax, x, dim, mask, float(eps), True, marks_not_there=False)
+    return run_on_rows(ops.ev_softmax, x, dim, mask, float(eps), True, marks_not_there=False)
 
 
 # ----------------------------------------------------------------------------------------------

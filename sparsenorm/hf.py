@@ -22,8 +22,9 @@ may run on the memory-efficient blockwise path.
 
 ``key_lengths`` (batch,) may be passed through to the attention function (keys ``j >= len`` not
 there, no boolean matrix). ``"sparsenorm_posthoc_evidential"``: softmax while the model is in
-``train()`` mode, ev-softmax in ``eval()`` mode (``Normalizer.for_mode``; post-hoc evidential sparsification of a softmax-trained model: Theorem 3.1 of
-the ev-softmax paper with the keys as the linear layer).
+``train()`` mode, ev-softmax in ``eval()`` mode (``Normalizer.for_mode``; post-hoc evidential
+sparsification of a softmax-trained model: Theorem 3.1 of the ev-softmax paper with the keys as the
+linear layer).
 
 Sparse next-token distributions: :class:`SparseSampling` is a ``LogitsProcessor`` with which
 ``generate(do_sample=True)`` draws exactly from ``p = normalizer(logits / temperature)``, and
@@ -50,7 +51,7 @@ except ImportError as err:  # pragma: no cover - exercised only without the extr
     ) from err
 
 from . import registry
-from .attention.functional import attend, resolve_normalizer
+from .attention.functional import resolve_normalizer, sparse_attention_from_parts
 from .attention.masks import merge, split_mask
 
 __all__ = ["PREFIX", "make_attention_function", "register", "REGISTERED", "SparseSampling",
@@ -81,7 +82,7 @@ def make_attention_function(normalizer: Union[str, Callable] = "ev_softmax", **p
         causal = bool(is_causal) and attention_mask is None and query.shape[2] > 1
         want_weights = bool(kwargs.get("output_attentions") or getattr(getattr(module, "config", None),
                                                                         "output_attentions", False))
-        result = attend(
+        result = sparse_attention_from_parts(
             forms[module.training], query, key, value, keep, bias, key_lengths=key_lengths, is_causal=causal,
             dropout_p=float(dropout) if module.training else 0.0, scale=scaling, return_weights=want_weights,
             stats_module=module,

@@ -2,22 +2,21 @@
 "On Controllable Sparse Alternatives to Softmax", NeurIPS 2018).
 
 ``sparsehourglass(z) = sparsemax(alpha(z) * z)`` with ``alpha(z) = (1 + q K) / (|sum_i z_i| + q K)``
-(formulas in ``shared/papers/README.md``). Layering: the registered operators
-``sparsenorm::hourglass_forward`` / ``hourglass_backward`` (``sparsenorm.kernels.ops``: a fused C++
-kernel on CPU where built, else the reference ``kernels/reference/hourglass.py``) compute the map
-and its closed-form backward, the gradient through ``alpha(z)`` included; :class:`HourglassFunction`
-wires them into autograd (double backward through the reference's differentiable formula).
+(formulas in ``shared/papers/README.md``). This module validates and calls the op layer
+(``sparsenorm.kernels.ops.hourglass``: the registered operators ``sparsenorm::hourglass_forward`` /
+``hourglass_backward``, a fused C++ kernel on CPU where built, else the reference
+``kernels/reference/hourglass.py``, and their autograd), which computes the map and its
+closed-form backward, the gradient through ``alpha(z)`` included; double backward runs through the
+reference's differentiable formula.
 """
 from __future__ import annotations
 
 from typing import Optional, Union
 
-import torch
 from torch import Tensor, nn
 
-from ._autograd import PositionalFunction, incoming_grad, unused_grads_not_materialized
-from ._validation import check_param, normalize, per_row_tensor
-from .kernels import ops
+from ._validation import check_param, run_on_rows
+from .kernels.ops import hourglass as ops
 from .kernels.reference import hourglass as ref_hourglass
 
 Param = Union[float, int, Tensor]
@@ -32,44 +31,6 @@ def hourglass_scale(z: Tensor, q: Param = 1.0, dim: int = -1) -> Tensor:
     number or a tensor broadcastable to the keepdim row shape. Sync-free.
     """
     return ref_hourglass.scale_parts(z, q, dim)[0]
-
-
-class HourglassFunction(PositionalFunction):
-    """Sparsehourglass over the last dim; ``q`` a float or a tensor broadcastable to ``x[..., :1]``.
-
-    ``apply`` returns ``(p, alpha, sum z)``, only ``p`` differentiable: forward and ``setup_context``
-    are separate and the forward op carries a vmap rule, so torch generates this Function's vmap rule."""
-
-    generate_vmap_rule = True
-
-    @staticmethod
-    def forward(x: Tensor, q: Union[float, Tensor]):
-        return ops.hourglass_forward(x, per_row_tensor(x, q))
-
-    @staticmethod
-    def setup_context(ctx, inputs, output) -> None:
-        x, q = inputs
-        p, alpha, total = output
-        ctx.q = q if not isinstance(q, Tensor) else None
-        ctx.mark_non_differentiable(alpha, total)
-        unused_grads_not_materialized(ctx)
-        ctx.save_for_backward(p, x, alpha, total, q if isinstance(q, Tensor) else None)
-
-    @staticmethod
-    def backward(ctx, g: Tensor, *_unused):
-        p, x, alpha, total, q = ctx.saved_tensors
-        g = incoming_grad(g, p)
-        q_rows = per_row_tensor(x, ctx.q if q is None else q)
-        if torch.is_grad_enabled():
-            # double backward: differentiable ops, with alpha and sum z recomputed from x and q so
-            # that their dependence on them is in the graph
-            alpha, _, _, total = ref_hourglass.scale_parts(x, q_rows)
-            grad, grad_q = ref_hourglass.backward(g, p, x, alpha, total, q_rows)
-        else:
-            grad, grad_q = ops.hourglass_backward(g, p, x, alpha, total, q_rows)
-        if q is None or not ctx.needs_input_grad[1]:
-            return grad, None
-        return grad, grad_q.sum_to_size(q.shape)
 
 
 def sparsehourglass(x: Tensor, q: Param = 1.0, dim: int = -1, mask: Optional[Tensor] = None) -> Tensor:
@@ -100,8 +61,7 @@ def sparsehourglass(x: Tensor, q: Param = 1.0, dim: int = -1, mask: Optional[Ten
     double backward works.
     """
     check_param(q, "q", low=0.0, low_inclusive=False)
-    return normalize(lambda rows, q_rows: HourglassFunction.apply(rows, q_rows)[0], x, dim, mask, params={"q": q},
-                     marks_not_there=False)
+    return run_on_rows(ops.sparsehourglass_rows, x, dim, mask, params={"q": q}, marks_not_there=False)
 
 
 class SparseHourglass(nn.Module):

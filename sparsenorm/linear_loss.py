@@ -4,7 +4,7 @@ Language models end in ``logits = F.linear(hidden, weight, bias)`` over the voca
 entries) followed by a loss; the N x V logits and their gradient are where the memory goes.
 :func:`fused_linear_loss` computes ``registry.get(name).single_label_loss(F.linear(hidden, weight,
 bias), target)`` and its gradients w.r.t. ``hidden``, ``weight`` and ``bias`` block by block
-(``sparsenorm::linear_loss``, :mod:`sparsenorm.kernels.linear_loss_ops`), for every registry entry
+(``sparsenorm::linear_loss``, :mod:`sparsenorm.kernels.ops.linear_loss`), for every registry entry
 whose ``linear_loss`` capability is set. It lives above the registry (as attention does): it takes a
 normalizer by name.
 """
@@ -17,7 +17,7 @@ from torch import Tensor, nn
 
 from . import registry
 from ._validation import check_floating, compute_dtype, value_checks_enabled
-from .kernels import linear_loss_ops
+from .kernels.ops import linear_loss as linear_loss_ops
 from .losses._common import check_reduction
 
 __all__ = ["fused_linear_loss", "FusedLinearLoss", "streamable_normalizers"]

@@ -1,12 +1,13 @@
 """The one table of normalizers: experiments, benchmarks and the CLI take a normalizer by name here.
 
 Each entry pairs a normalizer's evaluation-time function with its training-time form, its
-log-probability function (where one exists), its default losses for single-label (class index)
-and multi-label (target distribution / multi-hot) targets, and its capabilities (``cpu_kernel``,
-``supports_mask``, ``attention``, ``entmax_twin``, ``attention_threshold``, ``alpha``, ``linear_loss``; the post-hoc
-switch ``trains_as``/``evaluates_as`` behind :meth:`Normalizer.for_mode`), which is what the benchmark, the experiments and
-the attention layer select by. Code elsewhere takes normalizers from here rather than listing
-names (the experiments are being moved onto these fields).
+log-probability function (where one exists), its default losses for single-label (class index) and
+multi-label (target distribution / multi-hot) targets, and its capabilities (``cpu_kernel``,
+``supports_mask``, ``attention``, ``entmax_twin``, ``attention_threshold``, ``alpha``,
+``linear_loss``; the post-hoc switch ``trains_as``/``evaluates_as`` behind
+:meth:`Normalizer.for_mode`), which is what the benchmark, the experiments and the attention layer
+select by. Code elsewhere takes normalizers from here rather
+than listing names (the experiments are being moved onto these fields).
 
 All callables take logits first and normalize over ``dim=-1`` (functions) or classes on dim 1
 (losses, as ``torch.nn.CrossEntropyLoss``). Parameters such as ``alpha``, ``t``, ``r`` and ``q``
@@ -14,6 +15,7 @@ are bound to the defaults in ``params``; pass ``**overrides`` to :func:`get` to 
 """
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Callable, Dict, Optional
@@ -62,9 +64,10 @@ class Normalizer:
     entmax_twin: Optional[str] = None
     """The ``entmax`` package's function computing the same map, if any (for comparisons)."""
     attention_threshold: Optional[str] = None
-    """What attention may do with this map without the L x S score matrix (``sparsenorm.kernels.
-    attention_ops`` keys its memory-efficient kernels by this): ``"known"`` -- the threshold is
-    known before the pass over the keys (ev-softmax: the mean score is ``q . mean(k)``);
+    """What attention may do with this map without the L x S score matrix
+    (``sparsenorm.kernels.attention_dispatch`` keys its memory-efficient kernels by this):
+    ``"known"`` -- the threshold is known before the pass over the keys (ev-softmax: the mean score
+    is ``q . mean(k)``);
     ``"searched"`` -- the threshold must be searched over key blocks (sparsemax, entmax: a
     bisection on tau with running sums); None -- it needs the whole row at once (a quantile, a
     sort, a sum over the row): attention builds the scores."""
@@ -73,7 +76,7 @@ class Normalizer:
     ``alpha`` parameter), which is what a threshold search needs to know about it."""
     linear_loss: Optional[str] = None
     """Streamable single-label loss: the kind of the fused op ``sparsenorm::linear_loss``
-    (``sparsenorm.kernels.linear_loss_ops``) that computes ``single_label_loss(F.linear(h, W, b), y)``
+    (``sparsenorm.kernels.ops.linear_loss``) that computes ``single_label_loss(F.linear(h, W, b), y)``
     from ``h``, ``W`` and ``b`` without the N x V logits (:func:`sparsenorm.fused_linear_loss`), or
     None where the loss needs the whole row in a way that is not streamed."""
     trains_as: Optional[str] = None
@@ -100,9 +103,27 @@ class Normalizer:
         return self.forward(layer(features), dim=-1)
 
 
+def _rebind(entry: Normalizer, params: Dict[str, float]) -> Normalizer:
+    """``entry`` with ``params`` bound to each of its callables that takes them (a ``partial``: see
+    ``_build``; each gets the parameters its signature names) and ``alpha`` from ``params``."""
+    def rebind(fn):
+        if not isinstance(fn, partial):
+            return fn
+        accepted = inspect.signature(fn.func).parameters
+        return partial(fn.func, **{k: v for k, v in params.items() if k in accepted})
+
+    return replace(
+        entry, forward=rebind(entry.forward), train_forward=rebind(entry.train_forward),
+        log_prob=rebind(entry.log_prob) if entry.log_prob else None,
+        single_label_loss=rebind(entry.single_label_loss), multi_label_loss=rebind(entry.multi_label_loss),
+        params=params, alpha=params.get("alpha", entry.alpha),
+    )
+
+
 def _build() -> Dict[str, Normalizer]:
-    def bind(fn, **params):
-        return partial(fn, **params) if params else fn
+    # ``takes_params(fn)`` marks a callable that gets the entry's ``params`` it accepts (by name), bound
+    # once from ``params`` below (and rebound by :func:`get`): each default is written once, in ``params``.
+    takes_params = partial
 
     entries = [
         Normalizer(
@@ -112,8 +133,8 @@ def _build() -> Dict[str, Normalizer]:
         ),
         Normalizer(
             "ev_softmax", "Evidential softmax (Chen et al. 2021, Eq. 7); trained through Eq. 10.",
-            evidential.ev_softmax, bind(evidential.ev_softmax_train, eps=1e-6),
-            bind(evidential.log_ev_softmax_train, eps=1e-6),
+            evidential.ev_softmax, takes_params(evidential.ev_softmax_train),
+            takes_params(evidential.log_ev_softmax_train),
             ev_losses.ev_softmax_nll_loss, ev_losses.ev_softmax_multilabel_loss, sparse=True,
             params={"eps": 1e-6}, cpu_kernel=True, attention_threshold="known", linear_loss="ev_softmax",
         ),
@@ -139,33 +160,33 @@ def _build() -> Dict[str, Normalizer]:
             linear_loss="entmax15",
         ),
         Normalizer(
-            "entmax_bisect", "alpha-entmax by bisection (default alpha=1.5).",
-            bind(entmax_bisect, alpha=1.5), bind(entmax_bisect, alpha=1.5), None,
-            bind(fenchel_young.entmax_bisect_loss, alpha=1.5), bind(fenchel_young.entmax_bisect_loss, alpha=1.5),
+            "entmax_bisect", "alpha-entmax by bisection (Peters et al. 2019); alpha in params.",
+            takes_params(entmax_bisect), takes_params(entmax_bisect), None,
+            takes_params(fenchel_young.entmax_bisect_loss), takes_params(fenchel_young.entmax_bisect_loss),
             sparse=True, params={"alpha": 1.5}, entmax_twin="entmax_bisect", attention_threshold="searched",
-            alpha=1.5, linear_loss="entmax_bisect",
+            linear_loss="entmax_bisect",
         ),
         Normalizer(
             "t_softmax", "t-softmax (Bałazy et al., r-softmax paper Eq. 1), temperature-like t.",
-            bind(rsoftmax.t_softmax, t=1.0), bind(rsoftmax.t_softmax, t=1.0), None,
-            bind(r_losses.t_softmax_loss, t=1.0), bind(r_losses.t_softmax_loss, t=1.0),
+            takes_params(rsoftmax.t_softmax), takes_params(rsoftmax.t_softmax), None,
+            takes_params(r_losses.t_softmax_loss), takes_params(r_losses.t_softmax_loss),
             sparse=True, params={"t": 1.0},
         ),
         Normalizer(
             "r_softmax", "r-softmax (Bałazy et al., Eq. 3): a fraction r of the entries is zero.",
-            bind(rsoftmax.r_softmax, r=0.5), bind(rsoftmax.r_softmax, r=0.5), None,
-            bind(r_losses.r_softmax_loss, r=0.5), bind(r_losses.r_softmax_loss, r=0.5),
+            takes_params(rsoftmax.r_softmax), takes_params(rsoftmax.r_softmax), None,
+            takes_params(r_losses.r_softmax_loss), takes_params(r_losses.r_softmax_loss),
             sparse=True, params={"r": 0.5}, cpu_kernel=True,
         ),
         Normalizer(
             "sparsehourglass", "Sparsehourglass (Laha et al. 2018): sparsemax of a rescaled input.",
-            bind(hourglass.sparsehourglass, q=1.0), bind(hourglass.sparsehourglass, q=1.0), None,
-            bind(hourglass_losses.sparsehourglass_hinge_loss, q=1.0),
-            bind(hourglass_losses.sparsehourglass_multilabel_hinge_loss, q=1.0),
+            takes_params(hourglass.sparsehourglass), takes_params(hourglass.sparsehourglass), None,
+            takes_params(hourglass_losses.sparsehourglass_hinge_loss),
+            takes_params(hourglass_losses.sparsehourglass_multilabel_hinge_loss),
             sparse=True, params={"q": 1.0},
         ),
     ]
-    return {n.name: n for n in entries}
+    return {n.name: _rebind(n, n.params) for n in entries}
 
 
 NORMALIZERS: Dict[str, Normalizer] = _build()
@@ -190,18 +211,7 @@ def get(name: str, **overrides) -> Normalizer:
     unknown = set(overrides) - set(entry.params)
     if unknown:
         raise ValueError(
-            f"normalizer {name!r} has no parameter(s) {sorted(unknown)}; its parameters: {sorted(entry.params) or 'none'}"
+            f"normalizer {name!r} has no parameter(s) {sorted(unknown)}; "
+            f"its parameters: {sorted(entry.params) or 'none'}"
         )
     return _rebind(entry, {**entry.params, **overrides})
-
-
-def _rebind(entry: Normalizer, params: Dict[str, float]) -> Normalizer:
-    def rebind(fn):
-        return partial(fn.func, **{k: v for k, v in params.items() if k in fn.keywords}) if isinstance(fn, partial) else fn
-
-    return replace(
-        entry, forward=rebind(entry.forward), train_forward=rebind(entry.train_forward),
-        log_prob=rebind(entry.log_prob) if entry.log_prob else None,
-        single_label_loss=rebind(entry.single_label_loss), multi_label_loss=rebind(entry.multi_label_loss),
-        params=params, alpha=params.get("alpha", entry.alpha),
-    )

@@ -9,16 +9,17 @@ Both are a *weighted softmax* ``p_i = w_i exp(x_i) / sum_j w_j exp(x_j)`` with t
   linearly interpolated quantile of the row (the paper's definition, the same as
   ``torch.quantile(..., interpolation="linear")``).
 
-Layering: the registered operators ``sparsenorm::r_softmax_forward`` / ``t_softmax_forward`` and
-their shared ``r_softmax_backward`` (``sparsenorm.kernels.ops``) run a fused C++ kernel on CPU where
-built (order statistics by bucket selection, no sort) and else the reference
-(``kernels/reference/rsoftmax.py``: ``torch.topk`` selection on CPU, a sync-free sort elsewhere;
-the weighted softmax as ``w exp(x - max)`` normalized). The ``autograd.Function`` classes save
-the output ``p``, the input ``x`` (the Jacobian has ``1 / w_i`` terms, ``w = x - tau``) and per-row
-threshold data, and apply the closed-form backward below; :func:`t_softmax` / :func:`r_softmax`
-validate and go through the entry path (``sparsenorm._validation.normalize``), which leaves entries
-at or below ``finfo.min / 2`` to the operators (they read them as not there); the modules
-:class:`TSoftmax` / :class:`RSoftmax` store ``dim`` and the parameter.
+Layering: :func:`t_softmax` / :func:`r_softmax` validate and go through the entry path
+(``sparsenorm._validation.run_on_rows``), which leaves entries at or below ``finfo.min / 2`` to the
+operators (they read them as not there), and call the op layer (``sparsenorm.kernels.ops.rsoftmax``):
+the registered operators ``sparsenorm::r_softmax_forward`` / ``t_softmax_forward`` and their shared
+``r_softmax_backward`` run a fused C++ kernel on CPU where built (order statistics by bucket
+selection, no sort) and else the reference (``kernels/reference/rsoftmax.py``: ``torch.topk``
+selection on CPU, a sync-free sort elsewhere; the weighted softmax as ``w exp(x - max)``
+normalized); their ``autograd.Function`` classes save the output ``p``, the input ``x`` (the
+Jacobian has ``1 / w_i`` terms, ``w = x - tau``) and per-row threshold data, and apply the
+closed-form backward below. The modules :class:`TSoftmax` / :class:`RSoftmax` store ``dim`` and
+the parameter.
 
 Closed-form backward. With ``e_i = exp(x_i) / sum_j w_j exp(x_j)`` on the support (0 off it),
 ``<g, p> = sum_i g_i p_i`` and ``C = -sum_i e_i (g_i - <g, p>)``::
@@ -41,74 +42,10 @@ from typing import Optional, Union
 import torch
 from torch import Tensor, nn
 
-from ._autograd import PositionalFunction, incoming_grad, unused_grads_not_materialized
-from ._validation import check_param, normalize, per_row_tensor
-from .kernels import ops
+from ._validation import check_param, run_on_rows
+from .kernels.ops import rsoftmax as ops
 
 Param = Union[float, int, Tensor]
-
-
-# --------------------------------------------------------------------------------------------
-# helpers
-# --------------------------------------------------------------------------------------------
-def _first_order_only(backward):
-    """Raise a clear error for double backward (``create_graph=True``) instead of a silent wrong answer.
-
-    The closed-form backward uses ``e = p / w``, which is not an output of the forward, so a
-    second derivative through it would miss terms; refusing is the honest option.
-    """
-
-    def wrapped(ctx, *grads):
-        if torch.is_grad_enabled():
-            raise RuntimeError(
-                "t_softmax/r_softmax support first derivatives only: double backward "
-                "(create_graph=True) is not implemented"
-            )
-        return backward(ctx, *grads)
-
-    return wrapped
-
-
-def _first_output(function):
-    """``function.apply``'s differentiable output ``p`` (it also returns the per-row parts its backward saves)."""
-    return lambda *args: function.apply(*args)[0]
-
-
-# --------------------------------------------------------------------------------------------
-# t-softmax
-# --------------------------------------------------------------------------------------------
-class TSoftmaxFunction(PositionalFunction):
-    """t-softmax over the last dim; ``t`` a float or a tensor broadcastable to ``x[..., :1]``.
-
-    ``apply`` returns ``(p, tau, argmax, dead)`` (the per-row parts the backward needs; only ``p`` is
-    differentiable): forward and ``setup_context`` are separate, and the ops it calls carry vmap
-    rules, so torch generates its vmap rule (``torch.vmap`` over t-softmax works)."""
-
-    generate_vmap_rule = True
-
-    @staticmethod
-    def forward(x: Tensor, t: Union[float, Tensor]):
-        return ops.t_softmax_forward(x, per_row_tensor(x, t))
-
-    @staticmethod
-    def setup_context(ctx, inputs, output) -> None:
-        x, t = inputs
-        p, tau, argmax, dead = output
-        ctx.t_shape = t.shape if isinstance(t, Tensor) else None
-        ctx.mark_non_differentiable(tau, argmax, dead)
-        unused_grads_not_materialized(ctx)
-        ctx.save_for_backward(p, x, tau, argmax, dead)
-
-    @staticmethod
-    @_first_order_only
-    def backward(ctx, g: Tensor, *_unused):
-        p, x, tau, argmax, dead = ctx.saved_tensors
-        # d tau / d x = indicator of the arg-max: r-softmax's backward with lo = hi = arg-max, frac = 0
-        grad, c = ops.r_softmax_backward(incoming_grad(g, p), p, x, tau, argmax, argmax, torch.zeros_like(tau), dead)
-        grad_t = None
-        if ctx.t_shape is not None and ctx.needs_input_grad[1]:
-            grad_t = (-c).sum_to_size(ctx.t_shape)
-        return grad, grad_t
 
 
 def t_softmax(x: Tensor, t: Param, dim: int = -1, mask: Optional[Tensor] = None) -> Tensor:
@@ -130,51 +67,14 @@ def t_softmax(x: Tensor, t: Param, dim: int = -1, mask: Optional[Tensor] = None)
 
         mask: optional boolean tensor broadcastable to ``x``; True = keep.
 
-    Edge cases: an entry that is not there (``-inf``, ``mask == False``, or ``<= finfo(dtype).min
-    / 2``) gets exactly 0; a row with none there returns zeros with zero gradient; NaN in a row gives NaN in that row; float16/bfloat16 are computed in float32
-    and returned in the input dtype. ``t <= 0`` (or NaN) raises ``ValueError``; a non-floating
-    ``x`` raises ``TypeError``. Backward is closed-form (module docstring); double backward
-    raises a clear ``RuntimeError``.
+    Edge cases: an entry that is not there (``-inf``, ``mask == False``, or ``<= finfo(dtype).min / 2``)
+    gets exactly 0; a row with none there returns zeros with zero gradient; NaN in a row gives NaN in
+    that row; float16/bfloat16 are computed in float32 and returned in the input dtype. ``t <= 0`` (or
+    NaN) raises ``ValueError``; a non-floating ``x`` raises ``TypeError``. Backward is closed-form
+    (module docstring); double backward raises a clear ``RuntimeError``.
     """
     check_param(t, "t", low=0.0, low_inclusive=False)
-    return normalize(_first_output(TSoftmaxFunction), x, dim, mask, params={"t": t}, marks_not_there=False)
-
-
-# --------------------------------------------------------------------------------------------
-# r-softmax
-# --------------------------------------------------------------------------------------------
-class RSoftmaxFunction(PositionalFunction):
-    """r-softmax over the last dim; ``r`` a float or a tensor broadcastable to ``x[..., :1]``.
-
-    Forward and backward are the registered operators ``sparsenorm::r_softmax_forward`` /
-    ``r_softmax_backward`` (a fused C++ kernel on CPU where built, else the reference)."""
-
-    generate_vmap_rule = True  # as TSoftmaxFunction: apply returns the forward op's outputs, p first
-
-    @staticmethod
-    def forward(x: Tensor, r: Union[float, Tensor]):
-        # tau >= max (r = 1, n = 1, or the quantile tied with the max) makes every weight 0: the
-        # output is then the r -> 1 limit, uniform over the arg-max entries (a "dead" row).
-        return ops.r_softmax_forward(x, per_row_tensor(x, r))
-
-    @staticmethod
-    def setup_context(ctx, inputs, output) -> None:
-        x, r = inputs
-        p, tau, lo_idx, hi_idx, frac, dtau_dr, dead = output
-        ctx.r_shape = r.shape if isinstance(r, Tensor) else None
-        ctx.mark_non_differentiable(*output[1:])
-        unused_grads_not_materialized(ctx)
-        ctx.save_for_backward(p, x, tau, lo_idx, hi_idx, frac, dtau_dr, dead)
-
-    @staticmethod
-    @_first_order_only
-    def backward(ctx, g: Tensor, *_unused):
-        p, x, tau, lo_idx, hi_idx, frac, dtau_dr, dead = ctx.saved_tensors
-        grad, c = ops.r_softmax_backward(incoming_grad(g, p), p, x, tau, lo_idx, hi_idx, frac, dead)
-        grad_r = None
-        if ctx.r_shape is not None and ctx.needs_input_grad[1]:
-            grad_r = (c * dtau_dr).sum_to_size(ctx.r_shape)
-        return grad, grad_r
+    return run_on_rows(ops.t_softmax_rows, x, dim, mask, params={"t": t}, marks_not_there=False)
 
 
 def r_softmax(x: Tensor, r: Param, dim: int = -1, mask: Optional[Tensor] = None) -> Tensor:
@@ -205,17 +105,18 @@ def r_softmax(x: Tensor, r: Param, dim: int = -1, mask: Optional[Tensor] = None)
 
         mask: optional boolean tensor broadcastable to ``x``; True = keep.
 
-    Masks: an entry that is "not there" (``-inf``, ``mask == False``, or ``<= finfo(dtype).min /
-    2``) gets exactly 0 and the quantile is taken over the entries that are there only (``r`` is the fraction of zeros among them). (The authors' code instead
-    counts underflowed entries as zeros already present and adds ``eps = 1e-8`` to ``t``, so
-    entries tied with the quantile keep a ~1e-8 weight; it also detaches ``t``. Here the formula
-    is exact and the gradient flows through the quantile.) A row with no finite entry returns
-    zeros with zero gradient; NaN in a row gives NaN in that row; float16/bfloat16 are computed
-    in float32 and returned in the input dtype. ``r`` outside ``[0, 1]`` raises ``ValueError``;
-    a non-floating ``x`` raises ``TypeError``. Double backward (``create_graph=True``) raises a clear ``RuntimeError``.
+    Masks: an entry that is "not there" (``-inf``, ``mask == False``, or ``<= finfo(dtype).min / 2``)
+    gets exactly 0 and the quantile is taken over the entries that are there only (``r`` is the fraction
+    of zeros among them). (The authors' code instead counts underflowed entries as zeros already present
+    and adds ``eps = 1e-8`` to ``t``, so entries tied with the quantile keep a ~1e-8 weight; it also
+    detaches ``t``. Here the formula is exact and the gradient flows through the quantile.) A row with
+    no finite entry returns zeros with zero gradient; NaN in a row gives NaN in that row;
+    float16/bfloat16 are computed in float32 and returned in the input dtype. ``r`` outside ``[0, 1]``
+    raises ``ValueError``; a non-floating ``x`` raises ``TypeError``. Double backward
+    (``create_graph=True``) raises a clear ``RuntimeError``.
     """
     check_param(r, "r", low=0.0, high=1.0)
-    return normalize(_first_output(RSoftmaxFunction), x, dim, mask, params={"r": r}, marks_not_there=False)
+    return run_on_rows(ops.r_softmax_rows, x, dim, mask, params={"r": r}, marks_not_there=False)
 
 
 # --------------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from ._validation import normalize
+from ._validation import run_on_rows
 
 
 def _softmax_rows(z: Tensor) -> Tensor:
@@ -30,14 +30,14 @@ def _log_softmax_rows(z: Tensor) -> Tensor:
 def masked_softmax(x: Tensor, dim: int = -1, mask: Optional[Tensor] = None) -> Tensor:
     r"""``torch.softmax`` with the "not there" rule: :math:`p_i = e^{x_i} / \sum_{j \text{ there}} e^{x_j}`
     over the entries that are there, 0 elsewhere; a row with none there gives zeros (not NaN).
-    Through the one entry path (``_validation.normalize``), so argument checks and dtypes are those
+    Through the one entry path (``_validation.run_on_rows``), so argument checks and dtypes are those
     of every normalizer."""
-    return normalize(_softmax_rows, x, dim, mask)
+    return run_on_rows(_softmax_rows, x, dim, mask)
 
 
 def masked_log_softmax(x: Tensor, dim: int = -1, mask: Optional[Tensor] = None) -> Tensor:
     """``torch.log_softmax`` with the "not there" rule (log 0 = ``-inf``; a row with none there: all ``-inf``)."""
-    return normalize(_log_softmax_rows, x, dim, mask)
+    return run_on_rows(_log_softmax_rows, x, dim, mask)
 
 
 __all__ = ["masked_softmax", "masked_log_softmax"]

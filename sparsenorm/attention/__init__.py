@@ -5,10 +5,11 @@
 * :class:`MultiheadAttention` -- a drop-in for ``torch.nn.MultiheadAttention`` with ``normalizer=``.
 * :func:`record` -- attended keys per query (support size), per layer and head, from any model.
 * :func:`ev_softmax_attention_blockwise` -- exact ev-softmax attention without the L x S matrix
-  (the registered op :mod:`sparsenorm.kernels.attention_ops` runs; chosen automatically).
+  (the registered op of :mod:`sparsenorm.kernels.ops.evidential_attention`; chosen automatically).
 * :mod:`.masks` -- the "not there" rule for attention masks.
 """
-from ..kernels.attention_ops import BACKENDS, BLOCKWISE_MIN_SCORES, ev_softmax_attention_blockwise
+from ..kernels.attention_dispatch import BACKENDS, BLOCKWISE_MIN_SCORES
+from ..kernels.ops.evidential_attention import ev_softmax_attention_blockwise
 from .functional import sparse_attention
 from .masks import split_mask
 from .modules import MultiheadAttention

@@ -1,7 +1,7 @@
 """``sparse_attention``: scaled dot-product attention with any sparsenorm normalizer in place of softmax.
 
 This layer validates arguments, resolves the normalizer once, turns masks into ``(keep, bias,
-key_lengths)`` (:mod:`.masks`) and calls :func:`sparsenorm.kernels.attention_ops.attention`,
+key_lengths)`` (:mod:`.masks`) and calls :func:`sparsenorm.kernels.attention_dispatch.run_attention_kernel`,
 which picks the kernel; it never looks at the device or at a normalizer's name.
 """
 from __future__ import annotations
@@ -15,12 +15,12 @@ from torch import Tensor, nn
 
 from .. import registry
 from .._validation import check_attention_batch, check_floating, check_param, value_checks_enabled
-from ..kernels import attention_ops
-from ..kernels.attention_ops import BACKENDS, AttentionCall, check_backend
+from ..kernels.attention_call import AttentionCall
+from ..kernels.attention_dispatch import BACKENDS, check_backend, run_attention_kernel
 from . import stats
 from .masks import split_mask
 
-__all__ = ["sparse_attention", "resolve_normalizer", "ResolvedNormalizer", "attend", "BACKENDS"]
+__all__ = ["sparse_attention", "resolve_normalizer", "ResolvedNormalizer", "sparse_attention_from_parts", "BACKENDS"]
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,8 @@ def _check_inputs(query: Tensor, key: Tensor, value: Tensor, dropout_p: float, s
     for name, t in (("query", query), ("key", key), ("value", value)):
         check_floating(t, name)
         if t.dim() < 2:
-            raise ValueError(f"{name} must have at least 2 dimensions (..., length, features), got shape {tuple(t.shape)}")
+            raise ValueError(f"{name} must have at least 2 dimensions (..., length, features), "
+                             f"got shape {tuple(t.shape)}")
     if key.shape[-1] != query.shape[-1]:
         raise ValueError(f"query and key must have the same last dimension, got {query.shape[-1]} and {key.shape[-1]}")
     if key.shape[-2] != value.shape[-2]:
@@ -185,11 +186,11 @@ def sparse_attention(
     registry capability where one applies -- for ev-softmax (threshold known before the pass) the
     Triton flash kernel on CUDA (boolean key-padding masks and ``key_lengths`` only), else the
     exact blockwise kernel (O(L) extra memory) once ``L * S`` reaches
-    :data:`sparsenorm.kernels.attention_ops.BLOCKWISE_MIN_SCORES` -- and the dense path
+    :data:`sparsenorm.kernels.attention_dispatch.BLOCKWISE_MIN_SCORES` -- and the dense path
     otherwise, which builds the L x S weights. ``"dense"``, ``"blockwise"``, ``"triton"``,
     ``"flex"`` ask for one (``ValueError`` where it has no kernel for the normalizer or does not
     apply; the memory-efficient ones return no weights, apply no dropout and do not
-    differentiate a float mask). See :mod:`sparsenorm.kernels.attention_ops`.
+    differentiate a float mask). See :mod:`sparsenorm.kernels.attention_dispatch`.
 
     ``stats_module``: the module this call's attended-key counts are filed under while a
     :func:`sparsenorm.attention.record` block is open (default: ``"sparse_attention"``).
@@ -201,13 +202,13 @@ def sparse_attention(
     check_backend(backend)
     resolved = resolve_normalizer(normalizer, params)
     keep, bias = split_mask(attn_mask)
-    return attend(resolved, query, key, value, keep, bias, key_lengths=key_lengths, query_lengths=query_lengths,
-                  is_causal=is_causal,
-                  dropout_p=dropout_p, scale=scale, return_weights=return_weights, backend=backend,
-                  stats_module=stats_module)
+    return sparse_attention_from_parts(resolved, query, key, value, keep, bias, key_lengths=key_lengths,
+                                       query_lengths=query_lengths, is_causal=is_causal, dropout_p=dropout_p,
+                                       scale=scale, return_weights=return_weights, backend=backend,
+                                       stats_module=stats_module)
 
 
-def attend(
+def sparse_attention_from_parts(
     normalizer: ResolvedNormalizer, query: Tensor, key: Tensor, value: Tensor, keep: Optional[Tensor],
     bias: Optional[Tensor], *, key_lengths: Optional[Tensor] = None, query_lengths: Optional[Tensor] = None,
     is_causal: bool = False,
@@ -228,9 +229,14 @@ def attend(
         query.shape[-1] ** -0.5 if scale is None else float(scale), scores_shape,
         alpha=normalizer.alpha, count_support=recording, query_lengths=query_lengths,
     )
-    out, weights, support, valid = attention_ops.attention(normalizer.fn, normalizer.threshold, call, dropout_p,
-                                                           return_weights, backend)
+    out, weights, support, valid = run_attention_kernel(normalizer.fn, normalizer.threshold, call, dropout_p,
+                                                        return_weights, backend)
     if recording:
         stats.observe(support, valid, stats_module)
     out = out.to(query.dtype)
     return (out, weights.to(query.dtype)) if return_weights else out
+
+
+attend = sparse_attention_from_parts
+"""The former name of :func:`sparse_attention_from_parts`, which ``experiments/evsoftmax_translation``
+still imports (pending its move to the new name)."""

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .._validation import check_multihead_inputs
-from .functional import attend, resolve_normalizer
+from .functional import resolve_normalizer, sparse_attention_from_parts
 from .masks import lengths_keep, merge, split_mask
 
 
@@ -18,12 +18,13 @@ class MultiheadAttention(nn.MultiheadAttention):
     ``**params`` its parameters, e.g. ``alpha=1.3``).
 
     The normalizer is resolved once, here; its form follows the module's mode through
-    ``Normalizer.for_mode`` (``"posthoc_evidential"`` is softmax in ``train()`` mode and
-    ev-softmax in ``eval()`` mode). ``forward`` also takes ``key_lengths`` (N,) integer: keys
-    ``j >= key_lengths[n]`` are not there, a key-padding mask without the boolean matrix. Masks keep PyTorch's MHA conventions (``key_padding_mask`` and a boolean
-    ``attn_mask``: True = not allowed; float masks are added); masked keys are "not there" as in
-    :func:`sparsenorm.attention.sparse_attention`. Where PyTorch gives NaN for a query with every
-    key masked, this gives a zero attention output (the output projection's bias then).
+    ``Normalizer.for_mode`` (``"posthoc_evidential"`` is softmax in ``train()`` mode and ev-softmax in
+    ``eval()`` mode). ``forward`` also takes ``key_lengths`` (N,) integer: keys ``j >= key_lengths[n]``
+    are not there, a key-padding mask without the boolean matrix. Masks keep PyTorch's MHA conventions
+    (``key_padding_mask`` and a boolean ``attn_mask``: True = not allowed; float masks are added);
+    masked keys are "not there" as in :func:`sparsenorm.attention.sparse_attention`. Where PyTorch gives
+    NaN for a query with every key masked, this gives a zero attention output (the output projection's
+    bias then).
     ``is_causal=True`` without ``attn_mask`` applies the causal mask (PyTorch requires the mask).
 
     Inside ``nn.TransformerEncoderLayer``, PyTorch's inference fast path (eval mode without
@@ -114,7 +115,7 @@ class MultiheadAttention(nn.MultiheadAttention):
         keep, bias, key_lengths = self._keep_and_bias(attn_mask, key_padding_mask, key_lengths, N, L, key.shape[0])
         causal = is_causal and attn_mask is None
 
-        result = attend(
+        result = sparse_attention_from_parts(
             self._forms[self.training], q, k, v, keep, bias, key_lengths=key_lengths, is_causal=causal,
             dropout_p=self.dropout if self.training else 0.0, return_weights=need_weights, stats_module=self,
         )

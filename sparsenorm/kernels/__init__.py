@@ -1,5 +1,8 @@
-"""The kernel layer: registered operators (``ops``), their pure-PyTorch reference
-(``reference/``) and fused C++ CPU kernels (``cpu/``).
+"""The kernel layer: the registered operators with their autograd (``ops/``, one file per family),
+their pure-PyTorch reference (``reference/``), fused C++ CPU kernels (``cpu/``) and Triton kernels
+(``triton/``); for attention, the call and its masks (``attention_call``), the dense path
+(``dense_attention``), FlexAttention (``flex_attention``) and the choice of kernel
+(``attention_dispatch``).
 
 Public switches:
 

@@ -36,7 +36,7 @@ import torch
 from torch import Tensor
 
 from .._validation import check_param, compute_dtype
-from .attention_projection_ops import check_attention_inputs
+from .ops.projection_attention import check_attention_inputs
 from .reference.evidential_attention import threshold
 
 try:

@@ -84,7 +84,8 @@ def flatten_logits_and_target(
         return FlatBatch(_to_rows(logits), None, dist, None, out_shape)
 
     if target.dtype == torch.bool or target.is_complex():
-        raise TypeError(f"{target_name} must be class indices (integer) or a distribution (floating), got {target.dtype}")
+        raise TypeError(f"{target_name} must be class indices (integer) or a distribution (floating), "
+                        f"got {target.dtype}")
     if not allow_index:
         raise TypeError(f"{target_name} must be a floating distribution/multi-hot tensor, got dtype {target.dtype}")
     expected = tuple(logits.shape[:class_dim]) + tuple(logits.shape[class_dim + 1:])
@@ -120,7 +121,8 @@ def class_weight_per_row(batch: FlatBatch, weight: Optional[Tensor]) -> Optional
         return None
     n_classes = batch.logits.shape[1]
     if weight.dim() != 1 or weight.numel() != n_classes:
-        raise ValueError(f"weight must be a 1-D tensor with one entry per class ({n_classes}), got shape {tuple(weight.shape)}")
+        raise ValueError(f"weight must be a 1-D tensor with one entry per class ({n_classes}), "
+                         f"got shape {tuple(weight.shape)}")
     weight = weight.to(batch.logits)
     if batch.target_index is not None:
         return weight[batch.target_index]

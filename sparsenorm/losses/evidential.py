@@ -170,7 +170,8 @@ def ev_softmax_multilabel_loss(
         raise TypeError(f"target must be a torch.Tensor, got {type(target).__name__}")
     if target.shape != input.shape:
         raise ValueError(
-            f"target must be a multi-hot/label vector of the input's shape {tuple(input.shape)}, got {tuple(target.shape)}"
+            f"target must be a multi-hot/label vector of the input's shape {tuple(input.shape)}, "
+            f"got {tuple(target.shape)}"
         )
     if target.is_complex():
         raise TypeError(f"target must be real, got {target.dtype}")

@@ -168,7 +168,8 @@ class RSoftmaxLoss(nn.Module):
         self.reduction = reduction
         self.ignore_index = ignore_index
 
-    def forward(self, input: Tensor, target: Tensor, r: Optional[Param] = None, mask: Optional[Tensor] = None) -> Tensor:
+    def forward(self, input: Tensor, target: Tensor, r: Optional[Param] = None,
+                mask: Optional[Tensor] = None) -> Tensor:
         return r_softmax_loss(input, target, self.r if r is None else r, self.reduction, self.ignore_index, mask)
 
 
@@ -244,7 +245,8 @@ class SparsityRatePredictor(nn.Module):
     def count_loss(self, count_logits: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
         """Cross-entropy between the predicted count distribution and the true ``|y|`` (target multi-hot (N, C))."""
         if target.shape[-1] != self.n_classes:
-            raise ValueError(f"target must have {self.n_classes} classes on its last dim, got shape {tuple(target.shape)}")
+            raise ValueError(f"target must have {self.n_classes} classes on its last dim, "
+                             f"got shape {tuple(target.shape)}")
         return label_count_loss(count_logits, target, reduction)
 
     def rate(self, count_logits: Tensor, hard: bool = True) -> Tensor:

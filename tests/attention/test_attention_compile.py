@@ -8,7 +8,6 @@ relative / absolute is a bound with a wide margin that a wrong result (or suppor
 import pytest
 import torch
 
-import sparsenorm
 from sparsenorm.attention import MultiheadAttention, record, sparse_attention
 
 EXACT = dict(rtol=0.0, atol=0.0)

@@ -7,7 +7,8 @@ import sparsenorm
 from sparsenorm import registry
 from sparsenorm.attention import MultiheadAttention, sparse_attention
 from sparsenorm.attention.masks import merge, split_mask
-from sparsenorm.kernels import attention_ops
+from sparsenorm.kernels import attention_dispatch as attention_ops
+from sparsenorm.kernels.ops import evidential_attention
 
 NORMALIZERS = registry.names()
 
@@ -24,7 +25,7 @@ def test_blockwise_op_passes_opcheck():
     keep = torch.rand(2, 1, 5, 7, generator=torch.Generator().manual_seed(1)) > 0.3
     bias = torch.randn(5, 7, dtype=torch.float64)
     for args in ((q, k, v, None, None, False, 0.5, False, 4, 4), (q, k, v, keep, bias, True, 0.5, True, 2, 3)):
-        torch.library.opcheck(attention_ops.ev_softmax_attention_blockwise_op, args)
+        torch.library.opcheck(evidential_attention.ev_softmax_attention_blockwise_op, args)
 
 
 @pytest.mark.parametrize("causal", [False, True])

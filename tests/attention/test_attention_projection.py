@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 import sparsenorm
 from benchmarks import bench_attention
-from sparsenorm.kernels import attention_projection_ops as ops
+from sparsenorm.kernels.ops import projection_attention as ops
 from sparsenorm.kernels import available, disabled
 from sparsenorm.kernels.reference import attention_projection as ref
 

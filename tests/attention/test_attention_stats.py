@@ -7,7 +7,7 @@ from torch import nn
 
 import sparsenorm.attention as attention
 from sparsenorm.attention import MultiheadAttention, record, sparse_attention
-from sparsenorm.kernels import attention_ops
+from sparsenorm.kernels import attention_dispatch as attention_ops
 
 
 class TwoLayers(nn.Module):

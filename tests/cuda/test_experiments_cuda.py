@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 pytestmark = pytest.mark.cuda

@@ -1,7 +1,7 @@
 """The C++ autograd kernels (dispatch key AutogradCPU) of ev_softmax, project and entmax_bisect.
 
 Loading the evidential / projection extensions registers, for CPU tensors, a C++ autograd kernel
-that overrides the ops' Python autograd (``register_autograd`` in ``sparsenorm/kernels/ops.py``)
+that overrides the ops' Python autograd (``register_autograd`` in ``sparsenorm/kernels/ops/``)
 to save its per-call Python cost. Its forward redispatches to the op (the same registered CPU
 kernel runs) and its backward runs the same formulas as the Python autograd, op for op. So:
 
@@ -45,16 +45,16 @@ def extensions():
     cpu_kernels._code_setting = saved
 
 
-# (label, op call, Python autograd backward of ops.py, the ctx attributes it reads)
+# (label, op call, Python autograd backward on the op layer, the ctx attributes it reads)
 CASES = {
-    "ev_softmax": (lambda x: ops.ev_softmax(x, None, False), ops._ev_softmax_backward, {"log": False}),
-    "ev_softmax_train": (lambda x: ops.ev_softmax(x, 1e-6, False), ops._ev_softmax_backward, {"log": False}),
-    "log_ev_softmax_train": (lambda x: ops.ev_softmax(x, 1e-6, True), ops._ev_softmax_backward, {"log": True}),
-    "log_ev_softmax": (lambda x: ops.ev_softmax(x, None, True), ops._ev_softmax_backward, {"log": True}),
-    "sparsemax": (lambda x: ops.project(x, "sparsemax", None), ops._project_autograd, {"kind": "sparsemax"}),
-    "entmax15": (lambda x: ops.project(x, "entmax15", None), ops._project_autograd, {"kind": "entmax15"}),
-    "entmax_bisect": (lambda x: ops.entmax_bisect(x, 1.7, 50, True), ops._entmax_bisect_autograd, {"alpha": 1.7}),
-    "entmax_bisect(alpha=1.5)": (lambda x: ops.entmax_bisect(x, 1.5, 50, False), ops._entmax_bisect_autograd,
+    "ev_softmax": (lambda x: ops.ev_softmax(x, None, False), ops.evidential._ev_softmax_backward, {"log": False}),
+    "ev_softmax_train": (lambda x: ops.ev_softmax(x, 1e-6, False), ops.evidential._ev_softmax_backward, {"log": False}),
+    "log_ev_softmax_train": (lambda x: ops.ev_softmax(x, 1e-6, True), ops.evidential._ev_softmax_backward, {"log": True}),
+    "log_ev_softmax": (lambda x: ops.ev_softmax(x, None, True), ops.evidential._ev_softmax_backward, {"log": True}),
+    "sparsemax": (lambda x: ops.project(x, "sparsemax", None), ops.projection._project_autograd, {"kind": "sparsemax"}),
+    "entmax15": (lambda x: ops.project(x, "entmax15", None), ops.projection._project_autograd, {"kind": "entmax15"}),
+    "entmax_bisect": (lambda x: ops.entmax_bisect(x, 1.7, 50, True), ops.projection._entmax_bisect_autograd, {"alpha": 1.7}),
+    "entmax_bisect(alpha=1.5)": (lambda x: ops.entmax_bisect(x, 1.5, 50, False), ops.projection._entmax_bisect_autograd,
                                  {"alpha": 1.5}),
 }
 

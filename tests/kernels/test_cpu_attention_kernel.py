@@ -56,7 +56,8 @@ from hypothesis import strategies as st
 import sparsenorm
 from sparsenorm import kernels
 from sparsenorm.attention import sparse_attention
-from sparsenorm.kernels import attention_ops
+from sparsenorm.kernels import attention_dispatch
+from sparsenorm.kernels.ops import evidential_attention
 from sparsenorm.kernels import cpu as cpu_kernels
 from sparsenorm.kernels.reference import evidential_attention as ref_attention
 
@@ -100,7 +101,7 @@ def spy(kernel, monkeypatch):
 
 
 def op(q, k, v, keep, bias, causal, scale=0.4, block_q=16, block_k=16, count_support=True):
-    return attention_ops.ev_softmax_attention_blockwise_op(q, k, v, keep, bias, causal, scale, count_support,
+    return evidential_attention.ev_softmax_attention_blockwise_op(q, k, v, keep, bias, causal, scale, count_support,
                                                            block_q, block_k)
 
 
@@ -190,7 +191,7 @@ def gradient_check(q, k, v, keep, bias, causal, scale, block_q, block_k, o_out, 
 
     def grads(q, k, v, bias):
         leaves = [t.detach().requires_grad_() for t in (q, k, v)]
-        out = attention_ops.ev_softmax_attention_blockwise(*leaves, keep, bias, causal, scale, False, block_q,
+        out = evidential_attention.ev_softmax_attention_blockwise(*leaves, keep, bias, causal, scale, False, block_q,
                                                            block_k)[0]
         return torch.autograd.grad(out, leaves, dout.to(q.dtype))
 
@@ -329,14 +330,14 @@ def test_exactly_tied_keys_are_all_kept_by_the_kernel(spy):
 def test_gradcheck_float64_through_the_kernel(spy, causal, mask):
     q, k, v = (t.requires_grad_() for t in make((2, 1), 6, 9, 3, 2, torch.float64, seed=5))
     keep, bias = make_masks(mask, (2, 1), 6, 9, torch.float64)
-    fn = lambda q, k, v: attention_ops.ev_softmax_attention_blockwise(q, k, v, keep, bias, causal,
+    fn = lambda q, k, v: evidential_attention.ev_softmax_attention_blockwise(q, k, v, keep, bias, causal,
                                                                       block_q=4, block_k=4)[0]
     assert torch.autograd.gradcheck(fn, (q, k, v))
     assert spy.calls > 0 and spy.backward_calls > 0
 
 
 def test_sparse_attention_uses_the_kernel_by_default_with_key_lengths_and_gqa(spy, monkeypatch):
-    monkeypatch.setattr(attention_ops, "BLOCKWISE_MIN_SCORES", 0)
+    monkeypatch.setattr(attention_dispatch, "BLOCKWISE_MIN_SCORES", 0)
     g = torch.Generator().manual_seed(1)
     q = torch.randn(2, 4, 21, 8, generator=g, dtype=torch.float64)
     k = torch.randn(2, 2, 30, 8, generator=g, dtype=torch.float64)

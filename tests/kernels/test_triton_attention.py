@@ -14,7 +14,7 @@ if "triton" not in sys.modules and not torch.cuda.is_available():
 pytest.importorskip("triton", reason="triton is not installed (pip install 'sparsenorm[gpu]')")
 
 import sparsenorm  # noqa: E402
-from sparsenorm.kernels.attention_ops import flash_ev_softmax_attention  # noqa: E402
+from sparsenorm.kernels.ops.evidential_attention import flash_ev_softmax_attention  # noqa: E402
 from sparsenorm.kernels.triton import _common  # noqa: E402
 from sparsenorm.kernels.triton.attention import flash_ev_softmax_attention_forward  # noqa: E402
 

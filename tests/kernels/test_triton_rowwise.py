@@ -328,13 +328,13 @@ def test_cuda_registrations_of_the_ops_call_the_triton_kernels():
     x, mask = rows_with_every_case(torch.float16)
     x = not_there_as_neg_inf(x, mask)[GOOD_ROWS]  # the ops see compute-dtype rows, not-there as -inf
     for eps, log in [(None, False), (1e-6, False), (1e-6, True)]:
-        torch.testing.assert_close(ops._ev_softmax_cuda(x, eps, log), ref_ev.ev_softmax_forward(x, eps, log),
+        torch.testing.assert_close(ops.evidential._ev_softmax_cuda(x, eps, log), ref_ev.ev_softmax_forward(x, eps, log),
                                    atol=2e-6, rtol=2e-6)
     for kind in ("sparsemax", "entmax15"):
-        p = ops._project_cuda(x, kind, None)
+        p = ops.projection._project_cuda(x, kind, None)
         torch.testing.assert_close(p, ref_proj.project_sorted(x, kind), atol=2e-6, rtol=0)
         g = torch.randn_like(p)
-        torch.testing.assert_close(ops._project_backward_cuda(p, g, kind), ref_proj.dense_backward(p, g, kind),
+        torch.testing.assert_close(ops.projection._project_backward_cuda(p, g, kind), ref_proj.dense_backward(p, g, kind),
                                    atol=2e-6, rtol=0)
     assert ops.triton_launchers() is not None
     with sparsenorm.kernels.disabled():

@@ -1,5 +1,5 @@
 """The autograd.Functions around the registered operators (r-/t-softmax, sparsehourglass) turn off
-autograd's zero-filling of missing output gradients (``sparsenorm/_autograd.py``): an incoming
+autograd's zero-filling of missing output gradients (``sparsenorm/kernels/ops/_autograd.py``): an incoming
 gradient of None (a later Function returned None for the output) must still act exactly as zeros,
 which is what autograd used to hand them (NaN rows included: 0 times NaN stays NaN)."""
 import contextlib

@@ -2,7 +2,6 @@
 the tables regenerated from that JSON (timings themselves belong to the benchmark, never to a test)."""
 import importlib.util
 import json
-import os
 from pathlib import Path
 
 import pytest

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 import sparsenorm
 from sparsenorm import registry
-from sparsenorm.kernels import linear_loss_ops
+from sparsenorm.kernels.ops import linear_loss as linear_loss_ops
 from sparsenorm.linear_loss import streamable_normalizers
 
 NAMES = ["softmax", "ev_softmax", "sparsemax", "entmax15", "entmax_bisect"]

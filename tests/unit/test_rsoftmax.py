@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from torch.autograd import gradcheck
 
 from sparsenorm import RSoftmax, TSoftmax, r_softmax, t_softmax
-from sparsenorm.rsoftmax import RSoftmaxFunction, TSoftmaxFunction
+from sparsenorm.kernels.ops.rsoftmax import RSoftmaxFunction, TSoftmaxFunction
 
 NEG_INF = float("-inf")
 

@@ -226,7 +226,8 @@ class Extension:
 
     def kernel_for(self, x: torch.Tensor) -> Optional[ModuleType]:
         """The extension if it may be used and can take ``x`` (CPU float32/float64, non-empty)."""
-        if not x.is_cpu or x.dtype not in (torch.float32, torch.float64) or x.numel() == 0:  # (is_cpu: no Device object)
+        # (is_cpu: no Device object)
+        if not x.is_cpu or x.dtype not in (torch.float32, torch.float64) or x.numel() == 0:
             return None
         return self.get()
 

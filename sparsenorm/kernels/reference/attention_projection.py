@@ -67,7 +67,7 @@ import torch
 from torch import Tensor
 
 from ..._validation import compute_dtype
-from .projection import entmax15_tau_sort, sparsemax_tau_sort, threshold_step
+from .projection import bisect, entmax15_tau_sort, sparsemax_tau_sort, threshold_step
 
 KINDS = ("sparsemax", "entmax15", "entmax_bisect")
 BLOCK_Q = 256
@@ -261,14 +261,8 @@ def _bisect_threshold(g: _Grouped, mapping: Mapping, scores: _BlockScores) -> Te
     shift = scores.shift
     tau_lo = torch.full_like(shift, -1.0)
     tau_hi = -torch.pow(1.0 / g.S, torch.full_like(shift, mapping.alpha) - 1)
-    dm = tau_hi - tau_lo
-    tau_m = tau_lo
-    for _ in range(mapping.n_iter):
-        dm = dm / 2
-        tau_m = tau_lo + dm
-        f_m = _row_sum(mapping, scores, tau_m) - 1
-        tau_lo = torch.where(f_m >= 0, tau_m, tau_lo)
-    return tau_m
+    tau, _ = bisect(tau_lo, tau_hi - tau_lo, mapping.n_iter, lambda tau: (_row_sum(mapping, scores, tau), None))
+    return tau
 
 
 def _search_threshold(g: _Grouped, mapping: Mapping, scores: _BlockScores) -> Tensor:

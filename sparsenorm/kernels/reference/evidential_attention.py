@@ -22,7 +22,8 @@ is redone with the threshold capped at its maximum valid score, as the dense ev-
 (this check reads one boolean per query block on the host: the one host read of this module,
 inside the registered op ``sparsenorm::ev_softmax_attention_blockwise``, so it breaks no graph).
 
-The op, its autograd and the choice of kernel are in :mod:`sparsenorm.kernels.attention_ops`.
+The op and its autograd are in :mod:`sparsenorm.kernels.ops.evidential_attention`, the choice of
+kernel in :mod:`sparsenorm.kernels.attention_dispatch`.
 """
 from __future__ import annotations
 
@@ -79,7 +80,8 @@ def threshold(q: Tensor, k: Tensor, keep: Optional[Tensor], bias: Optional[Tenso
                      else ones.cumsum(-2))[..., idx, :]
         else:
             ksum = keys.sum(-2, keepdim=True)
-            count = torch.full((1, 1), float(S), dtype=dt, device=q.device) if ones is None else ones.sum(-2, keepdim=True)
+            count = (torch.full((1, 1), float(S), dtype=dt, device=q.device) if ones is None
+                     else ones.sum(-2, keepdim=True))
         mean_k = ksum / count.clamp_min(1)
         thr = (q * mean_k).sum(-1, keepdim=True) * scale
         return thr, count.expand_as(thr)

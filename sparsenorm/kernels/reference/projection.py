@@ -14,12 +14,14 @@ zeros.
 """
 from __future__ import annotations
 
-from typing import Callable, Optional, Tuple
+from typing import Callable, Optional, Tuple, TypeVar
 
 import torch
 from torch import Tensor
 
 from ..._validation import not_there_level
+
+S = TypeVar("S")
 
 
 def _ranks(n: int, like: Tensor) -> Tensor:
@@ -101,7 +103,6 @@ def entmax15_tau_sort(z: Tensor, k: Optional[int] = None) -> Tensor:
 # partial-sort hint) is accepted but not needed; it is only used by the sort fallback.
 
 _OFFSET = {"sparsemax": 1.0, "entmax15": 2.0}  # candidate window below the max, in units of x
-_SORT_SOLVER = {"sparsemax": sparsemax_tau_sort, "entmax15": entmax15_tau_sort}
 _MAX_ITER = 64
 _MIN_BLOCKED_COLS = 2048
 
@@ -394,25 +395,52 @@ def fast_backward(p: Tensor, g: Tensor, kind: str) -> Tensor:
 # ---------------------------------------------------------------------------------------------
 # Bisection: the one loop, alpha-entmax (sparsenorm.entmax.entmax_bisect) and its backward
 # ---------------------------------------------------------------------------------------------
-def bisect(zs: Tensor, tau_lo: Tensor, width: Tensor, n_iter: int, ensure_sum_one: bool,
-          p_of: Callable[[Tensor], Tensor]) -> Tensor:
+def bisect(tau_lo: Tensor, width: Tensor, n_iter: int, mass: Callable[[Tensor], Tuple[Tensor, S]]) -> Tuple[Tensor, S]:
     """The one bisection loop of the family (as the ``entmax`` package's ``root_finding.py``): halve the
     bracket ``[tau_lo, tau_lo + width]`` (per row, shape ``(..., 1)``; a negative ``width`` walks it the
-    other way) ``n_iter`` times, keeping the side where ``sum(p) >= 1`` for ``p = p_of([zs - tau]_+)``.
+    other way) ``n_iter`` times, keeping the side where the row's mass at the midpoint is ``>= 1``.
 
-    Variants differ only in their hook ``p_of`` and bracket: alpha-entmax ``u -> u^(1/(alpha - 1))`` on
-    ``zs = (alpha - 1) z``, sparsemax the identity on ``zs = z``. ``ensure_sum_one`` divides by the sum.
+    Variants differ only in their hook ``mass(tau) -> (row sums (..., 1), state)`` and their bracket:
+    the dense rows here (:func:`bisect_rows`: ``state`` the weights) and the blockwise attention
+    search (``reference/attention_projection.py``: sums over key blocks, no state). Returns the last
+    midpoint and the last ``state`` (None when ``n_iter`` is 0).
     """
-    p = zs
+    tau_m, state = tau_lo, None
     for _ in range(n_iter):
         width = width / 2
         tau_m = tau_lo + width
-        p = p_of((zs - tau_m).clamp_min(0))
-        tau_lo = torch.where(p.sum(-1, keepdim=True) - 1 >= 0, tau_m, tau_lo)
+        total, state = mass(tau_m)
+        tau_lo = torch.where(total - 1 >= 0, tau_m, tau_lo)
+    return tau_m, state
+
+
+def bisect_rows(zs: Tensor, tau_lo: Tensor, width: Tensor, n_iter: int, ensure_sum_one: bool,
+                p_of: Callable[[Tensor], Tensor]) -> Tensor:
+    """The weights ``p = p_of([zs - tau]_+)`` at the last midpoint of :func:`bisect` on the rows of ``zs``.
+
+    The hooks: alpha-entmax ``u -> u^(1/(alpha - 1))`` on ``zs = (alpha - 1) z``, sparsemax the identity
+    on ``zs = z``. ``ensure_sum_one`` divides by the sum.
+    """
+    def mass(tau: Tensor) -> Tuple[Tensor, Tensor]:
+        p = p_of((zs - tau).clamp_min(0))
+        return p.sum(-1, keepdim=True), p
+
+    _, p = bisect(tau_lo, width, n_iter, mass)
+    p = zs if p is None else p
     if ensure_sum_one:
         total = p.sum(-1, keepdim=True)
         p = p / torch.where(total > 0, total, torch.ones_like(total))
     return p
+
+
+def sparsemax_bisect_forward(z: Tensor, n_iter: int, ensure_sum_one: bool) -> Tensor:
+    """sparsemax by bisection; ``z`` is shifted so each row's maximum is 0 (or all -inf).
+
+    alpha = 2: ``p = [z - tau]_+`` (the identity hook), ``tau`` in ``[max - 1, max - 1/d]``.
+    """
+    shape = z.shape[:-1] + (1,)
+    return bisect_rows(z, z.new_full(shape, -1.0), z.new_full(shape, 1.0 - 1.0 / z.shape[-1]), n_iter,
+                       ensure_sum_one, lambda u: u)
 
 
 def bisect_forward(z: Tensor, a: Tensor, n_iter: int, ensure_sum_one: bool, maybe_softmax: bool) -> Tensor:
@@ -429,7 +457,7 @@ def bisect_forward(z: Tensor, a: Tensor, n_iter: int, ensure_sum_one: bool, mayb
     # tau lies between max - 1 and max - (1/d)^(alpha-1) (max = 0 here): p_max <= 1 and p_max >= 1/d.
     tau_lo = torch.full_like(a_b, -1.0)
     tau_hi = -((1.0 / d) ** (a_b - 1))
-    p = bisect(zs, tau_lo, tau_hi - tau_lo, n_iter, ensure_sum_one, lambda u: u ** inv)
+    p = bisect_rows(zs, tau_lo, tau_hi - tau_lo, n_iter, ensure_sum_one, lambda u: u ** inv)
     if maybe_softmax:  # a static flag (alpha given as a tensor, or the number 1), not data
         soft = torch.softmax(z, dim=-1)
         empty_rows = torch.isneginf(z).all(-1, keepdim=True)

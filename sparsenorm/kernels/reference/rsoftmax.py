@@ -89,7 +89,8 @@ def quantile_threshold(x: Tensor, r: Union[float, Tensor]):
         frac: Union[float, Tensor] = pos - rank
         n_valid_m1: Union[int, Tensor] = n - 1
     else:
-        n_valid = n - torch.isneginf(x).sum(-1, keepdim=True) if has_masked else torch.full_like(x[..., :1], n, dtype=torch.long)
+        n_valid = (n - torch.isneginf(x).sum(-1, keepdim=True) if has_masked
+                   else torch.full_like(x[..., :1], n, dtype=torch.long))
         n_valid_m1 = (n_valid - 1).clamp_min(0).to(x.dtype)
         pos = (r * n_valid_m1).expand(x.shape[:-1] + (1,))
         lo = pos.floor()

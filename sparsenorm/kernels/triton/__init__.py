@@ -17,7 +17,7 @@ row NaN; float16/bfloat16/float32 in, float32 compute, output in ``out_dtype``, 
 * :func:`flash_ev_softmax_attention_forward` ``(q, k, v, key_lengths=None, is_causal=False,
   scale=None, key_mask=None)`` and :func:`flash_ev_softmax_attention_backward`: flash ev-softmax
   attention, the two halves of the op ``sparsenorm::ev_softmax_attention_flash``
-  (:mod:`sparsenorm.kernels.attention_ops`, whose ``flash_ev_softmax_attention`` is differentiable).
+  (:mod:`sparsenorm.kernels.ops.evidential_attention`, whose ``flash_ev_softmax_attention`` is differentiable).
 
 They run on CUDA tensors, or on CPU tensors when ``TRITON_INTERPRET=1`` was set before ``triton``
 was first imported (Triton's interpreter: how the tests run without a GPU). Importing this package

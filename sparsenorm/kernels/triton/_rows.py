@@ -25,7 +25,8 @@ def as_rows(x: Tensor, mask: Optional[Tensor], max_cols: Optional[int] = None) -
     try:
         mask = mask.expand(x.shape)
     except RuntimeError:
-        raise ValueError(f"mask of shape {tuple(mask.shape)} does not broadcast to x's shape {tuple(x.shape)}") from None
+        raise ValueError(f"mask of shape {tuple(mask.shape)} does not broadcast to x's shape "
+                         f"{tuple(x.shape)}") from None
     return x2, mask.reshape(-1, n_cols).contiguous().view(torch.uint8)
 
 

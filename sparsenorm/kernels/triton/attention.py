@@ -118,8 +118,8 @@ def _attn_fwd_kernel(
     stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
     stride_ob, stride_oh, stride_om, stride_mb, stride_mh, stride_mr, stride_cb,
     n_heads, group, seq_q, seq_k, head_dim, qk_scale,
-    HAS_LENS: tl.constexpr, HAS_KEYMASK: tl.constexpr, CAUSAL: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
-    BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_LENS: tl.constexpr, HAS_KEYMASK: tl.constexpr, CAUSAL: tl.constexpr, UPCAST: tl.constexpr,
+    PRECISION: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -200,8 +200,10 @@ def _attn_bwd_dkdv_kernel(
     else:
         klen = seq_k
     kv_ok = (offs_n[:, None] < klen) & d_ok
-    k = tl.load(K + b * stride_kb + hk * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :], mask=kv_ok, other=0.0)
-    v = tl.load(V + b * stride_vb + hk * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :], mask=kv_ok, other=0.0)
+    k = tl.load(K + b * stride_kb + hk * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :], mask=kv_ok,
+                other=0.0)
+    v = tl.load(V + b * stride_vb + hk * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :], mask=kv_ok,
+                other=0.0)
     if UPCAST:
         k = k.to(tl.float32)
         v = v.to(tl.float32)
@@ -267,7 +269,8 @@ def _attn_bwd_dq_kernel(
     row_ok = offs_m < seq_q
     q_ok = row_ok[:, None] & d_ok
     q = tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :], mask=q_ok, other=0.0)
-    do = tl.load(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_dom + offs_d[None, :], mask=q_ok, other=0.0)
+    do = tl.load(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_dom + offs_d[None, :], mask=q_ok,
+                 other=0.0)
     if UPCAST:
         q = q.to(tl.float32)
         do = do.to(tl.float32)
@@ -446,8 +449,8 @@ def flash_ev_softmax_attention_backward(
     upcast, precision = _flags(q)
     lens = key_lengths if key_lengths is not None else lse2
     keymask = _key_mask_bytes(key_mask, lse2)
-    flags = dict(HAS_LENS=key_lengths is not None, HAS_KEYMASK=key_mask is not None, CAUSAL=bool(is_causal), UPCAST=upcast, PRECISION=precision,
-                 BLOCK_D=max(16, triton.next_power_of_2(D)))
+    flags = dict(HAS_LENS=key_lengths is not None, HAS_KEYMASK=key_mask is not None, CAUSAL=bool(is_causal),
+                 UPCAST=upcast, PRECISION=precision, BLOCK_D=max(16, triton.next_power_of_2(D)))
     common = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
               v.stride(0), v.stride(1), v.stride(2), grad_out.stride(0), grad_out.stride(1), grad_out.stride(2))
     _launch(_attn_bwd_dkdv_kernel, lambda meta: (triton.cdiv(S, meta["BLOCK_N"]), B * Hk),

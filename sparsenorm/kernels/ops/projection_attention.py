@@ -7,7 +7,8 @@ then one ``P V`` pass; O(L) extra memory) on every device, with a fake (shape) i
 backward ``sparsenorm::projection_attention_backward`` registered as its autograd formula. The
 backward is not itself differentiable (no double backward).
 
-:func:`projection_attention` is the checked entry point the attention layer calls.
+:func:`projection_attention` is its checked entry point for direct calls; the attention layer calls
+the op through :mod:`sparsenorm.kernels.attention_dispatch`, which has checked the arguments.
 """
 from __future__ import annotations
 
@@ -16,9 +17,9 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from .._validation import check_floating, check_n_iter, check_param, compute_dtype
-from . import cpu
-from .reference import attention_projection as ref
+from ..._validation import check_floating, check_n_iter, check_param, compute_dtype
+from .. import cpu
+from ..reference import attention_projection as ref
 
 BLOCK_Q = ref.BLOCK_Q
 BLOCK_K = ref.BLOCK_K

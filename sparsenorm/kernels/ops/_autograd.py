@@ -1,5 +1,12 @@
-"""Per-call cost of the ``torch.autograd.Function`` classes around the registered operators
-(r-/t-softmax, sparsehourglass): on a small input their Python cost, not the rows, is the time.
+"""What every backward on the op layer shares: the one double-backward switch, and the per-call
+cost of the ``torch.autograd.Function`` classes around the registered operators (r-/t-softmax,
+sparsehourglass), whose Python cost, not the rows, is the time on a small input.
+
+* :func:`closed_form_backward`: inside a backward, grad mode is on exactly when autograd records
+  the backward itself (``create_graph=True``). Then the closed form runs in differentiable ops (its
+  derivative enters the graph), else the fused backward op (a kernel, not differentiable). Every
+  Python backward here makes that choice through it (the C++ autograd kernels of ``kernels/cpu``
+  make the same one and call the same differentiable Python formulas).
 
 * :class:`PositionalFunction`: torch's ``Function.apply`` (2.13), for a Function that defines
   ``setup_context`` (the form ``generate_vmap_rule`` needs), binds the arguments to
@@ -18,7 +25,7 @@
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 from torch import Tensor
@@ -45,3 +52,27 @@ def unused_grads_not_materialized(ctx) -> None:
 def incoming_grad(grad: Optional[Tensor], output: Tensor) -> Tensor:
     """``grad``, or the zeros autograd materializes for ``output`` when ``grad`` is None."""
     return torch.zeros_like(output) if grad is None else grad
+
+
+def closed_form_backward(fused: Callable, differentiable: Optional[Callable], *args):
+    """The one double-backward switch: ``fused(*args)`` outside ``create_graph``, else
+    ``differentiable(*args)`` (the same closed form in differentiable ops). ``differentiable`` may be
+    :func:`first_order_only`'s refusal, for a closed form whose own derivative is not implemented."""
+    return differentiable(*args) if torch.is_grad_enabled() else fused(*args)
+
+
+def first_order_only(what: str) -> Callable:
+    """A ``differentiable`` form for :func:`closed_form_backward` that refuses: a clear error for
+    double backward instead of a silent wrong answer (``what`` names the functions)."""
+
+    def refuse(*_args):
+        raise RuntimeError(f"{what} support first derivatives only: double backward (create_graph=True) "
+                           "is not implemented")
+
+    return refuse
+
+
+def first_output(function) -> Callable:
+    """``function.apply``'s differentiable output ``p`` (its ``apply`` also returns the per-row parts
+    its backward saves)."""
+    return lambda *args: function.apply(*args)[0]

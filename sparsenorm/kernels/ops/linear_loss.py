@@ -9,7 +9,7 @@
 
 One implementation serves every device: the chunk algorithm is PyTorch (matrix products by ATen
 on CPU, cuBLAS on CUDA), and the row-wise step of the sparse kinds goes through the registered
-row-wise ops (``kernels/ops.py``), so the C++ kernel runs on CPU and the Triton kernel on CUDA;
+row-wise ops (``kernels/ops/projection.py``), so the C++ kernel runs on CPU and the Triton kernel on CUDA;
 softmax/ev-softmax's block step is one Triton kernel on CUDA (``kernels/triton/linear_loss.py``).
 
 Autograd. When the loss is reduced to a scalar (``row_weight`` given, the functional's 'mean' and
@@ -27,8 +27,9 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from . import ops
-from .reference import linear_loss as ref
+from ..reference import linear_loss as ref
+from ._common import triton_launchers
+from .projection import entmax_bisect, project
 
 _EMPTY = (0,)
 
@@ -36,9 +37,9 @@ _EMPTY = (0,)
 def _project_rows(kind: str, param: float):
     """The row-wise map of a sparse kind, as the registered op (kernel chosen per device)."""
     if kind in ("sparsemax", "entmax15"):
-        return lambda z: ops.project(z, kind, None)
+        return lambda z: project(z, kind, None)
     if kind == "entmax_bisect":
-        return lambda z: ops.entmax_bisect(z, float(param), 50, True)
+        return lambda z: entmax_bisect(z, float(param), 50, True)
     return None
 
 
@@ -47,7 +48,7 @@ def _block_rows(hidden: Tensor):
     reference's (None)."""
     if not hidden.is_cuda:
         return None
-    launchers = ops.triton_launchers()
+    launchers = triton_launchers()
     if launchers is None or not launchers.linear_loss_supports(hidden):
         return None
     return launchers.linear_loss_block_rows

@@ -1,0 +1,255 @@
+"""Which attention kernel runs: the dispatch table and its adapters.
+
+Attention ops: ``sparsenorm::ev_softmax_attention_blockwise`` and ``..._flash``
+(:mod:`.ops.evidential_attention`), ``sparsenorm::projection_attention``
+(:mod:`.ops.projection_attention`: sparsemax / 1.5-entmax / alpha-entmax in O(L) extra memory by a
+blockwise threshold search), ev-softmax on PyTorch's FlexAttention (:mod:`.flex_attention`; not an
+op of ours: FlexAttention is itself compilable; ``backend="flex"`` only, never chosen by
+``"auto"``), and the dense path (:mod:`.dense_attention`).
+
+Dispatch. The registry says what attention may do with a normalizer
+(``Normalizer.attention_threshold``: ``"known"``, ``"searched"`` or None); :data:`KERNELS` maps
+that capability to its memory-efficient kernels by backend name. A kernel is a function of one
+:class:`~.attention_call.AttentionCall` returning ``(out, support, valid)`` -- or None where it does
+not apply to those inputs (the flash kernel: another device, a mask that varies over queries, ...).
+Adding "this normalizer's attention op is X" is one line::
+
+    register_attention_kernel("searched", "blockwise", my_kernel)
+
+:func:`run_attention_kernel` picks the kernel: an explicit ``backend`` must apply (else
+``ValueError``); ``"auto"`` tries :data:`AUTO_ORDER` (the blockwise kernels from
+:data:`BLOCKWISE_MIN_SCORES` scores on) and falls back to
+:func:`~.dense_attention.dense_attention`, which builds the L x S weights and works for every
+normalizer, weights, dropout and float-mask gradients included. The device is looked at here,
+never above.
+"""
+from __future__ import annotations
+
+import os
+from typing import Callable, Dict, Optional
+
+import torch
+from torch import Tensor
+
+from . import flex_attention
+from .attention_call import AttentionCall, AttentionKernel, kernel_mask
+from .dense_attention import dense_attention
+from .ops._common import triton_launchers
+from .ops.evidential_attention import ev_softmax_attention_blockwise, ev_softmax_attention_flash_op
+from .ops.projection_attention import projection_attention_op
+
+BLOCKWISE_MIN_SCORES = 1 << 20
+"""``backend="auto"`` takes a blockwise kernel once ``L * S`` reaches this (below it the dense
+path is as fast and its memory is small)."""
+
+BACKENDS = ("auto", "dense", "blockwise", "triton", "flex")
+"""Valid values of ``backend``: ``"auto"``, the dense path, and the memory-efficient kernel kinds."""
+
+AUTO_ORDER = ("triton", "blockwise")
+"""The memory-efficient backends ``backend="auto"`` tries, in this order, before the dense path."""
+
+
+def _auto_min_scores(backend: str) -> int:
+    """The least ``L * S`` at which ``backend="auto"`` takes ``backend``."""
+    return BLOCKWISE_MIN_SCORES if backend == "blockwise" else 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Tuning of the searched-threshold kernel
+# ---------------------------------------------------------------------------------------------
+BISECT_STEPS = 50
+"""Bisection steps of a searched threshold with no closed form (alpha not 1.5 or 2):
+``entmax_bisect``'s default, which the registry entry keeps (it binds no ``n_iter``)."""
+
+BLOCK_Q_SEARCHED, BLOCK_K_SEARCHED = 256, 1024
+"""Query and key block sizes of the searched-threshold kernel (its reference module's defaults);
+the query block shrinks for long key sequences (:func:`searched_block_q`)."""
+
+SEARCHED_SCORES_PER_BLOCK = 2 ** 20
+"""At most this many scores per head in one query block (block_q x S; 4 MB in float32), down to
+64 queries: a query block's kept scores and kept ``dO Vᵀ`` are swept by every pass, and past the
+caches each sweep runs at memory speed (L = S = 8192, B·H = 8, one thread: 256 queries 2.27x /
+2.30x SDPA's fused kernel for sparsemax / entmax15, 128 queries 1.99x / 2.02x, 64 queries
+1.85x / 2.08x; medians of 3 interleaved rounds, docs/guide/attention.md)."""
+
+
+def searched_block_q(keys: int) -> int:
+    """The searched kernel's query block for ``keys`` keys (see :data:`SEARCHED_SCORES_PER_BLOCK`)."""
+    block = BLOCK_Q_SEARCHED
+    while block > 64 and block * keys > SEARCHED_SCORES_PER_BLOCK:
+        block //= 2
+    return block
+
+
+# ---------------------------------------------------------------------------------------------
+# Adapters: one AttentionCall -> one kernel's arguments (None where the kernel does not apply)
+# ---------------------------------------------------------------------------------------------
+def _ev_softmax_blockwise(call: AttentionCall):
+    q, k, v, keep, bias = call.expanded_inputs()
+    out, support, count = ev_softmax_attention_blockwise(q, k, v, keep, bias, call.is_causal, call.scale,
+                                                         call.count_support)
+    return out, support, count
+
+
+_FLASH_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+@torch._dynamo.assume_constant_result
+def _triton_runs_on(device_type: str) -> bool:
+    """Whether the Triton kernels can run on this device type here: CUDA with triton installed (and
+    kernels allowed), or CPU under Triton's interpreter. Constant for ``torch.compile``."""
+    interpreting = os.environ.get("TRITON_INTERPRET") == "1"
+    if device_type != "cuda" and not (device_type == "cpu" and interpreting):
+        return False
+    launchers = triton_launchers()
+    if launchers is None:
+        return False
+    from .triton._common import INTERPRET
+    return INTERPRET == (device_type == "cpu")
+
+
+def _ev_softmax_flash(call: AttentionCall):
+    """The flash op where it applies: 4-D (B, H, L, E) inputs with one batch size, E <= 128, the
+    value's head dim equal to the query's, a float32/float16/bfloat16 dtype, no float mask, no
+    support counting, a mask that varies over keys only (padding); else None."""
+    q, k, v = call.q, call.k, call.v
+    if not _triton_runs_on(q.device.type) or call.bias is not None or call.count_support:
+        return None
+    if any(t.dim() != 4 for t in (q, k, v)) or q.dtype not in _FLASH_DTYPES:
+        return None
+    B, E = q.shape[0], q.shape[-1]
+    if E > 128 or v.shape[-1] != E or k.shape[0] != B or v.shape[0] != B:
+        return None
+    key_mask = kernel_mask(call, "keys")
+    if key_mask is NotImplemented:
+        return None
+    out, _, _ = ev_softmax_attention_flash_op(q, k, v, call.key_lengths, key_mask, call.is_causal, call.scale)
+    return out, None, None
+
+
+def _batch_head_inputs(call: AttentionCall):
+    """``(q, k, v, keep, key_lengths, unflatten)`` as (B, H, L, E) tensors for the kernels that take
+    only that layout: 4-D inputs with one batch size go as they are (GQA and ``key_lengths`` kept,
+    ``keep`` in the ``"batch_heads"`` form); any other broadcastable layout is expanded to one batch
+    of single-head rows (``keep`` in the ``"flat_rows"`` form, L x S booleans) and ``unflatten``
+    restores the caller's leading dims."""
+    q, k, v = call.q, call.k, call.v
+    if len(call.scores_shape) == 4 and all(t.dim() == 4 for t in (q, k, v)) and q.shape[0] == k.shape[0] == v.shape[0]:
+        return q, k, v, kernel_mask(call, "batch_heads"), call.key_lengths, lambda out: out
+    q, k, v, _, _ = call.expanded_inputs()
+    batch, (L, S) = call.scores_shape[:-2], call.scores_shape[-2:]
+    flat = (q.reshape(-1, 1, L, q.shape[-1]), k.reshape(-1, 1, S, k.shape[-1]), v.reshape(-1, 1, S, v.shape[-1]))
+    return (*flat, kernel_mask(call, "flat_rows"), None, lambda out: out.reshape(*batch, L, out.shape[-1]))
+
+
+def _searched_kind(alpha: Optional[float]) -> str:
+    """The blockwise search for alpha-entmax: the exact closed forms at alpha = 2 (sparsemax) and
+    1.5, bisection otherwise."""
+    return {2.0: "sparsemax", 1.5: "entmax15"}.get(alpha, "entmax_bisect")
+
+
+def _searched_blockwise(call: AttentionCall):
+    """``sparsenorm::projection_attention`` (O(L) extra memory) for the normalizers whose threshold
+    is searched; not for a float mask (the op takes none) or support counting (it returns no counts)."""
+    if call.bias is not None or call.count_support:
+        return None
+    q, k, v, keep, key_lengths, unflatten = _batch_head_inputs(call)
+    out, _, _ = projection_attention_op(q, k, v, keep, key_lengths, call.is_causal, call.scale,
+                                        _searched_kind(call.alpha), searched_block_q(k.shape[-2]), BLOCK_K_SEARCHED,
+                                        float(call.alpha if call.alpha is not None else 1.5), BISECT_STEPS)
+    return unflatten(out), None, None
+
+
+def _ev_softmax_flex(call: AttentionCall):
+    """ev-softmax on FlexAttention (:mod:`.flex_attention`) where this torch has it and,
+    on CPU, only outside autograd (FlexAttention has no CPU backward); no float mask, no counts."""
+    if not flex_attention.flex_available() or call.bias is not None or call.count_support:
+        return None
+    if call.q.device.type == "cpu" and torch.is_grad_enabled() and any(
+            t.requires_grad for t in (call.q, call.k, call.v)):
+        return None
+    q, k, v, keep, key_lengths, unflatten = _batch_head_inputs(call)
+    out = flex_attention.ev_softmax_flex_attention(q, k, v, keep, key_lengths, call.is_causal, call.scale)
+    return unflatten(out), None, None
+
+
+# ---------------------------------------------------------------------------------------------
+# The table and the choice
+# ---------------------------------------------------------------------------------------------
+KERNELS: Dict[str, Dict[str, AttentionKernel]] = {
+    "known": {"triton": _ev_softmax_flash, "blockwise": _ev_softmax_blockwise, "flex": _ev_softmax_flex},
+    "searched": {"blockwise": _searched_blockwise},
+}
+"""``KERNELS[attention_threshold][backend]``: the memory-efficient kernels by the registry's
+capability (``Normalizer.attention_threshold``) and backend name (one of :data:`BACKENDS`)."""
+
+
+def register_attention_kernel(threshold: str, backend: str, kernel: AttentionKernel) -> None:
+    """Make ``kernel`` the ``backend`` kernel of every normalizer whose registry entry has
+    ``attention_threshold == threshold`` (replacing any before)."""
+    if backend not in BACKENDS or backend in ("auto", "dense"):
+        raise ValueError(f"backend must be one of {[b for b in BACKENDS if b not in ('auto', 'dense')]}, "
+                         f"got {backend!r}")
+    KERNELS.setdefault(threshold, {})[backend] = kernel
+
+
+def check_backend(backend: str) -> None:
+    if not isinstance(backend, str) or backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(map(repr, BACKENDS))}, got {backend!r}")
+
+
+def run_attention_kernel(fn: Callable[..., Tensor], threshold: Optional[str], call: AttentionCall,
+                         dropout_p: float = 0.0, return_weights: bool = False, backend: str = "auto"):
+    """``(out, weights or None, support or None, valid or None)`` by the kernel ``backend`` names.
+
+    ``fn`` is the normalizer's map of the scores (for the dense path), ``threshold`` its registry
+    capability (which memory-efficient kernels apply). The memory-efficient kernels return no
+    weights, apply no dropout and do not differentiate a float mask: an explicit ``backend`` asked
+    for with any of those, or that does not apply to the inputs, raises ``ValueError``. Query rows
+    past ``call.query_lengths`` are zeroed here (output, weights; left out of the counts).
+    """
+    out, weights, support, valid = _run(fn, threshold, call, dropout_p, return_weights, backend)
+    rows = kernel_mask(call, "query_rows")
+    if rows is not None:
+        out = out.masked_fill(~rows.unsqueeze(-1), 0.0)
+        weights = None if weights is None else weights.masked_fill(~rows.unsqueeze(-1), 0.0)
+        valid = None if valid is None else valid * rows
+    return out, weights, support, valid
+
+
+def _run(fn, threshold, call, dropout_p, return_weights, backend):
+    check_backend(backend)
+    kernels = KERNELS.get(threshold, {}) if threshold is not None else {}
+    if backend == "dense":
+        return dense_attention(fn, call, dropout_p)
+    efficient = not return_weights and dropout_p == 0.0 and (call.bias is None or not call.bias.requires_grad)
+    if backend == "auto":
+        n_scores = call.scores_shape[-2] * call.scores_shape[-1]
+        for name in AUTO_ORDER if efficient else ():
+            kernel = kernels.get(name)
+            if kernel is not None and n_scores >= max(_auto_min_scores(name), 1):
+                result = kernel(call)
+                if result is not None:
+                    return (result[0], None, *result[1:])
+        return dense_attention(fn, call, dropout_p)
+    if not efficient:
+        raise ValueError(f"backend={backend!r} returns no weights, applies no dropout and does not differentiate "
+                         "a float mask; use backend='dense' (or 'auto') for those")
+    kernel = kernels.get(backend)
+    if kernel is None:
+        raise ValueError(f"backend={backend!r} has no kernel for this normalizer (attention_threshold="
+                         f"{threshold!r}; its backends: {', '.join(['dense', *kernels])})")
+    if call.scores_shape[-2] * call.scores_shape[-1] == 0:
+        # No query or no key: the answer is an empty or all-zero output (a query with no key attends
+        # to nothing), which the dense path gives exactly; the tiled kernels assume at least one tile.
+        out, _, support, valid = dense_attention(fn, call, dropout_p)
+        return out, None, support, valid
+    result = kernel(call)
+    if result is None:
+        raise ValueError(f"backend={backend!r} does not apply to these inputs (device, dtype, shapes or mask form); "
+                         "use backend='auto'")
+    return (result[0], None, *result[1:])
+
+
+__all__ = ["AttentionCall", "KERNELS", "BACKENDS", "AUTO_ORDER", "BLOCKWISE_MIN_SCORES", "register_attention_kernel",
+           "run_attention_kernel", "dense_attention", "searched_block_q"]
