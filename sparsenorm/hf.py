@@ -144,5 +144,6 @@ def sampling_kwargs(normalizer: str = "ev_softmax", temperature: float = 1.0, **
     ``do_sample=True``, a :class:`SparseSampling` processor, and transformers' own temperature,
     top-k, top-p, min-p, typical-p, epsilon and eta warpers turned off (a model's generation config
     may set them, and top-k is 50 by default: it would cut a support longer than 50 tokens)."""
-    return dict(do_sample=True, logits_processor=LogitsProcessorList([SparseSampling(normalizer, temperature, **params)]),
-                temperature=1.0, top_k=0, top_p=1.0, min_p=None, typical_p=1.0, epsilon_cutoff=0.0, eta_cutoff=0.0)
+    processor = SparseSampling(normalizer, temperature, **params)
+    return dict(do_sample=True, logits_processor=LogitsProcessorList([processor]), temperature=1.0, top_k=0, top_p=1.0,
+                min_p=None, typical_p=1.0, epsilon_cutoff=0.0, eta_cutoff=0.0)

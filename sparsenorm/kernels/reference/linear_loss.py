@@ -212,7 +212,8 @@ def dense_block_(z: Tensor, thr: Optional[Tensor], y: Tensor, w: Tensor, wy: Ten
     return lse - zy, lse, lse if t is None else t
 
 
-BlockRows = Callable[[Tensor, Optional[Tensor], Tensor, Tensor, Tensor, bool, float, bool], Tuple[Tensor, Tensor, Tensor]]
+BlockRows = Callable[[Tensor, Optional[Tensor], Tensor, Tensor, Tensor, bool, float, bool],
+                     Tuple[Tensor, Tensor, Tensor]]
 
 
 def _softmax_family_chunk(hidden, weight, bias, there, y, ok, w, kind, eps, thr_ev, plan, t0, t1, grads,
