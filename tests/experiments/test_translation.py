@@ -14,7 +14,9 @@ from sparsenorm.experiments._shared.common import UserFacingError
 from sparsenorm.experiments.evsoftmax_translation import data as mt_data
 from sparsenorm.experiments.evsoftmax_translation.decode import beam_search, greedy, output_log_probs
 from sparsenorm.experiments.evsoftmax_translation.evaluate import attended, rouge, rouge_l
-from sparsenorm.experiments.evsoftmax_translation.model import BOS, EOS, PAD, SITES, ModelConfig, Seq2Seq
+from sparsenorm.experiments.evsoftmax_translation.model import (
+    BOS, EOS, PAD, SITES, ModelConfig, Seq2Seq, attention_sites, with_attention,
+)
 from sparsenorm.experiments.evsoftmax_translation.train import (
     collate, global_batches, launch, output_loss, target_positions, train,
 )
@@ -126,6 +128,35 @@ def test_posthoc_evidential_is_softmax_in_training_and_ev_softmax_in_evaluation(
     src, tgt_in, _ = collate(toy_examples(4), torch.device("cpu"))
     torch.testing.assert_close(posthoc.train()(src, tgt_in), soft.train()(src, tgt_in))
     torch.testing.assert_close(posthoc.eval()(src, tgt_in), ev.eval()(src, tgt_in))
+
+
+def _captured_weights(model, src, tgt_in):
+    """Every attention module's weights (in layer order) of one teacher-forced pass."""
+    modules = [m for site in attention_sites(model).values() for m in site]
+    for m in modules:
+        m.capture = True
+    with torch.no_grad():
+        model(src, tgt_in)
+    return [m.weights for m in modules]
+
+
+def test_posthoc_evaluation_of_a_softmax_trained_model_uses_ev_softmax():
+    """The experiment's switch: a softmax model trained one step, rebuilt with post-hoc attention for
+    evaluation, attends with ev-softmax's weights (not softmax's), and the trained model is unchanged."""
+    trained = train(spec("softmax", steps=1), toy_examples(24), torch.device("cpu"))["model"]
+    src, tgt_in, _ = collate(toy_examples(4, seed=1), torch.device("cpu"))
+    posthoc = with_attention(trained, {s: ("posthoc_evidential", {}) for s in SITES}).eval()
+    ev = with_attention(trained, {s: ("ev_softmax", {}) for s in SITES}).eval()
+    soft = _captured_weights(trained.eval(), src, tgt_in)
+    assert all(m.normalizer == "softmax" for site in attention_sites(trained).values() for m in site)
+    for got, want, plain in zip(_captured_weights(posthoc, src, tgt_in), _captured_weights(ev, src, tgt_in), soft):
+        assert torch.equal(got, want)  # the same computation: ev-softmax of the same scores
+        assert torch.equal(got == 0, want == 0) and (got == 0).sum() > (plain == 0).sum()
+    # in training mode the post-hoc model is the softmax model
+    torch.manual_seed(0)
+    trained_out = trained.train()(src, tgt_in)
+    torch.manual_seed(0)
+    torch.testing.assert_close(posthoc.train()(src, tgt_in), trained_out, rtol=0, atol=0)
 
 
 def test_attended_counts_valid_keys_only():
@@ -273,6 +304,9 @@ def test_tiny_end_to_end_run(tmp_path):
         assert 1 <= row["attended"]["cross"]["mean"]["mean"] <= row["attended"]["cross"]["valid"]
     assert rows["softmax"]["attended"]["encoder"]["mean"]["mean"] == pytest.approx(rows["softmax"]["attended"]["encoder"]["valid"])
     assert results["summary"]["world_size"] == 1
+    # post-hoc evaluation is ev-softmax on the softmax model: it attends to fewer keys than softmax
+    posthoc, soft = rows["posthoc_evidential"]["attended"], rows["softmax"]["attended"]
+    assert all(posthoc[s]["mean"]["mean"] < soft[s]["mean"]["mean"] for s in SITES)
     report = (out / "mt" / "report.md").read_text()
     assert "Table 4" in report and "29.4 ± 0.05" in report and "nrefs:1" in report
     assert "| ROUGE-1 (beam) |" in report and "| ROUGE-2, paper |" in report
