@@ -95,7 +95,7 @@ def index_rows(root: Path) -> Tuple[List[List[str]], Dict[str, int], List[Dict[s
         if judged is not None:
             run, c = judged
             verdict = label_mode(c["verdict"], run["base_mode"] == "quick")
-            seeds = c.get("seeds") if c.get("seeds") is not None else run["seeds"]
+            seeds = c.get("units") or (c.get("seeds") if c.get("seeds") is not None else run["seeds"])
             ours = _short(c["evidence"])
             link = f"[{run['folder']}]({run['folder']}/report.md)"
             mode = run["mode"]
