@@ -7,11 +7,14 @@ from pathlib import Path
 import pytest
 import torch
 
-for _module in ("sentencepiece", "sacrebleu", "rouge_score"):
+for _module in ("sentencepiece", "sacrebleu", "rouge_score", "nltk"):
     pytest.importorskip(_module, reason=f"the [mt] extra is not installed ({_module} missing): pip install -e '.[mt]'")
 
 from sparsenorm.experiments._shared.common import UserFacingError
 from sparsenorm.experiments.evsoftmax_translation import data as mt_data
+from sparsenorm.experiments.evsoftmax_translation import meteor as mt_meteor
+
+REAL_LOAD_WORDNET = mt_meteor.load_wordnet  # before the autouse fixture replaces it
 from sparsenorm.experiments.evsoftmax_translation.decode import beam_search, greedy, output_log_probs
 from sparsenorm.experiments.evsoftmax_translation.evaluate import attended, rouge, rouge_l
 from sparsenorm.experiments.evsoftmax_translation.model import (
@@ -29,6 +32,8 @@ WORDS = {"the": "die", "house": "Haus", "is": "ist", "green": "grün", "red": "r
 @pytest.fixture(autouse=True)
 def quiet(monkeypatch):
     monkeypatch.setenv("SPARSENORM_NO_PROGRESS", "1")
+    # hermetic: METEOR without fetching WordNet (the Debian package is tested on its own below, when cached)
+    monkeypatch.setattr(mt_meteor, "load_wordnet", lambda folder=None: (mt_meteor._NoSynonyms(), mt_meteor.STEM_ONLY))
 
 
 def write_parallel(folder: Path, sizes=(("train", 200), ("valid", 10), ("test", 12)), seed=0) -> Path:
@@ -157,6 +162,56 @@ def test_posthoc_evaluation_of_a_softmax_trained_model_uses_ev_softmax():
     trained_out = trained.train()(src, tgt_in)
     torch.manual_seed(0)
     torch.testing.assert_close(posthoc.train()(src, tgt_in), trained_out, rtol=0, atol=0)
+
+
+LEXNAMES_PAGE = "".join(f"{i:02d}\t{name}\tsome words\n" for i, name in enumerate(
+    ["adj.all", "adj.pert", "adv.all"] + [f"noun.x{i}" for i in range(26)] + [f"verb.y{i}" for i in range(15)]
+    + ["adj.ppl"]))
+
+
+def test_lexnames_from_the_manual_page():
+    text = mt_meteor.lexnames_from_manpage(".TH LEXNAMES\n" + LEXNAMES_PAGE + "not\ta row\n")
+    lines = text.splitlines()
+    assert len(lines) == 45 and lines[0] == "00\tadj.all\t3" and lines[2] == "02\tadv.all\t4"
+    assert lines[3] == "03\tnoun.x0\t1" and lines[29] == "29\tverb.y0\t2" and lines[44] == "44\tadj.ppl\t3"
+    with pytest.raises(UserFacingError, match="45"):
+        mt_meteor.lexnames_from_manpage(LEXNAMES_PAGE.split("\n", 1)[1])
+
+
+def test_meteor_stem_only():
+    none = mt_meteor._NoSynonyms()
+    same = mt_meteor.meteor(["Das Haus ist grün ."], ["das Haus ist grün ."], none)[0]
+    assert 99 < same <= 100  # NLTK's fragmentation penalty keeps a perfect match just under 100
+    # German stems: "Häuser"/"Hauser" and "grünen"/"grün" share Snowball stems; a wrong word does not
+    stem = mt_meteor.meteor(["die grünen Häuser"], ["die grün Häuser"], none)[0]
+    wrong = mt_meteor.meteor(["die roten Häuser"], ["die grün Häuser"], none)[0]
+    assert wrong < stem < 100
+    assert mt_meteor.meteor([""], ["das Haus"], none) == [0.0]
+    with pytest.raises(ValueError, match="pair up"):
+        mt_meteor.meteor(["a"], [], none)
+
+
+def test_meteor_with_debian_wordnet_when_cached(tmp_path):
+    from sparsenorm._cache import cache_dir
+
+    debs = sorted(cache_dir().glob("wordnet-base_*.deb")) or sorted((cache_dir() / "..").glob("wordnet-base_*.deb"))
+    if not debs:
+        pytest.skip("no wordnet-base_*.deb in the cache (the first METEOR run fetches it)")
+    import shutil
+
+    shutil.copy(debs[-1], tmp_path)  # fetch_wordnet uses a .deb in its folder offline
+    reader, method = REAL_LOAD_WORDNET(tmp_path)
+    assert method == mt_meteor.WITH_WORDNET and (tmp_path / "wordnet-3.0" / "data.noun").is_file()
+    assert len((tmp_path / "wordnet-3.0" / "lexnames").read_text().splitlines()) == 45
+    assert "car.n.01" in {s.name() for s in reader.synsets("automobile")}
+    # the reader serves NLTK's synonym stage: with its default (English) stemmer, car ~ auto matches
+    from nltk.translate.meteor_score import meteor_score
+
+    english = (["auto", "is", "here"], ["car", "is", "here"])  # NLTK matches synonyms against stemmed words
+    assert meteor_score([english[0]], english[1], wordnet=reader) > meteor_score(
+        [english[0]], english[1], wordnet=mt_meteor._NoSynonyms())
+    german = mt_meteor.meteor(["das Auto ist hier ."], ["der Wagen ist hier ."], reader)[0]
+    assert german == mt_meteor.meteor(["das Auto ist hier ."], ["der Wagen ist hier ."], mt_meteor._NoSynonyms())[0]
 
 
 def test_attended_counts_valid_keys_only():

@@ -26,6 +26,7 @@ from .verdict import NEW, NOT_RUN, NOT_TESTABLE, counts, label_mode, rule_paragr
 
 MODE_RANK = {"full": 0, "decisive": 1, "quick": 2}
 CHECKED = "checked by tests"
+MEASURED = "measured by the benchmark"
 NO_COMMITTED_RUN = "no committed run"
 
 
@@ -101,6 +102,9 @@ def index_rows(root: Path) -> Tuple[List[List[str]], Dict[str, int], List[Dict[s
             mode = run["mode"]
         elif entry.tests:
             verdict, seeds, mode, ours, link = CHECKED, "–", "tests", entry.tests, "tests/"
+        elif entry.measured:
+            verdict, seeds, mode, ours = MEASURED, "–", "benchmark", entry.measured
+            link = "[benchmarks/README.md](../benchmarks/README.md)"
         elif entry.experiment:
             verdict, seeds, mode, link = NO_COMMITTED_RUN, "–", "–", "–"
             ours = (f"judged by `sparsenorm reproduce {entry.experiment} --decisive` (or full mode); no run of it is "
@@ -138,7 +142,8 @@ def write_paper_index(root: Path) -> Path:
         "mode, whose verdicts are indicative; on equal units full before decisive); *paired "
         "units* is the largest paired sample a part of its verdict rests on (seeds, or (setting, seed) pairs pooled "
         "over a sweep). *checked by "
-        "tests*: a property of a function, checked by the named tests rather than by an experiment. *no committed "
+        "tests*: a property of a function, checked by the named tests rather than by an experiment. *measured by the "
+        "benchmark*: a cost claim, measured by the committed benchmark named. *no committed "
         "run*: an experiment judges it, but none of its runs is committed here. *not run*: no experiment judges it; "
         "the row says why and what running it would take.",
         "",

@@ -36,7 +36,17 @@ MANY_CLASSES = 20
 """Fig. 2a: r-softmax is best "especially when the data set has a large number of possible output classes" (20, 30)."""
 SUBSET_NAMES = {"many_classes_label_sweep": f"label-count sweep, {MANY_CLASSES}+ classes",
                 "many_classes": f"every synthetic setting with {MANY_CLASSES}+ classes",
-                "length_sweep": "document-length sweep", "real_curve_area": "yeast, mean of the test learning curve"}
+                "length_sweep": "document-length sweep", "real_curve_area": "yeast, mean of the test learning curve",
+                "real_curve_early": "yeast, mean of the first tenth of the test learning curve",
+                "few_classes": f"every synthetic setting with fewer than {MANY_CLASSES} classes"}
+
+
+EARLY_FRACTION = 0.1
+"""Fig. 3's "converge faster": the first tenth of the epochs (10 of 100 in decisive mode)."""
+
+
+def _early(curve: Sequence[float]) -> Sequence[float]:
+    return list(curve)[:max(1, int(round(EARLY_FRACTION * len(curve))))]
 
 
 def setting_key(record: Dict[str, Any]) -> str:
@@ -123,7 +133,13 @@ def aggregate(records: List[Dict[str, Any]], real_name: str) -> Dict[str, Any]:
             # Fig. 3: the learning curve's mean over epochs (its area) per seed, on the real data's test F1
             "real_curve_area": {v: {"example_f1": {str(r["seed"]): float(np.mean(r["methods"][v]["curve"]))
                                                    for r in real if "curve" in r["methods"].get(v, {})}}
-                                for v in variants}},
+                                for v in variants},
+            # Fig. 3 "converge faster": the curve's mean over its first EARLY_FRACTION of epochs, per seed
+            "real_curve_early": {v: {"example_f1": {str(r["seed"]): float(np.mean(_early(r["methods"][v]["curve"])))
+                                                    for r in real if "curve" in r["methods"].get(v, {})}}
+                                 for v in variants},
+            # Fig. 2 (10 output classes): every setting of either sweep at fewer than MANY_CLASSES classes
+            "few_classes": _paired_settings([r for r in synthetic if r["data"]["n_classes"] < MANY_CLASSES], variants)},
         "real": _summarise(real, variants),
         "synthetic": {k: _summarise(rs, variants) for k, rs in by_setting.items()},
         "chosen": {name: {c: picks.count(c) for c in sorted(set(picks))} for name, picks in chosen.items()},
@@ -137,7 +153,8 @@ def _mean(table: Dict[str, Any], variant: str, metric: str) -> float:
 
 
 def _comparison(summary: Dict[str, Any], text: str, source: str, subject: str, rivals: Sequence[str], key: str,
-                margin: Optional[float] = None, subset: Optional[str] = None, primary_where: str = "real") -> Claim:
+                margin: Optional[float] = None, subset: Optional[str] = None, primary_where: str = "real",
+                equivalent: bool = False) -> Claim:
     """``subject`` against each rival under each F1, on real seeds and on synthetic settings (or on one subset of
     the synthetic settings): a direction test ("beats"), or with ``margin`` a non-inferiority test ("on par or
     better"). Primary: the first rival present, in the three F1s, on ``primary_where`` (or the subset)."""
@@ -150,7 +167,7 @@ def _comparison(summary: Dict[str, Any], text: str, source: str, subject: str, r
     per_setting = summary.get("seeds_per_setting")
     for where, paired in tables.items():
         name = {"real": summary["real_name"], "synthetic": "synthetic sweeps"}.get(where, SUBSET_NAMES.get(where, where))
-        unit = "seeds" if where in ("real", "real_curve_area") else (
+        unit = "seeds" if where in ("real", "real_curve_area", "real_curve_early") else (
             f"settings × {per_setting} seeds" if per_setting else "settings")
         for v in present:
             for f1 in F1S:
@@ -158,8 +175,12 @@ def _comparison(summary: Dict[str, Any], text: str, source: str, subject: str, r
                     continue
                 d = verdict.paired_differences(paired[subject][f1], paired[v][f1])
                 label = f"vs {v}, {F1_NAMES[f1]}, {name}"
-                test = (verdict.direction(d, label) if margin is None else
-                        verdict.non_inferiority(d, margin, label, margin_source=MARGIN_SOURCE))
+                if margin is None:
+                    test = verdict.direction(d, label)
+                elif equivalent:
+                    test = verdict.equivalence(d, margin, label)
+                else:
+                    test = verdict.non_inferiority(d, margin, label, margin_source=MARGIN_SOURCE)
                 is_primary = v == present[0] and (subset is not None or where == primary_where)
                 tests.append((not is_primary, replace(test, unit=unit)))
     if not tests:
@@ -204,6 +225,15 @@ def claims(summary: Dict[str, Any]) -> List[Claim]:
     out.append(_comparison(summary, "r-softmax learns better than the other sparse alternatives over training (its "
                            "learning curve lies above theirs)", "r-softmax paper Sec. 4.1, Fig. 3", rs, SPARSE_RIVALS,
                            "r.multilabel.learning_curves", subset="real_curve_area"))
+    out.append(_comparison(summary, f"with few output classes (10) all functions give similar results: r-softmax within "
+                           f"±{APPROX_TOLERANCE:.2f} F1 of the best softmax and the sparse rivals",
+                           "r-softmax paper Sec. 4.1, Fig. 2 caption, Fig. 2a-2b text", rs, rivals,
+                           "r.multilabel.similar_few_classes", margin=APPROX_TOLERANCE, subset="few_classes",
+                           equivalent=True))
+    out.append(_comparison(summary, "some softmax versions with a particular threshold converge faster than r-softmax "
+                           "(judged: softmax at its validation-chosen threshold above r-softmax over the first tenth "
+                           "of the epochs)", "r-softmax paper Sec. 4.1, Fig. 3", BEST_SOFTMAX, [rs],
+                           "r.multilabel.softmax_converges_faster", subset="real_curve_early"))
     out += [_count_claim(summary), _ev_claim(summary)]
     return [c for c in out if c is not None]
 
