@@ -50,8 +50,12 @@ def test_index_prefers_the_most_decisive_run_and_lists_unrun_claims(tmp_path):
     row = next(line for line in text.splitlines() if line.startswith("| ev.cvae.five_modes "))
     assert "**not reproduced**" in row and "| full |" in row and "full/cvae/report.md" in row
     assert f"**{len(paper_claims.CLAIMS)} claims**" in text and "How claims are judged" in text
-    unrun = next(line for line in text.splitlines() if line.startswith("| ev.ssvae.sum_and_sample "))
-    assert "**not run**" in unrun and "SFE+" in unrun
+    unrun = next(line for line in text.splitlines() if line.startswith("| ev.ssvae.paper_scale "))
+    assert "**not run**" in unrun and "85 CPU-hours" in unrun
+    tested = next(line for line in text.splitlines() if line.startswith("| r.zero_is_softmax "))
+    assert "**checked by tests**" in tested and "false as written" in tested
+    measured = next(line for line in text.splitlines() if line.startswith("| sm.cost "))
+    assert "**measured by the benchmark**" in measured and "cpu_normalizers.json" in measured
     waiting = next(line for line in text.splitlines() if line.startswith("| ev.ssvae.beats_monte_carlo "))
     assert "**no committed run**" in waiting and "reproduce ssvae --decisive" in waiting
     assert "| extra |" in text  # a new comparison, in its own table
@@ -80,3 +84,27 @@ def test_rejudge_a_committed_run_from_its_records(tmp_path):
     assert len(changes) >= 5 and all(after for _, _, after in changes)
     report = (tmp_path / "multilabel" / "report.md").read_text()
     assert "Re-judged under the current rule" in report and "How claims are judged" in report
+
+
+def test_reuse_committed_records_as_a_new_runs_job_cache(tmp_path):
+    """The committed mt run's records, put into a new --out's job cache under the current code's fingerprints,
+    are what the runner loads for those jobs (and only the keys asked for are written)."""
+    import pytest
+
+    from sparsenorm.experiments import load
+    from sparsenorm.experiments._shared.common import RunConfig
+    from sparsenorm.experiments._shared.runner import JobCache, fingerprint
+
+    written = paper_index.reuse_records(ROOT / "results" / "decisive" / "mt", tmp_path, ["sparsemax-seed1"])
+    assert written == ["sparsemax-seed1"] and [p.name for p in (tmp_path / "mt" / "runs").iterdir()] == [
+        "sparsemax-seed1.json"]
+    experiment = load("mt").EXPERIMENT
+    config = RunConfig(out=tmp_path / "mt", decisive=True)
+    settings = experiment.settings(config)
+    job = next(j for j in experiment.jobs(settings, config) if j.key == "sparsemax-seed1")
+    stamp = fingerprint(settings, job, config, ("seeds", *experiment.fingerprint_exclude))
+    record = JobCache(tmp_path / "mt").load(job, stamp)
+    assert record["train"] == "sparsemax" and record["seed"] == 1
+    assert paper_index.reuse_records(ROOT / "results" / "decisive" / "mt", tmp_path, ["sparsemax-seed1"]) == []
+    with pytest.raises(KeyError, match="not a job"):
+        paper_index.reuse_records(ROOT / "results" / "decisive" / "mt", tmp_path, ["r_softmax-seed0"])

@@ -205,13 +205,53 @@ def rejudge(folder: Path) -> List[Tuple[str, str, str]]:
     return changes
 
 
+def reuse_records(folder: Path, out: Path, keys: List[str]) -> List[str]:
+    """Put the job records of the committed run in ``folder`` for ``keys`` into the job cache of ``out`` (the
+    ``--out`` of a new run of the same experiment and mode), under the fingerprints the current code gives those
+    jobs, so that the new run reuses them instead of recomputing. For jobs whose code path did not change and whose
+    records are deterministic (check by re-running one and comparing); the new run's results list them under
+    ``reused_from_cache`` and its report should say where they came from. Keys already cached are left alone.
+    Returns the keys written."""
+    from .. import load
+    from .common import RunConfig
+    from .runner import JobCache, fingerprint
+
+    folder = Path(folder)
+    path = next((p for p in (folder / "results.json.gz", folder / "results.json") if p.is_file()), None)
+    payload = _read(path) if path else None
+    if payload is None:
+        raise FileNotFoundError(f"no results.json(.gz) in {folder}")
+    experiment = load(payload["experiment"]).EXPERIMENT
+    config = dict(payload["config"])
+    config["out"] = Path(out) / payload["experiment"]
+    config["data_dir"] = Path(config["data_dir"]) if config.get("data_dir") else None
+    config = RunConfig(**{k: v for k, v in config.items() if k in RunConfig.__dataclass_fields__})
+    settings = experiment.settings(config)
+    jobs = {job.key: job for job in experiment.jobs(settings, config)}
+    records = dict(zip(payload["results"]["jobs"]["jobs"], payload["results"]["records"]))
+    cache, exclude = JobCache(Path(config.out)), ("seeds", *getattr(experiment, "fingerprint_exclude", ()))
+    written = []
+    for key in keys:
+        if key not in jobs or key not in records:
+            raise KeyError(f"{key}: not a job of both the committed run and the current code")
+        stamp = fingerprint(settings, jobs[key], config, exclude)
+        if cache.load(jobs[key], stamp) is None:
+            cache.save(jobs[key], stamp, records[key])
+            written.append(key)
+    return written
+
+
 def _main(argv: List[str]) -> int:
     if len(argv) >= 2 and argv[0] == "rejudge":
         for folder in argv[1:]:
             for claim, before, after in rejudge(Path(folder)):
                 print(f"{folder}: {before} -> {after}: {claim}")
         return 0
-    print("usage: python -m sparsenorm.experiments._shared.paper_index rejudge FOLDER...", file=sys.stderr)
+    if len(argv) >= 4 and argv[0] == "reuse":
+        print("reused: " + ", ".join(reuse_records(Path(argv[1]), Path(argv[2]), argv[3:])))
+        return 0
+    print("usage: python -m sparsenorm.experiments._shared.paper_index rejudge FOLDER...\n"
+          "       python -m sparsenorm.experiments._shared.paper_index reuse FOLDER OUT KEY...", file=sys.stderr)
     return 2
 
 
