@@ -45,8 +45,10 @@ def test_index_prefers_the_most_decisive_run_and_lists_unrun_claims(tmp_path):
     _results(tmp_path / "full" / "cvae", "full", [claim(verdict.NOT_REPRODUCED, 10),
                                                   {"claim": "extra", "verdict": verdict.NEW, "evidence": "x",
                                                    "source": "", "key": "", "seeds": None}], gz=True)
+    (tmp_path / paper_index.CLOSING_NOTE).write_text("## Verdicts that changed\n\n| a | b |\n")
     assert cli.main(["reproduce", "--index", str(tmp_path)]) == 0
     text = (tmp_path / "README.md").read_text()
+    assert text.rstrip().endswith("## Verdicts that changed\n\n| a | b |")  # the closing note, last
     row = next(line for line in text.splitlines() if line.startswith("| ev.cvae.five_modes "))
     assert "**not reproduced**" in row and "| full |" in row and "full/cvae/report.md" in row
     assert f"**{len(paper_claims.CLAIMS)} claims**" in text and "How claims are judged" in text

@@ -28,6 +28,8 @@ MODE_RANK = {"full": 0, "decisive": 1, "quick": 2}
 CHECKED = "checked by tests"
 MEASURED = "measured by the benchmark"
 NO_COMMITTED_RUN = "no committed run"
+CLOSING_NOTE = "verdict_changes.md"
+"""A hand-written note under the results folder, appended to the index as its closing section."""
 
 
 def _read(path: Path) -> Optional[Dict[str, Any]]:
@@ -161,6 +163,9 @@ def write_paper_index(root: Path) -> Path:
             ["folder", "mode", "seeds", "command"],
             [[f"[{r['folder']}]({r['folder']}/report.md)", r["mode"], str(r["seeds"]), f"`{r['command']}`"]
              for r in runs]), ""]
+    note = root / CLOSING_NOTE
+    if note.is_file():  # the hand-written closing note: what changed in the last re-judging, and why
+        lines += [note.read_text().strip(), ""]
     path = root / "README.md"
     path.write_text("\n".join(lines))
     return path
