@@ -368,7 +368,9 @@ def test_tiny_end_to_end_run(tmp_path):
     for fig in ("bleu_vs_attended.png", "cross_attention_maps.png", "training_loss.png"):
         assert (out / "mt" / fig).read_bytes()[:8] == PNG_MAGIC
     keys = [c["key"] for c in results["claims"]]
-    assert keys == ["ev.mt.highest_bleu", "ev.mt.rouge", "ev.mt.attended_order", "ev.mt.fig4_maps", ""]
+    assert keys == ["ev.mt.highest_bleu", "ev.mt.rouge", "ev.mt.meteor", "ev.mt.attended_order", "ev.mt.fig4_maps", ""]
+    assert results["summary"]["meteor_method"] == mt_meteor.STEM_ONLY  # the fixture keeps the test offline
+    assert all(0 <= row["meteor"]["mean"] <= 100 for row in rows.values())
     for row in rows.values():  # Fig. 4's count: attended source words at the first step, per seed
         assert 1 <= row["first_step_support"]["mean"] and 0 < row["first_step_coverage"]["mean"] <= 1
 
