@@ -74,6 +74,14 @@ def test_index_prefers_the_most_decisive_run_and_lists_unrun_claims(tmp_path):
     paper_index.write_paper_index(tmp_path)
     row = next(line for line in (tmp_path / "README.md").read_text().splitlines() if line.startswith("| ev.cvae.five_modes "))
     assert "**reproduced**" in row and "| decisive |" in row and "decisive/cvae/report.md" in row
+    # equal units and mode: the judgement with more parts (more of the claim tested) is kept
+    shutil.rmtree(tmp_path / "decisive")
+    _results(tmp_path / "decisive" / "a", "decisive", [dict(claim(verdict.REPRODUCED, 12), evidence="primary: a")])
+    _results(tmp_path / "decisive" / "b", "decisive", [dict(claim(verdict.INCONCLUSIVE, 12),
+                                                            evidence="primary: a; secondary: b")])
+    paper_index.write_paper_index(tmp_path)
+    row = next(line for line in (tmp_path / "README.md").read_text().splitlines() if line.startswith("| ev.cvae.five_modes "))
+    assert "**inconclusive**" in row and "decisive/b/report.md" in row
     quick_only = tmp_path / "q"
     _results(quick_only / "quick" / "cvae", "quick", [claim(verdict.REPRODUCED, 3)])
     paper_index.write_paper_index(quick_only)

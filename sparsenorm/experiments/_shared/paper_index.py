@@ -80,12 +80,20 @@ def _short(text: str, limit: int = 300) -> str:
     return text if len(text) <= limit else text[:limit].rsplit(" ", 1)[0] + " …"
 
 
+def _parts(evidence: str) -> int:
+    """How many parts a judged claim's evidence lists (its primary and secondary comparisons)."""
+    return evidence.count("primary: ") + evidence.count("secondary: ")
+
+
 def _best_judgement(entry: PaperClaim, runs: List[Dict[str, Any]]) -> Optional[Tuple[Dict[str, Any], Dict[str, Any]]]:
     found = [(run, c) for run in runs for c in run["claims"] if c.get("key") == entry.key]
     # More paired units is more evidence (e.g. a decisive run's 6 seeds per setting over a full run's 3);
     # a quick run is indicative whatever its count, so it only stands in when nothing else judged the claim.
+    # On equal units and mode, the judgement that tested more of the claim (more parts) is kept: a run that ran
+    # only some of a claim's rivals (e.g. ssvae_two_call: one Monte-Carlo estimator) does not stand for it.
     found.sort(key=lambda rc: (rc[0]["base_mode"] == "quick", rc[1]["verdict"] == NOT_TESTABLE,
-                               -(rc[1].get("seeds") or 0), MODE_RANK.get(rc[0]["base_mode"], 9)))
+                               -(rc[1].get("seeds") or 0), MODE_RANK.get(rc[0]["base_mode"], 9),
+                               -_parts(rc[1].get("evidence", ""))))
     return found[0] if found else None
 
 
