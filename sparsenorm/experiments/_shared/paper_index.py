@@ -90,7 +90,7 @@ def _best_judgement(entry: PaperClaim, runs: List[Dict[str, Any]]) -> Optional[T
     # More paired units is more evidence (e.g. a decisive run's 6 seeds per setting over a full run's 3);
     # a quick run is indicative whatever its count, so it only stands in when nothing else judged the claim.
     # On equal units and mode, the judgement that tested more of the claim (more parts) is kept: a run that ran
-    # only some of a claim's rivals (e.g. ssvae_two_call: one Monte-Carlo estimator) does not stand for it.
+    # only some of a claim's rivals (e.g. one of the Monte-Carlo estimators) does not stand for it.
     found.sort(key=lambda rc: (rc[0]["base_mode"] == "quick", rc[1]["verdict"] == NOT_TESTABLE,
                                -(rc[1].get("seeds") or 0), MODE_RANK.get(rc[0]["base_mode"], 9),
                                -_parts(rc[1].get("evidence", ""))))
