@@ -23,7 +23,7 @@ def test_every_experiment_claim_is_catalogued_and_every_catalogued_run_claim_is_
     run_claims = {c.key for c in paper_claims.CLAIMS if c.experiment}
     assert emitted == run_claims
     for c in paper_claims.CLAIMS:  # each claim is run by an experiment, checked by tests, or says why not
-        assert sum(map(bool, (c.experiment, c.tests, c.not_run))) == 1, c.key
+        assert sum(map(bool, (c.experiment, c.tests, c.measured, c.not_run))) == 1, c.key
         assert c.experiment is None or c.experiment in EXPERIMENTS
 
 
@@ -45,13 +45,19 @@ def test_index_prefers_the_most_decisive_run_and_lists_unrun_claims(tmp_path):
     _results(tmp_path / "full" / "cvae", "full", [claim(verdict.NOT_REPRODUCED, 10),
                                                   {"claim": "extra", "verdict": verdict.NEW, "evidence": "x",
                                                    "source": "", "key": "", "seeds": None}], gz=True)
+    (tmp_path / paper_index.CLOSING_NOTE).write_text("## Verdicts that changed\n\n| a | b |\n")
     assert cli.main(["reproduce", "--index", str(tmp_path)]) == 0
     text = (tmp_path / "README.md").read_text()
+    assert text.rstrip().endswith("## Verdicts that changed\n\n| a | b |")  # the closing note, last
     row = next(line for line in text.splitlines() if line.startswith("| ev.cvae.five_modes "))
     assert "**not reproduced**" in row and "| full |" in row and "full/cvae/report.md" in row
     assert f"**{len(paper_claims.CLAIMS)} claims**" in text and "How claims are judged" in text
-    unrun = next(line for line in text.splitlines() if line.startswith("| ev.ssvae.sum_and_sample "))
-    assert "**not run**" in unrun and "SFE+" in unrun
+    unrun = next(line for line in text.splitlines() if line.startswith("| ev.ssvae.paper_scale "))
+    assert "**not run**" in unrun and "85 CPU-hours" in unrun
+    tested = next(line for line in text.splitlines() if line.startswith("| r.zero_is_softmax "))
+    assert "**checked by tests**" in tested and "false as written" in tested
+    measured = next(line for line in text.splitlines() if line.startswith("| sm.cost "))
+    assert "**measured by the benchmark**" in measured and "cpu_normalizers.json" in measured
     waiting = next(line for line in text.splitlines() if line.startswith("| ev.ssvae.beats_monte_carlo "))
     assert "**no committed run**" in waiting and "reproduce ssvae --decisive" in waiting
     assert "| extra |" in text  # a new comparison, in its own table
@@ -68,6 +74,14 @@ def test_index_prefers_the_most_decisive_run_and_lists_unrun_claims(tmp_path):
     paper_index.write_paper_index(tmp_path)
     row = next(line for line in (tmp_path / "README.md").read_text().splitlines() if line.startswith("| ev.cvae.five_modes "))
     assert "**reproduced**" in row and "| decisive |" in row and "decisive/cvae/report.md" in row
+    # equal units and mode: the judgement with more parts (more of the claim tested) is kept
+    shutil.rmtree(tmp_path / "decisive")
+    _results(tmp_path / "decisive" / "a", "decisive", [dict(claim(verdict.REPRODUCED, 12), evidence="primary: a")])
+    _results(tmp_path / "decisive" / "b", "decisive", [dict(claim(verdict.INCONCLUSIVE, 12),
+                                                            evidence="primary: a; secondary: b")])
+    paper_index.write_paper_index(tmp_path)
+    row = next(line for line in (tmp_path / "README.md").read_text().splitlines() if line.startswith("| ev.cvae.five_modes "))
+    assert "**inconclusive**" in row and "decisive/b/report.md" in row
     quick_only = tmp_path / "q"
     _results(quick_only / "quick" / "cvae", "quick", [claim(verdict.REPRODUCED, 3)])
     paper_index.write_paper_index(quick_only)
@@ -80,3 +94,27 @@ def test_rejudge_a_committed_run_from_its_records(tmp_path):
     assert len(changes) >= 5 and all(after for _, _, after in changes)
     report = (tmp_path / "multilabel" / "report.md").read_text()
     assert "Re-judged under the current rule" in report and "How claims are judged" in report
+
+
+def test_reuse_committed_records_as_a_new_runs_job_cache(tmp_path):
+    """The committed mt run's records, put into a new --out's job cache under the current code's fingerprints,
+    are what the runner loads for those jobs (and only the keys asked for are written)."""
+    import pytest
+
+    from sparsenorm.experiments import load
+    from sparsenorm.experiments._shared.common import RunConfig
+    from sparsenorm.experiments._shared.runner import JobCache, fingerprint
+
+    written = paper_index.reuse_records(ROOT / "results" / "decisive" / "mt", tmp_path, ["sparsemax-seed1"])
+    assert written == ["sparsemax-seed1"] and [p.name for p in (tmp_path / "mt" / "runs").iterdir()] == [
+        "sparsemax-seed1.json"]
+    experiment = load("mt").EXPERIMENT
+    config = RunConfig(out=tmp_path / "mt", decisive=True)
+    settings = experiment.settings(config)
+    job = next(j for j in experiment.jobs(settings, config) if j.key == "sparsemax-seed1")
+    stamp = fingerprint(settings, job, config, ("seeds", *experiment.fingerprint_exclude))
+    record = JobCache(tmp_path / "mt").load(job, stamp)
+    assert record["train"] == "sparsemax" and record["seed"] == 1
+    assert paper_index.reuse_records(ROOT / "results" / "decisive" / "mt", tmp_path, ["sparsemax-seed1"]) == []
+    with pytest.raises(KeyError, match="not a job"):
+        paper_index.reuse_records(ROOT / "results" / "decisive" / "mt", tmp_path, ["r_softmax-seed0"])

@@ -27,7 +27,7 @@ def _exact_gradient(scores: torch.Tensor) -> torch.Tensor:
     return s.grad
 
 
-@pytest.mark.parametrize("name", ["sfe", "nvil"])
+@pytest.mark.parametrize("name", ["sfe", "nvil", "sfe_plus", "sum_and_sample"])
 def test_score_function_gradient_is_unbiased(name):
     """Averaged over many samples the surrogate's gradient is the exact gradient of E_q[f] - H(q); the tolerance
     is 5 standard errors of that average, computed from the per-sample gradients themselves."""
@@ -43,6 +43,30 @@ def test_score_function_gradient_is_unbiased(name):
     mean, se = per_sample.mean(0), per_sample.std(0) / n ** 0.5
     exact = _exact_gradient(base)
     assert torch.all((mean - exact).abs() <= 5 * se + 1e-12), (mean, exact, se)
+
+
+def test_two_call_estimators():
+    assert mc.calls_per_example("sfe_plus") == mc.calls_per_example("sum_and_sample") == 2.0
+    assert mc.calls_per_example("gumbel") == 1.0
+    with pytest.raises(ValueError, match="unknown estimator"):
+        mc.calls_per_example("nope")
+    # sum-and-sample never samples the summed (most probable) class, and with all mass on it the loss is exact
+    calls = []
+
+    class Recording(FixedCost):
+        def neg_elbo(self, x, z, gen=None):
+            calls.append(z.clone())
+            return COSTS[z]
+
+    scores = torch.tensor([[0.0, 5.0, 1.0, -1.0]] * 500, dtype=torch.float64, requires_grad=True)
+    mc.make("sum_and_sample").double()(Recording(), scores, torch.zeros(500, 784, dtype=torch.float64),
+                                        torch.Generator().manual_seed(0), 0.0)
+    top, sampled = calls
+    assert bool((top == 1).all()) and not bool((sampled == 1).any()) and len(set(sampled.tolist())) == 3
+    certain = torch.tensor([[0.0, 80.0, 0.0, 0.0]] * 4, dtype=torch.float64, requires_grad=True)
+    loss = mc.make("sum_and_sample").double()(FixedCost(), certain, torch.zeros(4, 784, dtype=torch.float64),
+                                              torch.Generator().manual_seed(0), 0.0)
+    assert float(loss.detach()) == pytest.approx(float(COSTS[1]), abs=1e-12)
 
 
 def test_running_baseline_starts_at_the_first_batch_mean():
@@ -91,17 +115,20 @@ def test_tiny_run_with_estimators(tiny_mnist, tmp_path, monkeypatch):
     monkeypatch.setenv("SPARSENORM_NO_PROGRESS", "1")
     monkeypatch.setenv("SPARSENORM_CACHE", str(tmp_path / "cache"))
     argv = ["reproduce", "ssvae", "--quick", "--device", "cpu", "--seeds", "1", "--epochs", "1",
-            "--normalizers", "ev_softmax", "--estimators", "sfe,nvil,st_gumbel", "--data-dir", str(tiny_mnist),
+            "--normalizers", "ev_softmax", "--estimators", "sfe,nvil,st_gumbel,sfe_plus,sum_and_sample",
+            "--data-dir", str(tiny_mnist),
             "--out", str(tmp_path), "--pretrain-epochs", "1", "--steps-per-epoch", "2", "--workers", "1"]
     assert cli.main(argv) == 0
     results = json.loads((tmp_path / "ssvae" / "results.json").read_text())["results"]
     per = results["summary"]["per_normalizer"]
-    assert set(per) == {"ev_softmax", "sfe", "nvil", "st_gumbel"}
-    for name in ("sfe", "nvil", "st_gumbel"):
-        assert per[name]["decoder_calls"] == 1.0 and per[name]["decoder_rows_evaluated"] == 1.0
+    assert set(per) == {"ev_softmax", "sfe", "nvil", "st_gumbel", "sfe_plus", "sum_and_sample"}
+    for name in ("sfe", "nvil", "st_gumbel", "sfe_plus", "sum_and_sample"):
+        calls = 2.0 if name in ("sfe_plus", "sum_and_sample") else 1.0
+        assert per[name]["decoder_calls"] == calls and per[name]["decoder_rows_evaluated"] == calls
         assert 0 <= per[name]["accuracy"] <= 100
     claims = {c["key"]: c["verdict"] for c in results["claims"]}
     assert claims["ev.ssvae.beats_monte_carlo"] == "inconclusive"  # one seed
+    assert claims["ev.ssvae.sum_and_sample"] == "inconclusive"
     assert "| sfe |" in (tmp_path / "ssvae" / "report.md").read_text()
     with pytest.raises(SystemExit):
         cli.main(["reproduce", "ssvae", "--estimators", "reinforce++", "--out", str(tmp_path)])

@@ -90,9 +90,10 @@ def _test(verdict):
     return v.Test("part", verdict, 10, 0.0, None)
 
 
-@pytest.mark.parametrize("parts, expected", [
+@pytest.mark.parametrize("parts, expected", [  # the first part is the primary comparison
     ([v.REPRODUCED, v.REPRODUCED], v.REPRODUCED),
     ([v.REPRODUCED, v.INCONCLUSIVE], v.PARTLY),
+    ([v.INCONCLUSIVE, v.REPRODUCED], v.INCONCLUSIVE),  # a secondary part alone never earns "partly"
     ([v.REPRODUCED, v.NOT_REPRODUCED], v.NOT_REPRODUCED),  # one part significantly against: never "partly"
     ([v.INCONCLUSIVE, v.INCONCLUSIVE], v.INCONCLUSIVE),
     ([v.INCONCLUSIVE, v.NOT_REPRODUCED], v.NOT_REPRODUCED),
@@ -102,6 +103,56 @@ def test_compound_claims(parts, expected):
     assert v.combine([_test(p) for p in parts]) == expected
 
 
+def test_several_primary_parts_must_all_hold_for_partly():
+    parts = [_test(v.REPRODUCED), _test(v.INCONCLUSIVE), _test(v.INCONCLUSIVE)]
+    assert v.combine(parts, primary=2) == v.INCONCLUSIVE
+    assert v.combine(parts, primary=1) == v.PARTLY
+
+
+def test_holm_corrects_the_parts_of_a_claim():
+    # two parts, each significant alone at p = 0.0156 (7 pairs, all one way) and 0.03 (6 pairs): Holm gives
+    # 2 x 0.0156 = 0.031 < 0.05 for the first, and max(0.031, 0.031) for the second
+    seven, six = [1.0, 2, 3, 4, 5, 6, 7], [1.0, 2, 3, 4, 5, 6]
+    parts = [v.direction(seven, "seven"), v.direction(six, "six")]
+    assert parts[0].p == pytest.approx(2 / 2 ** 7) and parts[1].p == pytest.approx(2 / 2 ** 6)
+    judged = v.holm(parts)
+    assert [t.p_holm for t in judged] == pytest.approx([2 * 2 / 2 ** 7, 2 / 2 ** 6])
+    assert [t.verdict for t in judged] == [v.REPRODUCED, v.REPRODUCED]
+    # three parts: 3 x 0.0156 = 0.047 holds, then max(0.047, 2 x 0.031) = 0.0625 does not
+    judged = v.holm(parts + [v.direction(six, "six again")])
+    assert [t.verdict for t in judged] == [v.REPRODUCED, v.INCONCLUSIVE, v.INCONCLUSIVE]
+    c = v.claim("x", parts + [v.direction(six, "six again")])
+    assert c.verdict == v.PARTLY and "Holm p 0.062" in c.evidence and "primary: seven" in c.evidence
+    assert "secondary: six" in c.evidence and "left 2 part(s)" in c.evidence
+    with pytest.raises(ValueError, match="primary"):
+        v.claim("x", parts, primary=3)
+
+
+def test_signed_rank_p_is_exact_with_and_without_ties():
+    import itertools
+
+    rng = np.random.default_rng(1)
+    for alternative in ("two-sided", "greater", "less"):
+        d = rng.normal(size=11)
+        p, n, method = v.signed_rank_p(d, alternative)
+        assert method == v.EXACT and n == 11
+        assert p == pytest.approx(stats.wilcoxon(d, alternative=alternative, method="exact").pvalue, rel=1e-12)
+    tied = np.array([1.0, 1.0, 2.0, -2.0, 3.0, 3.0, 3.0, -1.0, 4.0, 5.0, 0.0])  # a zero is dropped
+    ranks = stats.rankdata(np.abs(tied[tied != 0]))
+    observed = ranks[tied[tied != 0] > 0].sum()
+    sums = np.array([ranks[list(signs)].sum() for signs in itertools.product([False, True], repeat=ranks.size)])
+    centre = ranks.sum() / 2
+    for alternative, brute in (("two-sided", np.mean(np.abs(sums - centre) >= abs(observed - centre))),
+                               ("greater", np.mean(sums >= observed)), ("less", np.mean(sums <= observed))):
+        p, n, method = v.signed_rank_p(tied, alternative)
+        assert method == v.EXACT_TIES and n == 10 and p == pytest.approx(brute, rel=1e-12)
+    p, n, method = v.signed_rank_p(rng.normal(0.3, 1, 80))
+    assert method == v.NORMAL and n == 80 and 0 < p < 1
+    assert v.signed_rank_p([0.0, 0.0]) == (None, 0, "")
+    t = v.direction(tied, "tied")
+    assert t.method == v.EXACT_TIES and "exact, tied ranks" in t.describe()
+
+
 def test_compound_claim_from_seed_tables():
     a, b = _seeds(10, shift=0.05)
     c, d = _seeds(10, shift=0.0, noise=0.05, seed=3)
@@ -109,6 +160,7 @@ def test_compound_claim_from_seed_tables():
                      [v.direction(v.paired_differences(a, b), "metric 1"),
                       v.direction(v.paired_differences(c, d), "metric 2")], key="x")
     assert judged.verdict == v.PARTLY and judged.seeds == 10 and "metric 2: inconclusive" in judged.evidence
+    assert judged.units == "10 pairs" and "primary: metric 1" in judged.evidence
 
 
 def test_quick_verdicts_are_indicative_and_the_rule_is_stated():
@@ -116,7 +168,8 @@ def test_quick_verdicts_are_indicative_and_the_rule_is_stated():
     assert v.label_mode(v.NEW, quick=True) == v.NEW
     assert v.label_mode(v.REPRODUCED, quick=False) == v.REPRODUCED
     text = v.rule_paragraph()
-    assert "Wilcoxon" in text and "0.05" in text and "fewer than 6" in text
+    assert "Wilcoxon" in text and "0.05" in text and "Fewer than 6" in text
+    assert "primary" in text and "Holm" in text and "by construction" in text and "setting" in text
 
 
 def test_non_finite_differences_are_refused():

@@ -89,5 +89,5 @@ ARTIFACTS: Dict[str, Artifact] = _rows(
              "LibreOffice help pages, German"),
     Artifact("wordnet-base", "deb", "wordnet-base", "1:3.0-37", "wordnet-base_1%3a3.0-37_all.deb",
              "61060d960f9ada8fa120872312eccd3ecebfbab8c4579e4f5a74e1cf67620752", 6_467_132,
-             "WordNet 3.0 database (METEOR synonyms; not fetched yet)"),
+             "WordNet 3.0 database (METEOR synonyms)"),
 )

@@ -27,7 +27,10 @@ from .verdict import NEW, NOT_RUN, NOT_TESTABLE, counts, label_mode, rule_paragr
 
 MODE_RANK = {"full": 0, "decisive": 1, "quick": 2}
 CHECKED = "checked by tests"
+MEASURED = "measured by the benchmark"
 NO_COMMITTED_RUN = "no committed run"
+CLOSING_NOTE = "verdict_changes.md"
+"""A hand-written note under the results folder, appended to the index as its closing section."""
 
 
 def _read(path: Path) -> Optional[Dict[str, Any]]:
@@ -78,14 +81,23 @@ def _short(text: str, limit: int = 300) -> str:
     return text if len(text) <= limit else text[:limit].rsplit(" ", 1)[0] + " …"
 
 
+def _parts(evidence: str) -> int:
+    """How many parts a judged claim's evidence lists (its primary and secondary comparisons)."""
+    return evidence.count("primary: ") + evidence.count("secondary: ")
+
+
 def _best_judgement(entry: PaperClaim, runs: List[Dict[str, Any]]) -> Optional[Tuple[Dict[str, Any], Dict[str, Any]]]:
     found = [(run, c) for run in runs for c in run["claims"] if c.get("key") == entry.key]
     # More paired units is more evidence (e.g. a decisive run's 6 seeds per setting over a full run's 3);
     # a quick run is indicative whatever its count, so it only stands in when nothing else judged the claim.
-    # A run in the paper's regime before one outside it (see .regime).
-    found.sort(key=lambda rc: (rc[0]["base_mode"] == "quick", regime.is_out_of_regime(rc[1]["verdict"]),
-                               rc[1]["verdict"] == NOT_TESTABLE,
-                               -(rc[1].get("seeds") or 0), MODE_RANK.get(rc[0]["base_mode"], 9)))
+    # A run in the paper's regime before one outside it (see .regime); on equal units and mode, the judgement that
+    # tested more of the claim (more parts) is kept: a run that ran only some of a claim's rivals (e.g. one of the
+    # Monte-Carlo estimators) does not stand for it.
+    # A run that could not test the claim comes after every run that did, in the regime or not.
+    found.sort(key=lambda rc: (rc[0]["base_mode"] == "quick", rc[1]["verdict"] == NOT_TESTABLE,
+                               regime.is_out_of_regime(rc[1]["verdict"]),
+                               -(rc[1].get("seeds") or 0), MODE_RANK.get(rc[0]["base_mode"], 9),
+                               -_parts(rc[1].get("evidence", ""))))
     return found[0] if found else None
 
 
@@ -99,13 +111,16 @@ def index_rows(root: Path) -> Tuple[List[List[str]], Dict[str, int], List[Dict[s
         if judged is not None:
             run, c = judged
             verdict = label_mode(c["verdict"], run["base_mode"] == "quick")
-            seeds = c.get("seeds") if c.get("seeds") is not None else run["seeds"]
+            seeds = c.get("units") or (c.get("seeds") if c.get("seeds") is not None else run["seeds"])
             ours = _short(c["evidence"])
             link = f"[{run['folder']}]({run['folder']}/report.md)"
             mode = run["mode"]
             gate = regime.status(run.get("regime"))
         elif entry.tests:
             verdict, seeds, mode, ours, link = CHECKED, "–", "tests", entry.tests, "tests/"
+        elif entry.measured:
+            verdict, seeds, mode, ours = MEASURED, "–", "benchmark", entry.measured
+            link = "[benchmarks/README.md](../benchmarks/README.md)"
         elif entry.experiment:
             verdict, seeds, mode, link = NO_COMMITTED_RUN, "–", "–", "–"
             ours = (f"judged by `sparsenorm reproduce {entry.experiment} --decisive` (or full mode); no run of it is "
@@ -143,7 +158,8 @@ def write_paper_index(root: Path) -> Path:
         "mode, whose verdicts are indicative; on equal units full before decisive); *paired "
         "units* is the largest paired sample a part of its verdict rests on (seeds, or (setting, seed) pairs pooled "
         "over a sweep). *checked by "
-        "tests*: a property of a function, checked by the named tests rather than by an experiment. *no committed "
+        "tests*: a property of a function, checked by the named tests rather than by an experiment. *measured by the "
+        "benchmark*: a cost claim, measured by the committed benchmark named. *no committed "
         "run*: an experiment judges it, but none of its runs is committed here. *not run*: no experiment judges it; "
         "the row says why and what running it would take. *Paper's regime*: the judging run's regime gate (each "
         "experiment's `paper.py` states the condition under which the paper's comparison is meaningful, and why); a "
@@ -164,6 +180,9 @@ def write_paper_index(root: Path) -> Path:
             [[f"[{r['folder']}]({r['folder']}/report.md)", r["mode"], str(r["seeds"]), _cell(regime.status(r["regime"])),
               f"`{r['command']}`"]
              for r in runs]), ""]
+    note = root / CLOSING_NOTE
+    if note.is_file():  # the hand-written closing note: what changed in the last re-judging, and why
+        lines += [note.read_text().strip(), ""]
     path = root / "README.md"
     path.write_text("\n".join(lines))
     return path
@@ -222,13 +241,53 @@ def _with_regime_section(text: str, gate: Optional[Dict[str, Any]]) -> str:
     return text[:claims_at] + regime.section(gate) + text[claims_at:]
 
 
+def reuse_records(folder: Path, out: Path, keys: List[str]) -> List[str]:
+    """Put the job records of the committed run in ``folder`` for ``keys`` into the job cache of ``out`` (the
+    ``--out`` of a new run of the same experiment and mode), under the fingerprints the current code gives those
+    jobs, so that the new run reuses them instead of recomputing. For jobs whose code path did not change and whose
+    records are deterministic (check by re-running one and comparing); the new run's results list them under
+    ``reused_from_cache`` and its report should say where they came from. Keys already cached are left alone.
+    Returns the keys written."""
+    from .. import load
+    from .common import RunConfig
+    from .runner import JobCache, fingerprint
+
+    folder = Path(folder)
+    path = next((p for p in (folder / "results.json.gz", folder / "results.json") if p.is_file()), None)
+    payload = _read(path) if path else None
+    if payload is None:
+        raise FileNotFoundError(f"no results.json(.gz) in {folder}")
+    experiment = load(payload["experiment"]).EXPERIMENT
+    config = dict(payload["config"])
+    config["out"] = Path(out) / payload["experiment"]
+    config["data_dir"] = Path(config["data_dir"]) if config.get("data_dir") else None
+    config = RunConfig(**{k: v for k, v in config.items() if k in RunConfig.__dataclass_fields__})
+    settings = experiment.settings(config)
+    jobs = {job.key: job for job in experiment.jobs(settings, config)}
+    records = dict(zip(payload["results"]["jobs"]["jobs"], payload["results"]["records"]))
+    cache, exclude = JobCache(Path(config.out)), ("seeds", *getattr(experiment, "fingerprint_exclude", ()))
+    written = []
+    for key in keys:
+        if key not in jobs or key not in records:
+            raise KeyError(f"{key}: not a job of both the committed run and the current code")
+        stamp = fingerprint(settings, jobs[key], config, exclude)
+        if cache.load(jobs[key], stamp) is None:
+            cache.save(jobs[key], stamp, records[key])
+            written.append(key)
+    return written
+
+
 def _main(argv: List[str]) -> int:
     if len(argv) >= 2 and argv[0] == "rejudge":
         for folder in argv[1:]:
             for claim, before, after in rejudge(Path(folder)):
                 print(f"{folder}: {before} -> {after}: {claim}")
         return 0
-    print("usage: python -m sparsenorm.experiments._shared.paper_index rejudge FOLDER...", file=sys.stderr)
+    if len(argv) >= 4 and argv[0] == "reuse":
+        print("reused: " + ", ".join(reuse_records(Path(argv[1]), Path(argv[2]), argv[3:])))
+        return 0
+    print("usage: python -m sparsenorm.experiments._shared.paper_index rejudge FOLDER...\n"
+          "       python -m sparsenorm.experiments._shared.paper_index reuse FOLDER OUT KEY...", file=sys.stderr)
     return 2
 
 

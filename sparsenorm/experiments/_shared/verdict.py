@@ -4,34 +4,46 @@ Every experiment judges its claims here; none compares numbers by its own logic.
 
 **Unit of evidence.** A claim compares normalizers trained on the same seeds, so the evidence is the
 per-seed *paired* difference ``d_s = score(subject, s) - score(rival, s)``, oriented so that a
-positive ``d`` is the paper's direction (for a lower-is-better metric the sign is flipped). Several
-settings of one sweep may pool their (setting, seed) pairs into one sample (the report says so).
+positive ``d`` is the paper's direction (for a lower-is-better metric the sign is flipped). A sweep
+of several settings is judged with the *setting* as the unit (its mean over seeds): the seeds of one
+setting share its data and are not independent replicates of the sweep, so pooling (setting, seed)
+pairs would count one setting's seeds as separate evidence (the report says "15 settings x 6 seeds").
 
-**Test.** The exact Wilcoxon signed-rank test of the paired differences (scipy), at level
+**Test.** The Wilcoxon signed-rank test of the paired differences (zeros dropped), at level
 :data:`LEVEL` = 0.05, two-sided for a direction, one-sided per side for a margin. Chosen over the
 paired t-test because training outcomes over seeds are often skewed or bimodal (a collapsed run, a
-run that never left its initialisation) and the signed-rank test assumes no normality; and because
-its exact null distribution makes the smallest attainable p depend on the number of pairs alone, so
-too few seeds cannot be mistaken for evidence: with n pairs the smallest two-sided p is 2 / 2**n,
-so fewer than :func:`min_pairs` (6 at 0.05) can never decide a direction. This is computed from
-scipy's test, not hard-coded.
+run that never left its initialisation) and the signed-rank test assumes no normality. Its p is
+*exact* whenever there are at most :data:`EXACT_MAX` nonzero pairs: scipy's exact null distribution
+without ties, and with tied absolute differences the exact distribution of the tied (average) ranks
+under random signs, enumerated by :func:`signed_rank_p` (scipy's default would switch to the normal
+approximation). Above :data:`EXACT_MAX` pairs the normal approximation is used and each part names
+its method. With n pairs the smallest two-sided p is 2 / 2**n, so fewer than :func:`min_pairs` (6 at
+0.05) can never decide a direction; this is computed from scipy's test, not hard-coded.
 
-**Verdicts.**
+**Parts.** A claim is judged in parts: its **primary** comparison, the one the paper states as its
+result (e.g. ev-softmax vs softmax), and any **secondary** parts (other rivals, other metrics). The
+parts' p-values are corrected for multiplicity within the claim by Holm's step-down method, so a
+claim with many parts is not reproduced by the luck of one of them. A part that holds by
+construction (e.g. post-hoc accuracy vs softmax accuracy, the same model and the same argmax) is
+not a part: it is left out and the claim's note says so.
 
-- *direction* ("A beats B"): **reproduced** when the mean of ``d`` is positive and the two-sided
-  p < LEVEL; **not reproduced** when the mean is negative and p < LEVEL; **inconclusive** otherwise,
-  and always when the pairs are too few for any p to reach LEVEL.
-- *non-inferiority* ("A is on par with B or better", margin m > 0): **reproduced** when the one-sided
-  test of ``d + m > 0`` rejects at LEVEL; **not reproduced** when the one-sided test of
-  ``d + m < 0`` does (A is significantly worse than B by more than m); else inconclusive.
-- *equivalence* ("A matches B", margin m): two one-sided tests (TOST): **reproduced** when both
-  ``d + m > 0`` and ``d - m < 0`` reject at LEVEL; **not reproduced** when ``|d|`` significantly
-  exceeds m on one side; else inconclusive. Every margin is stated with the claim, with its reason.
+- *direction* ("A beats B"): **holds** when the mean of ``d`` is positive and the two-sided
+  p < LEVEL; **significantly against** when the mean is negative and p < LEVEL; **inconclusive**
+  otherwise, and always when the pairs are too few for any p to reach LEVEL.
+- *non-inferiority* ("A is on par with B or better", margin m > 0): **holds** when the one-sided
+  test of ``d + m > 0`` rejects at LEVEL; **against** when the one-sided test of ``d + m < 0`` does
+  (A is significantly worse than B by more than m); else inconclusive.
+- *equivalence* ("A matches B", margin m): two one-sided tests (TOST): **holds** when both
+  ``d + m > 0`` and ``d - m < 0`` reject at LEVEL; **against** when ``|d|`` significantly
+  exceeds m on one side; else inconclusive. Every margin is stated with the claim, with its source.
 - *single run* (one number per system, e.g. BLEU on one test set): the experiment's own paired test
   over test items (a paired bootstrap) gives p; the direction rule above applies to it.
-- *compound* claims are judged part by part: **reproduced** when every part is; **not reproduced**
-  when any part is significantly against; **partly reproduced** when some parts hold significantly
-  and none is significantly against; **inconclusive** when none is significant either way.
+
+**Verdict of a claim** (after Holm): **reproduced** when every part holds; **not reproduced** when
+any part is significantly against; **partly reproduced** when the primary comparison holds and a
+secondary part does not; **inconclusive** when the primary comparison is inconclusive, whatever the
+secondary parts say (they are still shown). Led by the primary comparison because "partly" must not
+be earned by a side result while the paper's central comparison is undecided.
 
 A difference of means alone never reproduces a claim. Verdicts of quick runs are labelled
 *indicative* wherever they are shown.
@@ -40,15 +52,19 @@ from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
-from typing import Dict, Iterable, Mapping, Optional, Sequence, Tuple, Union
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 from scipy import stats as scipy_stats
 
 LEVEL = 0.05
 """Significance level of every test (two-sided for a direction, per side for a margin)."""
+EXACT_MAX = 50
+"""Up to this many nonzero pairs the signed-rank p is exact (with or without ties); above, the normal approximation."""
+PRIMARY, SECONDARY = "primary", "secondary"
+EXACT, EXACT_TIES, NORMAL = "exact", "exact, tied ranks", "normal approximation"
 
 REPRODUCED = "reproduced"
 PARTLY = "partly reproduced"
@@ -82,6 +98,8 @@ class Claim:
     seeds: Optional[int] = None
     """The largest number of paired seeds (or paired units) a part of the verdict rests on (each part's own
     count is in the evidence); None for a claim not judged from seeds."""
+    units: str = ""
+    """The paired units the parts rest on, in words (e.g. "6 seeds; 15 settings × 6 seeds")."""
 
 
 @dataclass
@@ -95,10 +113,24 @@ class Test:
     """Mean oriented difference (positive: the paper's direction)."""
     p: Optional[float]
     detail: str = ""
+    method: str = ""
+    """How ``p`` was computed (:data:`EXACT`, :data:`EXACT_TIES`, :data:`NORMAL`, or the experiment's test)."""
+    role: str = ""
+    """:data:`PRIMARY` or :data:`SECONDARY` once :func:`claim` has judged it (empty: a lone test)."""
+    p_holm: Optional[float] = None
+    """``p`` after Holm's correction over the claim's parts (set by :func:`claim`)."""
+    unit: str = "pairs"
+    """What a paired unit is, in words after its count ("pairs", "settings × 6 seeds", ...)."""
 
     def describe(self, digits: int = 3) -> str:
         p = "p n/a" if self.p is None else f"p {self.p:.2g}"
-        text = f"{self.label}: {self.verdict}, mean paired difference {self.mean:+.{digits}f} over {self.n} pairs, {p}"
+        if self.p is not None and self.method and self.method != EXACT:
+            p += f" ({self.method})"
+        if self.p_holm is not None and self.p is not None and self.p_holm != self.p:
+            p += f", Holm p {self.p_holm:.2g}"
+        role = f"{self.role}: " if self.role else ""
+        text = (f"{role}{self.label}: {self.verdict}, mean paired difference {self.mean:+.{digits}f} over "
+                f"{self.n} {self.unit}, {p}")
         return text + (f" ({self.detail})" if self.detail else "")
 
 
@@ -137,15 +169,47 @@ def paired_differences(subject: SeedScores, rival: SeedScores, higher_is_better:
     return d if higher_is_better else -d
 
 
-def _one_sided_p(d: np.ndarray, alternative: str) -> Tuple[Optional[float], int]:
-    """One-sided exact p of the signed-rank test on ``d`` (zeros dropped); None when nothing is left."""
+def _tied_rank_p(nonzero: np.ndarray, alternative: str) -> float:
+    """Exact p of the signed-rank statistic with tied |d|: the distribution of the sum of the positive
+    (average) ranks under independent random signs, by convolution over the doubled (integer) ranks."""
+    ranks2 = np.rint(2 * scipy_stats.rankdata(np.abs(nonzero))).astype(np.int64)  # average ranks are k/2
+    dist = np.zeros(int(ranks2.sum()) + 1)
+    dist[0] = 1.0
+    for r in ranks2:
+        dist[r:] = dist[r:] + dist[:-r] if r else dist[r:]
+        dist *= 0.5
+    observed = int(ranks2[nonzero > 0].sum())
+    support = np.arange(dist.size)
+    if alternative == "greater":
+        return float(min(1.0, dist[support >= observed].sum()))
+    if alternative == "less":
+        return float(min(1.0, dist[support <= observed].sum()))
+    centre = ranks2.sum() / 2
+    return float(min(1.0, dist[np.abs(support - centre) >= abs(observed - centre) - 1e-9].sum()))
+
+
+def signed_rank_p(differences: Iterable[float], alternative: str = "two-sided") -> Tuple[Optional[float], int, str]:
+    """The Wilcoxon signed-rank p of the nonzero differences, their count and the method: exact up to
+    :data:`EXACT_MAX` pairs (scipy's exact distribution, or :func:`_tied_rank_p` with tied |d|), else the normal
+    approximation (tie-corrected). ``(None, 0, "")`` when every difference is zero."""
+    d = np.asarray(list(differences), dtype=float)
     nonzero = d[d != 0]
-    if nonzero.size == 0:
-        return None, 0
+    n = int(nonzero.size)
+    if n == 0:
+        return None, 0, ""
+    ties = np.unique(np.abs(nonzero)).size < n
+    if n <= EXACT_MAX and ties:
+        return _tied_rank_p(nonzero, alternative), n, EXACT_TIES
+    method = "exact" if n <= EXACT_MAX else "approx"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        p = scipy_stats.wilcoxon(nonzero, alternative=alternative).pvalue
-    return float(p), int(nonzero.size)
+        p = float(scipy_stats.wilcoxon(nonzero, alternative=alternative, method=method).pvalue)
+    return p, n, EXACT if n <= EXACT_MAX else NORMAL
+
+
+def _one_sided_p(d: np.ndarray, alternative: str) -> Tuple[Optional[float], int, str]:
+    """One-sided p of the signed-rank test on ``d`` (zeros dropped); None when nothing is left."""
+    return signed_rank_p(d, alternative)
 
 
 def _clean(d: Iterable[float], label: str) -> np.ndarray:
@@ -156,39 +220,39 @@ def _clean(d: Iterable[float], label: str) -> np.ndarray:
 
 
 def direction(differences: Iterable[float], label: str, level: float = LEVEL) -> Test:
-    """Does the paper's direction (positive differences) hold? Two-sided exact signed-rank test."""
+    """Does the paper's direction (positive differences) hold? Two-sided signed-rank test (:func:`signed_rank_p`)."""
     d = _clean(differences, label)
     mean = float(d.mean()) if d.size else 0.0
     nonzero = int((d != 0).sum())
     if nonzero < min_pairs(level):
         return Test(label, INCONCLUSIVE, d.size, mean, None,
                     f"{nonzero} nonzero pairs; the test needs {min_pairs(level)} to reach p < {level:g}")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        p = float(scipy_stats.wilcoxon(d[d != 0]).pvalue)
+    p, _, method = signed_rank_p(d)
     wins = int((d > 0).sum())
     verdict = INCONCLUSIVE if p >= level else (REPRODUCED if mean > 0 else NOT_REPRODUCED)
-    return Test(label, verdict, d.size, mean, p, f"paper's direction in {wins} of {d.size}")
+    return Test(label, verdict, d.size, mean, p, f"paper's direction in {wins} of {d.size}", method)
 
 
-def non_inferiority(differences: Iterable[float], margin: float, label: str, level: float = LEVEL) -> Test:
-    """Is the subject at most ``margin`` worse than the rival (or better)? One-sided tests at ``level``."""
+def non_inferiority(differences: Iterable[float], margin: float, label: str, level: float = LEVEL,
+                    margin_source: str = "") -> Test:
+    """Is the subject at most ``margin`` worse than the rival (or better)? One-sided tests at ``level``;
+    ``margin_source`` says where the margin comes from (shown with it)."""
     if not margin > 0:
         raise ValueError(f"{label}: margin must be positive, got {margin}")
     d = _clean(differences, label)
     mean = float(d.mean()) if d.size else 0.0
-    p_ok, n_ok = _one_sided_p(d + margin, "greater")
-    p_bad, _ = _one_sided_p(d + margin, "less")
+    p_ok, n_ok, method = _one_sided_p(d + margin, "greater")
+    p_bad, _, _ = _one_sided_p(d + margin, "less")
     need = min_pairs(level, "greater")
-    detail = f"margin {margin:g}"
+    detail = f"margin {margin:g}" + (f" ({margin_source})" if margin_source else "")
     if n_ok < need:
         return Test(label, INCONCLUSIVE, d.size, mean, None,
                     f"{detail}; {n_ok} pairs, the test needs {need} to reach p < {level:g}")
     if p_ok is not None and p_ok < level:
-        return Test(label, REPRODUCED, d.size, mean, p_ok, f"{detail}; worse by less than the margin")
+        return Test(label, REPRODUCED, d.size, mean, p_ok, f"{detail}; worse by less than the margin", method)
     if p_bad is not None and p_bad < level:
-        return Test(label, NOT_REPRODUCED, d.size, mean, p_bad, f"{detail}; worse by more than the margin")
-    return Test(label, INCONCLUSIVE, d.size, mean, p_ok, detail)
+        return Test(label, NOT_REPRODUCED, d.size, mean, p_bad, f"{detail}; worse by more than the margin", method)
+    return Test(label, INCONCLUSIVE, d.size, mean, p_ok, detail, method)
 
 
 def equivalence(differences: Iterable[float], margin: float, label: str, level: float = LEVEL) -> Test:
@@ -202,16 +266,17 @@ def equivalence(differences: Iterable[float], margin: float, label: str, level: 
     if d.size < need:
         return Test(label, INCONCLUSIVE, d.size, mean, None,
                     f"{detail}; {d.size} pairs, the test needs {need} to reach p < {level:g}")
-    p_low, _ = _one_sided_p(d + margin, "greater")
-    p_high, _ = _one_sided_p(d - margin, "less")
+    p_low, _, m_low = _one_sided_p(d + margin, "greater")
+    p_high, _, m_high = _one_sided_p(d - margin, "less")
+    method = m_low if m_low == m_high else f"{m_low} / {m_high}"
     if p_low is not None and p_high is not None and max(p_low, p_high) < level:
-        return Test(label, REPRODUCED, d.size, mean, max(p_low, p_high), f"{detail}; inside the margin (TOST)")
+        return Test(label, REPRODUCED, d.size, mean, max(p_low, p_high), f"{detail}; inside the margin (TOST)", method)
     for shifted, alternative in ((d - margin, "greater"), (d + margin, "less")):
-        p_out, _ = _one_sided_p(shifted, alternative)
+        p_out, _, m_out = _one_sided_p(shifted, alternative)
         if p_out is not None and p_out < level:
-            return Test(label, NOT_REPRODUCED, d.size, mean, p_out, f"{detail}; outside the margin")
+            return Test(label, NOT_REPRODUCED, d.size, mean, p_out, f"{detail}; outside the margin", m_out)
     return Test(label, INCONCLUSIVE, d.size, mean, None if p_low is None or p_high is None else max(p_low, p_high),
-                detail)
+                detail, method)
 
 
 def larger_spread(subject: Sequence[float], rival: Sequence[float], label: str, level: float = LEVEL) -> Test:
@@ -230,7 +295,8 @@ def larger_spread(subject: Sequence[float], rival: Sequence[float], label: str, 
     p = float(scipy_stats.levene(a, b, center="median").pvalue)
     larger = a.std() > b.std()
     verdict = INCONCLUSIVE if p >= level else (REPRODUCED if larger else NOT_REPRODUCED)
-    return Test(label, verdict, min(a.size, b.size), ratio, p, f"{detail}; Brown-Forsythe; 'mean' is the std ratio")
+    return Test(label, verdict, min(a.size, b.size), ratio, p, f"{detail}; 'mean' is the std ratio", "Brown-Forsythe",
+                unit="seeds per side")
 
 
 def single_run(difference: float, p: Optional[float], label: str, test: str, level: float = LEVEL) -> Test:
@@ -239,7 +305,7 @@ def single_run(difference: float, p: Optional[float], label: str, test: str, lev
     if p is None or not math.isfinite(p):
         return Test(label, INCONCLUSIVE, 1, float(difference), None, f"no {test} p-value")
     verdict = INCONCLUSIVE if p >= level else (REPRODUCED if difference > 0 else NOT_REPRODUCED)
-    return Test(label, verdict, 1, float(difference), float(p), test)
+    return Test(label, verdict, 1, float(difference), float(p), "", test, unit="run")
 
 
 def bootstrap_p(item_differences: Iterable[float], samples: int = 2000, seed: int = 0) -> float:
@@ -254,24 +320,58 @@ def bootstrap_p(item_differences: Iterable[float], samples: int = 2000, seed: in
     return float(min(1.0, 2 * min((means <= 0).mean(), (means >= 0).mean())))
 
 
-def combine(parts: Sequence[Test]) -> str:
-    """The verdict of a compound claim from its parts' (see the module docstring)."""
+def holm(parts: Sequence[Test], level: float = LEVEL) -> List[Test]:
+    """The parts with Holm's step-down correction over the claim: ``p_holm`` set, and a part whose corrected p
+    no longer reaches ``level`` becomes inconclusive (a part without a p counts as p = 1)."""
+    m = len(parts)
+    ps = [1.0 if t.p is None else t.p for t in parts]
+    adjusted = [1.0] * m
+    running = 0.0
+    for rank, i in enumerate(sorted(range(m), key=lambda j: ps[j])):
+        running = max(running, min(1.0, (m - rank) * ps[i]))
+        adjusted[i] = running
+    out = []
+    for t, p_adj in zip(parts, adjusted):
+        verdict = t.verdict
+        if verdict in (REPRODUCED, NOT_REPRODUCED) and not p_adj < level:
+            verdict = INCONCLUSIVE
+        out.append(replace(t, verdict=verdict, p_holm=None if t.p is None else p_adj))
+    return out
+
+
+def combine(parts: Sequence[Test], primary: int = 1) -> str:
+    """The verdict of a claim from its parts (the first ``primary`` are the primary comparison; see the module
+    docstring): any part against -> not reproduced; all hold -> reproduced; the primary holds -> partly; else
+    inconclusive."""
     verdicts = [t.verdict for t in parts]
     if not verdicts:
         return NOT_TESTABLE
-    if all(v == REPRODUCED for v in verdicts):
-        return REPRODUCED
     if NOT_REPRODUCED in verdicts:
         return NOT_REPRODUCED
-    return PARTLY if REPRODUCED in verdicts else INCONCLUSIVE
+    if all(v == REPRODUCED for v in verdicts):
+        return REPRODUCED
+    if all(v == REPRODUCED for v in verdicts[:max(primary, 1)]):
+        return PARTLY
+    return INCONCLUSIVE
 
 
 def claim(text: str, parts: Sequence[Test], source: str = "", key: str = "", note: str = "",
-          digits: int = 3) -> Claim:
-    """A :class:`Claim` judged from its parts, with each part's test as the evidence."""
-    evidence = "; ".join(t.describe(digits) for t in parts) + (f". {note}" if note else "")
-    seeds = max((t.n for t in parts), default=None)  # the largest paired sample a part rests on
-    return Claim(text, combine(parts), evidence, source, key, seeds)
+          digits: int = 3, primary: int = 1) -> Claim:
+    """A :class:`Claim` judged from its parts: the first ``primary`` parts are the paper's central comparison,
+    the rest secondary; Holm over all parts; each part's test (its role, p and Holm p) is the evidence."""
+    if not 1 <= primary <= max(len(parts), 1):
+        raise ValueError(f"primary must be between 1 and the number of parts ({len(parts)}), got {primary}")
+    judged = [replace(t, role=PRIMARY if i < primary else SECONDARY) for i, t in enumerate(holm(parts))]
+    evidence = "; ".join(t.describe(digits) for t in judged) + (f". {note}" if note else "")
+    lost = [t for t, raw in zip(judged, parts) if raw.verdict != t.verdict]
+    if lost:
+        n = min(t.n for t in lost)
+        evidence += (f". Holm over {len(parts)} parts left {len(lost)} part(s) with p < {LEVEL:g} inconclusive (with "
+                     f"{n} pairs the smallest two-sided p is {smallest_p(n):.3g}, so {len(parts)} parts need "
+                     f"{len(parts)} x that below {LEVEL:g})")
+    seeds = max((t.n for t in judged), default=None)  # the largest paired sample a part rests on
+    units = "; ".join(dict.fromkeys(f"{t.n} {t.unit}" for t in judged))
+    return Claim(text, combine(judged, primary), evidence, source, key, seeds, units)
 
 
 def label_mode(verdict: str, quick: bool) -> str:
@@ -284,15 +384,22 @@ def rule_paragraph(level: float = LEVEL) -> str:
     """The one paragraph every report and the index print to state the rule, its level and its margins."""
     return (
         f"**How claims are judged** (one rule for every experiment, `sparsenorm.experiments._shared.verdict`): "
-        f"per-seed paired differences between the normalizers a claim compares (same seeds, same data), tested "
-        f"with the exact Wilcoxon signed-rank test at level {level:g}. A direction claim is *reproduced* when "
-        f"the paper's direction holds and the two-sided p < {level:g}, *not reproduced* when the opposite "
-        f"direction is significant, *inconclusive* otherwise — always with fewer than {min_pairs(level)} paired "
-        f"seeds, since no signed-rank p can then reach {level:g}. Claims of equality or of being \"on par\" "
-        f"need their interval inside a margin stated with the claim (two one-sided tests at {level:g}; "
-        f"{min_pairs(level, 'greater')} pairs at least). A single-run number (one test set) uses the "
-        f"experiment's paired bootstrap over test items. Compound claims are judged part by part: *partly* only "
-        f"when some parts hold significantly and none is significantly against. A difference of means alone "
+        f"paired differences between the normalizers a claim compares (same seeds, same data; in a sweep of settings "
+        f"the unit is the setting, its mean over seeds), tested with the Wilcoxon signed-rank test at level "
+        f"{level:g}, its p exact up to {EXACT_MAX} pairs (with tied differences, the exact distribution of the tied "
+        f"ranks; any other method is named beside its p). Each claim is judged in parts: its **primary** comparison, "
+        f"the one the paper states (e.g. ev-softmax vs softmax), and **secondary** parts (other rivals, other "
+        f"metrics), their p-values Holm-corrected within the claim. A part *holds* when the paper's direction is "
+        f"significant (two-sided), or, for \"on par\" and \"matches\" claims, when the difference is inside a margin "
+        f"stated with its source (one-sided tests at {level:g}, {min_pairs(level, 'greater')} pairs at least). "
+        f"*Reproduced*: every part holds. *Partly reproduced*: the primary comparison holds and a secondary part does "
+        f"not. *Inconclusive*: the primary comparison is inconclusive, whatever the secondary parts say (they are "
+        f"shown). *Not reproduced*: a part is significantly against. Led by the primary comparison so that a side "
+        f"result cannot earn *partly* while the paper's central comparison is undecided; corrected for multiplicity "
+        f"so that a claim of many parts is not decided by one lucky part; parts that hold by construction (e.g. "
+        f"post-hoc accuracy equals softmax's: the same model and argmax) are left out. Fewer than "
+        f"{min_pairs(level)} nonzero pairs can never decide (no signed-rank p reaches {level:g}). A single-run "
+        f"number (one test set) uses the experiment's paired bootstrap over test items. A difference of means alone "
         f"never reproduces a claim; quick-mode verdicts are *indicative*.")
 
 
@@ -305,7 +412,7 @@ def counts(verdicts: Iterable[str]) -> Dict[str, int]:
 
 
 __all__ = [
-    "LEVEL", "REPRODUCED", "PARTLY", "NOT_REPRODUCED", "INCONCLUSIVE", "NOT_TESTABLE", "NEW", "NOT_RUN", "INDICATIVE",
+    "LEVEL", "EXACT_MAX", "PRIMARY", "SECONDARY", "EXACT", "EXACT_TIES", "NORMAL", "REPRODUCED", "PARTLY", "NOT_REPRODUCED", "INCONCLUSIVE", "NOT_TESTABLE", "NEW", "NOT_RUN", "INDICATIVE",
     "Claim", "Test", "smallest_p", "min_pairs", "paired_differences", "direction", "non_inferiority", "equivalence",
-    "larger_spread", "single_run", "bootstrap_p", "combine", "claim", "label_mode", "rule_paragraph", "counts",
+    "larger_spread", "single_run", "bootstrap_p", "signed_rank_p", "holm", "combine", "claim", "label_mode", "rule_paragraph", "counts",
 ]

@@ -15,7 +15,7 @@ FULL_STEPS, FULL_PRETRAIN_STEPS = 704, 79  # ceil(45,000 / 64), ceil(5,000 / 64)
 
 def _forms(name: str, settings: Settings) -> List[str]:
     if name in ESTIMATORS:
-        return [name, f"one sample per example: {ESTIMATORS[name]}", "`F.cross_entropy` (a softmax model)",
+        return [name, f"Monte Carlo: {ESTIMATORS[name]}", "`F.cross_entropy` (a softmax model)",
                 "softmax (argmax for accuracy)"]
     norm = normalizer(name, settings)
     loss = getattr(norm.single_label_loss, "func", norm.single_label_loss)

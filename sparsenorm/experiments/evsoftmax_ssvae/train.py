@@ -224,9 +224,9 @@ def _semi_supervised_epoch(run: _Run, estimator, unlabelled, optimizer, steps: i
                               data.labelled_labels[lab], gen, s.classifier_weight)
         if estimator is None:
             unsup, step_rows, step_batch_rows = unsupervised_loss(model, run.train_norm, x_u, gen, s.entropy_weight)
-        else:  # one sampled class per example: one decoder row each
+        else:  # one sampled class per example: one decoder row each (two for SFE+ and sum-and-sample)
             unsup = estimator(model, model.scores(x_u), x_u, gen, s.entropy_weight)
-            step_rows = step_batch_rows = len(unl)
+            step_rows = step_batch_rows = getattr(estimator, "calls", 1) * len(unl)
         loss = sup + ratio * unsup
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -246,7 +246,7 @@ def _test_evaluations(run: _Run, selection: _Selection, monte_carlo: bool) -> Di
         evaluations[name] = {
             "test_accuracy": test["accuracy"],
             # a Monte-Carlo estimator calls the decoder once per sample, whatever q's support
-            "decoder_calls_mean": mc.CALLS_PER_EXAMPLE if monte_carlo else test["support_mean"],
+            "decoder_calls_mean": mc.calls_per_example(name) if monte_carlo else test["support_mean"],
             "decoder_calls_std": 0.0 if monte_carlo else test["support_std"],
             "test_neg_elbo": test["neg_elbo"],
             "val_accuracy": selection.member_curves[name]["val_accuracy"][selection.best_epoch],

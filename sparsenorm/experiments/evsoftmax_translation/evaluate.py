@@ -4,9 +4,8 @@
   references, with sacrebleu's signature; paired bootstrap resampling (sacrebleu's ``PairedTest``).
 * ROUGE-1, ROUGE-2, ROUGE-L: Google's ``rouge-score`` (pure Python, offline) on sacrebleu's 13a tokens; its own
   tokenizer keeps only ``[a-z0-9]`` and would split German words at umlauts.
-* METEOR: not computed. Its maintained implementation (NLTK's ``meteor_score``) needs the WordNet
-  corpus, which NLTK downloads at run time from outside the package registries; and WordNet is
-  English, while the outputs here are German.
+* METEOR: NLTK's ``meteor_score`` with WordNet 3.0 from Debian's ``wordnet-base`` and the German
+  Snowball stemmer (:mod:`.meteor`), computed from the stored beam outputs by the aggregation.
 * # attended: keys with nonzero weight per query, counted by :func:`sparsenorm.attention.record`
   over valid keys of valid queries only, with teacher forcing on the test references; mean and
   standard deviation over all queries, per site and per layer (from the per-head histograms).

@@ -19,7 +19,7 @@ from ... import registry
 from .._shared.common import RunConfig, UserFacingError, resolve_device
 from .._shared.runner import Claim, Job, Report, RunOptions
 from .data import load_parallel, train_sentencepiece
-from .model import BOS, EOS, SITES, attention_sites
+from .model import BOS, EOS, SITES, attention_sites, with_attention
 from .paper import GATE
 from .paper import DEFAULT_NORMALIZERS, PAPER, POSTHOC, decisive_settings, full_settings, quick_settings
 
@@ -181,7 +181,7 @@ class TranslationExperiment:
         trained: Dict[str, List[str]] = {}
         for name in settings.normalizers:
             trained.setdefault("softmax" if name == POSTHOC else name, []).append(name)
-        # Post-hoc evidential changes the softmax model's attention, so it is evaluated last.
+        # Post-hoc evidential is evaluated last, on the softmax model rebuilt with its attention.
         return [Job(key=f"{train}-seed{seed}", seed=seed,
                     params={"train": train, "evaluate": sorted(evals, key=lambda n: n == POSTHOC)})
                 for train, evals in trained.items() for seed in range(settings.seeds)]
@@ -222,14 +222,15 @@ class TranslationExperiment:
         maps = [context["test"][i] for i in context["map_indices"]]
         evaluations = {}
         for name in job.params["evaluate"]:
-            for module in (m for site in attention_sites(model).values() for m in site):
-                if name == POSTHOC and module.normalizer == "softmax":
-                    module.normalizer = POSTHOC  # softmax-trained; ev-softmax in eval mode
+            evaluated = model
+            if name == POSTHOC:  # the softmax-trained model rebuilt with post-hoc (ev-softmax in eval) attention
+                evaluated = with_attention(model, {site: [POSTHOC if norm == "softmax" else norm, params]
+                                                   for site, (norm, params) in spec["attention"].items()})
             output = spec["output"] if name != POSTHOC or settings.output_normalizer != "same" else "softmax"
-            evaluations[name] = evaluate(model, context["test"], context["references"], sp.decode, output,
+            evaluations[name] = evaluate(evaluated, context["test"], context["references"], sp.decode, output,
                                          settings.beam, settings.length_penalty, 64, device, maps)
             evaluations[name]["output_normalizer"] = output
-            evaluations[name]["attention"] = {s: m[0].normalizer for s, m in attention_sites(model).items()}
+            evaluations[name]["attention"] = {s: m[0].normalizer for s, m in attention_sites(evaluated).items()}
         step = max(1, len(history) // 200)
         return {
             "train": job.params["train"], "seed": job.seed, "world_size": world, "train_s": round(train_s, 1),

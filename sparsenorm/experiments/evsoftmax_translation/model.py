@@ -44,12 +44,20 @@ class Attention(nn.Module):
         super().__init__()
         self.heads, self.dropout = heads, dropout
         self.q, self.k, self.v, self.o = (nn.Linear(d_model, d_model) for _ in range(4))
-        self.normalizer, self.params = normalizer, dict(params)
-        # resolved once; the registry's ``for_mode`` gives the training and the evaluation form
-        self.forms = (resolve_normalizer(normalizer, params, training=False),
-                      resolve_normalizer(normalizer, params, training=True))
+        self._normalizer, self.params = normalizer, dict(params)
+        resolve_normalizer(normalizer, params, training=False)  # a bad name or parameter fails here
         self.capture = False
         self.weights: Optional[Tensor] = None
+
+    @property
+    def normalizer(self) -> str:
+        """The registry name (read-only: a post-hoc evaluation rebuilds the model, see ``with_attention``)."""
+        return self._normalizer
+
+    def form(self):
+        """The normalizer's form in the module's current mode, from the registry at call time
+        (``Normalizer.for_mode``): ``posthoc_evidential`` is softmax in ``train()``, ev-softmax in ``eval()``."""
+        return resolve_normalizer(self._normalizer, self.params, training=self.training)
 
     def split(self, x: Tensor) -> Tensor:
         b, n, d = x.shape
@@ -59,7 +67,7 @@ class Attention(nn.Module):
         return self.split(self.k(memory)), self.split(self.v(memory))
 
     def forward(self, x: Tensor, kv: Tuple[Tensor, Tensor], keep: Optional[Tensor], is_causal: bool = False) -> Tensor:
-        result = attend(self.forms[self.training], self.split(self.q(x)), *kv, *split_mask(keep),
+        result = attend(self.form(), self.split(self.q(x)), *kv, *split_mask(keep),
                         is_causal=is_causal, dropout_p=self.dropout if self.training else 0.0,
                         return_weights=self.capture, stats_module=self)
         if self.capture:
@@ -170,6 +178,17 @@ def _sinusoids(n: int, d: int) -> Tensor:
     table = torch.zeros(n, d)
     table[:, 0::2], table[:, 1::2] = torch.sin(pos * freq), torch.cos(pos * freq)
     return table
+
+
+def with_attention(model: Seq2Seq, attention: Dict[str, Tuple[str, dict]]) -> Seq2Seq:
+    """A new model of ``model``'s configuration and parameters whose attention sites use ``attention``
+    (site -> ``(normalizer, params)``), in ``model``'s mode and on its device: e.g. post-hoc evidential
+    evaluation of a softmax-trained model. ``model`` itself is left unchanged."""
+    with torch.random.fork_rng(devices=[]):  # the throwaway initialization leaves the global RNG as it was
+        rebuilt = Seq2Seq(model.cfg, attention)
+    rebuilt.load_state_dict(model.state_dict())
+    rebuilt = rebuilt.to(model.embed.weight.device)
+    return rebuilt.train(model.training)
 
 
 def attention_sites(model: Seq2Seq) -> Dict[str, List[Attention]]:
