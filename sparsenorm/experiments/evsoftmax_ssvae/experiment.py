@@ -51,8 +51,8 @@ class SemiSupervisedVAE:
                      "classification loss weighted by Kingma et al.'s alpha = 200 (the authors' code: 1, under which "
                      "accuracy fell below the warm start's), selection on 2,000 validation images: 60 trainings of "
                      "about 75 CPU-s of warm start and 16-30 CPU-ms per semi-supervised step (measured; an estimator's "
-                     "step calls the decoder once or twice per example, softmax's ten times): about 2-2.5 h on 2 idle "
-                     "cores. Leaves out: 98.6 % of the paper's semi-supervised training.")
+                     "step calls the decoder once or twice per example, softmax's ten times): about 120-150 min on 2 "
+                     "cores (idle). Leaves out: 98.6 % of the paper's semi-supervised training.")
     quick_note = ("Quick mode: 2 seeds, 10 labelled-only warm-start epochs (the authors' code: 100), 3 "
                   "semi-supervised 'epochs' of 100 steps each (19,200 unlabelled images, 0.4 of one pass; the "
                   "paper: 200 full passes), model selection on the -ELBO of the first 2,000 validation images. "
