@@ -21,13 +21,14 @@ test: venv
 # The default suite once more as another machine would run it (CI's second leg): other rounding
 # (one thread, MKL and ATen at AVX2, the C++ kernels built for AVX2 first), tests in random order
 # (pytest-randomly; its seed is printed), and the perturbation mode (tests/nudge.py: the reference
-# path's scores and row means moved by 1-2 ulp; the salt is printed in the header). A failure
-# reproduces with `-p randomly -p "randomly_seed=N"` and the same NUDGE_SALT.
+# path's scores and row means moved by 1-2 ulp). Both seeds are on the command line make echoes: a
+# failure reproduces with `make test-rounding NUDGE_SALT=... ORDER_SEED=...`.
 NUDGE_SALT ?= $(shell date +%s)
+ORDER_SEED ?= $(shell date +%N)
 ROUNDING_ENV = OMP_NUM_THREADS=1 MKL_ENABLE_INSTRUCTIONS=AVX2 ATEN_CPU_CAPABILITY=avx2
 test-rounding: venv
 	$(ROUNDING_ENV) .venv/bin/python -c "import sparsenorm.kernels as k; k.build()" || true
-	$(ROUNDING_ENV) SPARSENORM_TEST_NUDGE=$(NUDGE_SALT) .venv/bin/python -m pytest -q -n 2 -p randomly
+	$(ROUNDING_ENV) SPARSENORM_TEST_NUDGE=$(NUDGE_SALT) .venv/bin/python -m pytest -q -n 2 -p randomly --randomly-seed=$(ORDER_SEED)
 
 # The slow tests, then the fuzz suite with its large, randomized budget (tests/fuzz/fuzz_inputs.py).
 test-slow: venv

