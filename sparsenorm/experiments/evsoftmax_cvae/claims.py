@@ -1,6 +1,6 @@
 """Summaries over seeds and the verdicts on Sec. 4.1's claims, per training setting.
 
-Each metric (see :mod:`.training`) is summarised per seed as its mean over the checkpoints of the
+Each metric (see :mod:`.train`) is summarised per seed as its mean over the checkpoints of the
 paper's figure window (the first ``window_steps`` steps; Fig. 3's x axis is checkpoint index x 100,
 so its "6,000 iterations" are about 5,100 steps) and its value at the end of training, both
 averaged over the two queries; then over seeds as mean, std (ddof 1) and standard error. Since every
@@ -19,7 +19,7 @@ from .._shared import verdict
 from .._shared.verdict import NOT_TESTABLE, Claim
 from .model import QUERIES
 from .paper import SOURCE
-from .training import LOWER_IS_BETTER, METRICS
+from .train import LOWER_IS_BETTER, METRICS
 
 METRIC_NAMES = {"w_digits": "W, digit positions (ours)", "w_authors": "W, authors' metric (probabilities as values)",
                 "parity_mass": "prior mass on the query's parity (direct test)"}
