@@ -11,7 +11,7 @@ the authors' variant and the parity mass are tested the same way and reported as
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Sequence, Tuple
 
 import numpy as np
 
@@ -84,10 +84,6 @@ def aggregate(records: List[Dict[str, Any]], window_steps: int, lead: str, title
                 "train_time_s": float(np.mean([rec["train_time_s"] for rec, _ in pairs])),
             }
     return {"lead": lead, "window_steps": window_steps, "titles": titles, "results": results}
-
-
-def _better(metric: str, a: float, b: float) -> bool:
-    return a < b if LOWER_IS_BETTER[metric] else a > b
 
 
 def paired_comparison(table: Dict[str, Any], a: str, b: str, metric: str, when: str) -> Dict[str, Any]:
