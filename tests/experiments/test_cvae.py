@@ -8,8 +8,8 @@ import torch
 
 from sparsenorm import cli, registry
 from sparsenorm.experiments._shared import common, metrics, regime, runner
-from sparsenorm.experiments.evsoftmax_cvae import EXPERIMENT, QUICK, claims, model, training
-from sparsenorm.experiments.evsoftmax_cvae.training import TrainingSetting
+from sparsenorm.experiments.evsoftmax_cvae import EXPERIMENT, QUICK, claims, model, train
+from sparsenorm.experiments.evsoftmax_cvae.train import TrainingSetting
 from conftest import write_tiny_mnist
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -127,7 +127,7 @@ class ConstantClassifier(torch.nn.Module):
 
 
 def _train(names, seed, setting=AUTHORS, **kw):
-    return training.train_group(names, seed, setting, tiny_tensors(), ConstantClassifier(), epochs=1, batch_size=64,
+    return train.train_group(names, seed, setting, tiny_tensors(), ConstantClassifier(), epochs=1, batch_size=64,
                                 temperature=0.67, smoothing=1e-6, eval_every=2, device=torch.device("cpu"),
                                 max_steps=6, **kw)
 
@@ -142,7 +142,7 @@ def test_training_is_deterministic_per_seed_and_posthoc_shares_softmax_training(
     assert post["trained_with"] == "softmax"
     assert post["images"] == sa["images"]  # one trained model evaluated two ways
     assert all(len(post["support"][q]) < 10 for q in ("even", "odd"))
-    assert training.training_groups(["softmax", "sparsemax", "posthoc_evidential"]) == [
+    assert train.training_groups(["softmax", "sparsemax", "posthoc_evidential"]) == [
         ["softmax", "posthoc_evidential"], ["sparsemax"]]
 
 
@@ -291,7 +291,7 @@ def test_lead_claims_list_the_sweep_settings_where_they_hold():
 
 def test_window_summary_uses_the_first_steps_only():
     curve = {"iteration": [0, 100, 200, 300]}
-    for m in training.METRICS:
+    for m in train.METRICS:
         curve[m] = {"even": [1.0, 1.0, 0.0, 0.0], "odd": [1.0, 1.0, 0.0, 0.0]}
     scores = claims.seed_scores({"curve": curve}, window_steps=100)
     assert scores["w_digits"] == {"window": 1.0, "final": 0.0, "final_even": 0.0, "final_odd": 0.0}
@@ -350,10 +350,10 @@ def test_stacked_seeds_give_each_seed_its_separate_record(float64_default, names
     # 4 steps per epoch: step 5 is in the second epoch (each seed reshuffles with its own generator)
     kw = dict(epochs=2, batch_size=64, temperature=0.67, smoothing=1e-6, eval_every=1, device=torch.device("cpu"),
               max_steps=5)
-    stacked = training.train_group_stacked(names, seeds, setting, data, ConstantClassifier(), **kw,
+    stacked = train.train_group_stacked(names, seeds, setting, data, ConstantClassifier(), **kw,
                                            keep_images=[True, False])
     for seed, record in zip(seeds, stacked):
-        alone = training.train_group(names, seed, setting, data, ConstantClassifier(), **kw, keep_images=seed == 0)
+        alone = train.train_group(names, seed, setting, data, ConstantClassifier(), **kw, keep_images=seed == 0)
         assert len(alone["loss_curve"]["iteration"]) == 5  # one loss per step
         _assert_records_close(record, alone)
     # the seeds really differ (not two copies of one run), by 10^4 times the tolerance or more
@@ -366,7 +366,7 @@ def test_a_stacked_seed_ignores_its_neighbours(float64_default):
     kw = dict(epochs=1, batch_size=64, temperature=0.67, smoothing=1e-6, eval_every=2, device=torch.device("cpu"),
               max_steps=3)
     setting, data = TrainingSetting("adam", 1e-3, 1.0), _tiny64()
-    with_1, with_5 = (training.train_group_stacked(["softmax"], [0, other], setting, data, ConstantClassifier(), **kw)
+    with_1, with_5 = (train.train_group_stacked(["softmax"], [0, other], setting, data, ConstantClassifier(), **kw)
                       for other in (1, 5))
     with_1[0].pop("train_time_s"), with_5[0].pop("train_time_s")
     assert with_1[0] == with_5[0]

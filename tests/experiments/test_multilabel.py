@@ -13,7 +13,7 @@ from sklearn.metrics import f1_score
 from sparsenorm import cli
 from sparsenorm.experiments._shared import metrics, runner
 from sparsenorm.experiments._shared.common import RunConfig
-from sparsenorm.experiments.rsoftmax_multilabel import claims, experiment, methods as ml, paper, training
+from sparsenorm.experiments.rsoftmax_multilabel import claims, experiment, methods as ml, paper, train
 
 # ------------------------------------------------------------------ metrics vs scikit-learn
 
@@ -214,20 +214,20 @@ def test_hourglass_q_reaches_the_loss():
 
 
 def test_topk_sets_and_train_method_picks_the_best_selection_epoch():
-    assert training.topk_sets(np.array([[0.1, 0.9, 0.5], [3, 2, 1]]), np.array([2, 1])).tolist() == [
+    assert train.topk_sets(np.array([[0.1, 0.9, 0.5], [3, 2, 1]]), np.array([2, 1])).tolist() == [
         [False, True, True], [True, False, False]]
     x, y = _tiny_problem(n=80)
-    split = training.Split(x[:60], y[:60], x[60:], y[60:].numpy().astype(int), x[60:], y[60:].numpy().astype(int), True)
-    result = training.train_method(ml.methods_for(["softmax"])[0], split, seed=0, epochs=4, device=torch.device("cpu"))
+    split = train.Split(x[:60], y[:60], x[60:], y[60:].numpy().astype(int), x[60:], y[60:].numpy().astype(int), True)
+    result = train.train_method(ml.methods_for(["softmax"])[0], split, seed=0, epochs=4, device=torch.device("cpu"))
     for variant, entry in result.items():
         assert len(entry["curve"]) == 4
         assert entry["example_f1"] == pytest.approx(max(entry["curve"]))
         assert entry["curve"][entry["best_epoch"] - 1] == pytest.approx(entry["example_f1"])
         assert 0 <= entry["known_count_topk_f1"] <= 1 and "count_accuracy" not in entry
     scores = dict(result)
-    training.add_chosen(scores)
+    train.add_chosen(scores)
     assert scores[paper.BEST_SOFTMAX]["select_f1"] == max(result[v]["select_f1"] for v in result)
-    rs = training.train_method(ml.methods_for(["r_softmax"], paper.COUNT_HEADS)[1], split, 0, 2, torch.device("cpu"))
+    rs = train.train_method(ml.methods_for(["r_softmax"], paper.COUNT_HEADS)[1], split, 0, 2, torch.device("cpu"))
     assert 0 <= rs["r_softmax (mlp count)"]["count_accuracy"] <= 1
 
 
@@ -239,11 +239,11 @@ def test_stacked_training_equals_separate_runs(key):
     splits, seeds = [], [0, 5]
     for seed in seeds:
         x, y = _tiny_problem(n=150, seed=seed)
-        splits.append(training.Split(x[:100], y[:100], x[100:], y[100:].numpy().astype(int), x[100:],
+        splits.append(train.Split(x[:100], y[:100], x[100:], y[100:].numpy().astype(int), x[100:],
                                      y[100:].numpy().astype(int), True))
-    together = training.train_stacked(method, splits, seeds, epochs=2, device=torch.device("cpu"))
+    together = train.train_stacked(method, splits, seeds, epochs=2, device=torch.device("cpu"))
     for split, seed, stacked in zip(splits, seeds, together):
-        alone = training.train_method(method, split, seed, epochs=2, device=torch.device("cpu"))
+        alone = train.train_method(method, split, seed, epochs=2, device=torch.device("cpu"))
         assert alone.keys() == stacked.keys()
         for variant in alone:
             for metric, value in alone[variant].items():
@@ -264,9 +264,9 @@ def test_stacked_net_members_are_the_stacked_slices():
     with pytest.raises(ValueError, match="nets"):
         ml.StackedMultilabelNet([])
     with pytest.raises(ValueError, match="equal training shapes"):
-        training.train_stacked(ml.methods_for(["softmax"])[0], [
-            training.Split(torch.zeros(4, 3), torch.zeros(4, 2), None, None, None, None, True),
-            training.Split(torch.zeros(5, 3), torch.zeros(5, 2), None, None, None, None, True)], [0, 1], 1,
+        train.train_stacked(ml.methods_for(["softmax"])[0], [
+            train.Split(torch.zeros(4, 3), torch.zeros(4, 2), None, None, None, None, True),
+            train.Split(torch.zeros(5, 3), torch.zeros(5, 2), None, None, None, None, True)], [0, 1], 1,
             torch.device("cpu"))
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from sparsenorm import cli
 from sparsenorm.experiments import EXPERIMENTS
+from sparsenorm.experiments import committed
 from sparsenorm.experiments._shared import paper_claims, paper_index, verdict
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -90,7 +91,7 @@ def test_index_prefers_the_most_decisive_run_and_lists_unrun_claims(tmp_path):
 
 def test_rejudge_a_committed_run_from_its_records(tmp_path):
     shutil.copytree(ROOT / "results" / "full" / "multilabel", tmp_path / "multilabel")
-    changes = paper_index.rejudge(tmp_path / "multilabel")
+    changes = committed.rejudge(tmp_path / "multilabel")
     assert len(changes) >= 5 and all(after for _, _, after in changes)
     report = (tmp_path / "multilabel" / "report.md").read_text()
     assert "Re-judged under the current rule" in report and "How claims are judged" in report
@@ -105,7 +106,7 @@ def test_reuse_committed_records_as_a_new_runs_job_cache(tmp_path):
     from sparsenorm.experiments._shared.common import RunConfig
     from sparsenorm.experiments._shared.runner import JobCache, fingerprint
 
-    written = paper_index.reuse_records(ROOT / "results" / "decisive" / "mt", tmp_path, ["sparsemax-seed1"])
+    written = committed.reuse_records(ROOT / "results" / "decisive" / "mt", tmp_path, ["sparsemax-seed1"])
     assert written == ["sparsemax-seed1"] and [p.name for p in (tmp_path / "mt" / "runs").iterdir()] == [
         "sparsemax-seed1.json"]
     experiment = load("mt").EXPERIMENT
@@ -115,6 +116,6 @@ def test_reuse_committed_records_as_a_new_runs_job_cache(tmp_path):
     stamp = fingerprint(settings, job, config, ("seeds", *experiment.fingerprint_exclude))
     record = JobCache(tmp_path / "mt").load(job, stamp)
     assert record["train"] == "sparsemax" and record["seed"] == 1
-    assert paper_index.reuse_records(ROOT / "results" / "decisive" / "mt", tmp_path, ["sparsemax-seed1"]) == []
+    assert committed.reuse_records(ROOT / "results" / "decisive" / "mt", tmp_path, ["sparsemax-seed1"]) == []
     with pytest.raises(KeyError, match="not a job"):
-        paper_index.reuse_records(ROOT / "results" / "decisive" / "mt", tmp_path, ["r_softmax-seed0"])
+        committed.reuse_records(ROOT / "results" / "decisive" / "mt", tmp_path, ["r_softmax-seed0"])

@@ -149,7 +149,6 @@ def test_real_pin_refuses_a_replaced_mnist_wheel_before_opening_it(cache, monkey
 
 def test_a_download_with_other_bytes_is_deleted(cache, monkeypatch):
     pin_fake_artifact(monkeypatch, "r-cran-mlr", b"pinned")
-    art = artifacts.ARTIFACTS["r-cran-mlr"]
 
     def served(pinned, dest, how_to):
         path = Path(dest) / pinned.filename

@@ -9,7 +9,8 @@ import pytest
 
 from sparsenorm import cli
 from sparsenorm.experiments import EXPERIMENTS, load
-from sparsenorm.experiments._shared import paper_index, regime, runner, verdict
+from sparsenorm.experiments import committed
+from sparsenorm.experiments._shared import regime, runner, verdict
 from sparsenorm.experiments._shared.common import RunConfig
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -142,7 +143,7 @@ def test_rejudging_the_committed_decisive_runs_measures_each_gate_from_its_recor
             continue
         folder = tmp_path / name
         shutil.copytree(DECISIVE / name, folder)
-        paper_index.rejudge(folder)
+        committed.rejudge(folder)
         results = json.loads(gzip.open(folder / "results.json.gz").read())["results"]
         gate = results["regime"]
         assert gate["met"] in (True, False) and word in gate["measured"], (name, gate)
@@ -151,7 +152,7 @@ def test_rejudging_the_committed_decisive_runs_measures_each_gate_from_its_recor
             assert verdict.NOT_REPRODUCED not in verdicts and verdict.REPRODUCED not in verdicts, name
         report = (folder / "report.md").read_text()
         assert report.count("## Paper's regime") == 1 and report.index("## Paper's regime") < report.index("## Claims")
-        paper_index.rejudge(folder)  # idempotent: the section is replaced, not added twice
+        committed.rejudge(folder)  # idempotent: the section is replaced, not added twice
         assert (folder / "report.md").read_text().count("## Paper's regime") == 1
     assert cli.main(["reproduce", "--index", str(tmp_path)]) == 0
     text = (tmp_path / "README.md").read_text()

@@ -145,3 +145,13 @@ def test_no_private_name_is_imported_from_another_package(module):
             private = alias.name.startswith("_") and not alias.name.startswith("__")
             assert not (private and source.startswith("sparsenorm") and source_package != own), (
                 f"{module} imports the private {alias.name} from {source}")
+
+
+def test_the_shared_experiment_code_imports_no_experiment():
+    """``experiments/_shared`` is below the experiments: it imports neither the experiments package
+    (``load``) nor any experiment's modules (issue 40)."""
+    shared = [m for m in MODULES if m.startswith("sparsenorm.experiments._shared")]
+    assert shared
+    upward = {m: sorted(e for e in import_edges(m) if e.startswith("sparsenorm.experiments")
+                        and not e.startswith("sparsenorm.experiments._shared")) for m in shared}
+    assert {m: e for m, e in upward.items() if e} == {}

@@ -13,7 +13,7 @@ import random
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Optional, Sequence
+from typing import Any, Dict, Iterable, List, Optional
 
 import numpy as np
 import torch
@@ -158,14 +158,6 @@ def write_results(out: Path, experiment: str, config: RunConfig, results: Dict[s
     path = out / "results.json"
     path.write_text(json.dumps(_jsonable(payload), indent=2))
     return path
-
-
-def mean_std(values: Sequence[float]) -> str:
-    """``mean ± std`` over seeds (population std; one value gives ``± 0``)."""
-    arr = np.asarray(values, dtype=float)
-    if arr.size == 0:
-        return "n/a"
-    return f"{arr.mean():.3f} ± {arr.std():.3f}"
 
 
 def save_figure(fig, path: Path) -> Path:

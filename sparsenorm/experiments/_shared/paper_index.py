@@ -7,16 +7,13 @@ before any quick one, whose verdicts are indicative; on equal units full before 
 its seeds, mode and a link to the report; a claim no run judged says why and what running it would
 take; claims the runs made that the papers do not (new comparisons) follow in their own table.
 
-``python -m sparsenorm.experiments._shared.paper_index rejudge RESULTS/full/cvae`` re-judges a
-committed run under the current rule from the per-seed records in its ``results.json(.gz)``, without
-training, and rewrites its claims section (see :func:`rejudge`).
+Re-judging a committed run (and reusing its job records) loads the experiment, so it lives above
+``_shared``: :mod:`sparsenorm.experiments.committed`.
 """
 from __future__ import annotations
 
 import gzip
 import json
-import sys
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -33,7 +30,8 @@ CLOSING_NOTE = "verdict_changes.md"
 """A hand-written note under the results folder, appended to the index as its closing section."""
 
 
-def _read(path: Path) -> Optional[Dict[str, Any]]:
+def read_results(path: Path) -> Optional[Dict[str, Any]]:
+    """A ``results.json`` or ``results.json.gz`` file's payload; None when it cannot be read."""
     try:
         raw = gzip.open(path, "rt").read() if path.suffix == ".gz" else path.read_text()
         return json.loads(raw)
@@ -41,20 +39,11 @@ def _read(path: Path) -> Optional[Dict[str, Any]]:
         return None
 
 
-def _write(path: Path, payload: Dict[str, Any]) -> None:
-    text = json.dumps(payload, indent=2)
-    if path.suffix == ".gz":
-        with gzip.GzipFile(path, "wb", mtime=0) as f:  # mtime 0: the same content gives the same bytes
-            f.write(text.encode())
-    else:
-        path.write_text(text)
-
-
 def load_runs(root: Path) -> List[Dict[str, Any]]:
     """Every run under ``root`` (``<mode>/<experiment>/results.json[.gz]``, or ``<experiment>/...``)."""
     runs = []
     for path in sorted([*root.glob("*/results.json*"), *root.glob("*/*/results.json*")]):
-        payload = _read(path)
+        payload = read_results(path)
         if not payload or "claims" not in payload.get("results", {}):
             continue
         results = payload["results"]
@@ -186,110 +175,3 @@ def write_paper_index(root: Path) -> Path:
     path = root / "README.md"
     path.write_text("\n".join(lines))
     return path
-
-
-def rejudge(folder: Path) -> List[Tuple[str, str, str]]:
-    """Re-judge a committed run under the current rule from the per-seed records of its results file, without
-    training: recompute the summary and the claims, write them back, and replace the report's claims section
-    (the rest of the report is as the run wrote it). Returns (claim, old verdict, new verdict) per claim."""
-    from .. import load
-    from .common import RunConfig
-    from .runner import claims_table
-
-    folder = Path(folder)
-    path = next((p for p in (folder / "results.json.gz", folder / "results.json") if p.is_file()), None)
-    payload = _read(path) if path else None
-    if payload is None:
-        raise FileNotFoundError(f"no results.json(.gz) in {folder}")
-    experiment = load(payload["experiment"]).EXPERIMENT
-    config = dict(payload["config"])
-    config["out"] = Path(config["out"])
-    config["data_dir"] = Path(config["data_dir"]) if config.get("data_dir") else None
-    config = RunConfig(**{k: v for k, v in config.items() if k in RunConfig.__dataclass_fields__})
-    settings = experiment.settings(config)
-    results = payload["results"]
-    summary = experiment.aggregate(results["records"], settings)
-    claims = experiment.claims(summary, results["records"], settings)
-    gate, claims = regime.judge(experiment, summary, results["records"], settings, claims)
-    before = {c["claim"][:40]: c["verdict"] for c in results["claims"]}  # the opening words name a claim
-    changes = [(c.claim, before.get(c.claim[:40], "(new claim)"), c.verdict) for c in claims]
-    results["summary"], results["claims"], results["regime"] = summary, [asdict(c) for c in claims], gate
-    _write(path, payload)
-    report = folder / "report.md"
-    if report.is_file():
-        text = _with_regime_section(report.read_text(), gate)
-        start, end = text.find("## Claims"), text.find("## What ran")
-        if start >= 0 and end > start:
-            section = ["## Claims", "", "*Re-judged under the current rule from this run's per-seed records, without "
-                       "retraining; the sections above are as the run wrote them (where they speak of verdicts on "
-                       "means, this section supersedes them).*", "", rule_paragraph(), "",
-                       claims_table(claims, config.quick), "", ""]
-            report.write_text(text[:start] + "\n".join(section) + text[end:])
-    return changes
-
-
-def _with_regime_section(text: str, gate: Optional[Dict[str, Any]]) -> str:
-    """A report's text with its "Paper's regime" section replaced by (or, before "## Claims", given) ``gate``'s."""
-    heading = "## Paper's regime"
-    start = text.find(heading)
-    if start >= 0:
-        end = text.find("\n## ", start + len(heading))
-        return text[:start] + regime.section(gate) + (text[end + 1:] if end >= 0 else "")
-    claims_at = text.find("## Claims")
-    if claims_at < 0 or gate is None:
-        return text
-    return text[:claims_at] + regime.section(gate) + text[claims_at:]
-
-
-def reuse_records(folder: Path, out: Path, keys: List[str]) -> List[str]:
-    """Put the job records of the committed run in ``folder`` for ``keys`` into the job cache of ``out`` (the
-    ``--out`` of a new run of the same experiment and mode), under the fingerprints the current code gives those
-    jobs, so that the new run reuses them instead of recomputing. For jobs whose code path did not change and whose
-    records are deterministic (check by re-running one and comparing); the new run's results list them under
-    ``reused_from_cache`` and its report should say where they came from. Keys already cached are left alone.
-    Returns the keys written."""
-    from .. import load
-    from .common import RunConfig
-    from .runner import JobCache, fingerprint
-
-    folder = Path(folder)
-    path = next((p for p in (folder / "results.json.gz", folder / "results.json") if p.is_file()), None)
-    payload = _read(path) if path else None
-    if payload is None:
-        raise FileNotFoundError(f"no results.json(.gz) in {folder}")
-    experiment = load(payload["experiment"]).EXPERIMENT
-    config = dict(payload["config"])
-    config["out"] = Path(out) / payload["experiment"]
-    config["data_dir"] = Path(config["data_dir"]) if config.get("data_dir") else None
-    config = RunConfig(**{k: v for k, v in config.items() if k in RunConfig.__dataclass_fields__})
-    settings = experiment.settings(config)
-    jobs = {job.key: job for job in experiment.jobs(settings, config)}
-    records = dict(zip(payload["results"]["jobs"]["jobs"], payload["results"]["records"]))
-    cache, exclude = JobCache(Path(config.out)), ("seeds", *getattr(experiment, "fingerprint_exclude", ()))
-    written = []
-    for key in keys:
-        if key not in jobs or key not in records:
-            raise KeyError(f"{key}: not a job of both the committed run and the current code")
-        stamp = fingerprint(settings, jobs[key], config, exclude)
-        if cache.load(jobs[key], stamp) is None:
-            cache.save(jobs[key], stamp, records[key])
-            written.append(key)
-    return written
-
-
-def _main(argv: List[str]) -> int:
-    if len(argv) >= 2 and argv[0] == "rejudge":
-        for folder in argv[1:]:
-            for claim, before, after in rejudge(Path(folder)):
-                print(f"{folder}: {before} -> {after}: {claim}")
-        return 0
-    if len(argv) >= 4 and argv[0] == "reuse":
-        print("reused: " + ", ".join(reuse_records(Path(argv[1]), Path(argv[2]), argv[3:])))
-        return 0
-    print("usage: python -m sparsenorm.experiments._shared.paper_index rejudge FOLDER...\n"
-          "       python -m sparsenorm.experiments._shared.paper_index reuse FOLDER OUT KEY...", file=sys.stderr)
-    return 2
-
-
-if __name__ == "__main__":
-    sys.exit(_main(sys.argv[1:]))

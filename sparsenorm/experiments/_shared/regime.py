@@ -5,7 +5,7 @@ used, a translation model that translates, ...). A run outside that regime still
 differences, but they judge our small setup rather than the method. So every experiment states one
 :class:`Gate` in its ``paper.py``, beside the paper's numbers, with the reason the comparison needs it,
 and a ``measure`` that reads the gate's figure from the run's own summary and records (so a committed
-``results.json(.gz)`` is re-judged without training, see ``paper_index.rejudge``).
+``results.json(.gz)`` is re-judged without training, see ``sparsenorm.experiments.committed.rejudge``).
 
 The gate is a separate step applied *after* a claim's verdict is formed by the rule of
 :mod:`.verdict`::

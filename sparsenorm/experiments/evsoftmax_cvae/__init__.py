@@ -3,7 +3,7 @@
 A conditional VAE on MNIST whose query y is "even" or "odd" and whose latent z is categorical with
 K = 10 classes. The true prior p(z | y) needs five modes per query, so the task rewards a
 normalizer that is sparse *and* multimodal. One file per job: :mod:`.model` (network and ELBO),
-:mod:`.training` (one training run and the scores of its prior), :mod:`.claims` (summaries and
+:mod:`.train` (one training run and the scores of its prior), :mod:`.claims` (summaries and
 verdicts), :mod:`.report` (figures and tables), :mod:`.experiment` (settings and the runner's
 ``EXPERIMENT``).
 """

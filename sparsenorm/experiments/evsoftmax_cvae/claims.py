@@ -1,6 +1,6 @@
 """Summaries over seeds and the verdicts on Sec. 4.1's claims, per training setting.
 
-Each metric (see :mod:`.training`) is summarised per seed as its mean over the checkpoints of the
+Each metric (see :mod:`.train`) is summarised per seed as its mean over the checkpoints of the
 paper's figure window (the first ``window_steps`` steps; Fig. 3's x axis is checkpoint index x 100,
 so its "6,000 iterations" are about 5,100 steps) and its value at the end of training, both
 averaged over the two queries; then over seeds as mean, std (ddof 1) and standard error. Since every
@@ -11,7 +11,7 @@ the authors' variant and the parity mass are tested the same way and reported as
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Sequence, Tuple
 
 import numpy as np
 
@@ -19,7 +19,7 @@ from .._shared import verdict
 from .._shared.verdict import NOT_TESTABLE, Claim
 from .model import QUERIES
 from .paper import SOURCE
-from .training import LOWER_IS_BETTER, METRICS
+from .train import LOWER_IS_BETTER, METRICS
 
 METRIC_NAMES = {"w_digits": "W, digit positions (ours)", "w_authors": "W, authors' metric (probabilities as values)",
                 "parity_mass": "prior mass on the query's parity (direct test)"}
@@ -84,10 +84,6 @@ def aggregate(records: List[Dict[str, Any]], window_steps: int, lead: str, title
                 "train_time_s": float(np.mean([rec["train_time_s"] for rec, _ in pairs])),
             }
     return {"lead": lead, "window_steps": window_steps, "titles": titles, "results": results}
-
-
-def _better(metric: str, a: float, b: float) -> bool:
-    return a < b if LOWER_IS_BETTER[metric] else a > b
 
 
 def paired_comparison(table: Dict[str, Any], a: str, b: str, metric: str, when: str) -> Dict[str, Any]:

@@ -20,7 +20,7 @@ from . import claims as verdicts
 from .paper import GATE
 from .paper import AUTHORS_KL_WEIGHT, DEFAULT_NORMALIZERS, PAPER
 from .report import body, figures
-from .training import OPTIMIZERS, TrainingSetting, data_tensors, train_group, train_group_stacked, training_groups
+from .train import OPTIMIZERS, TrainingSetting, data_tensors, train_group, train_group_stacked, training_groups
 
 FULL_SWEEP = (TrainingSetting("sgd", 1e-3, AUTHORS_KL_WEIGHT), TrainingSetting("sgd", 1e-3, 1 / 64),
               TrainingSetting("sgd", 1e-3, 1.0), TrainingSetting("adam", 1e-3, AUTHORS_KL_WEIGHT))

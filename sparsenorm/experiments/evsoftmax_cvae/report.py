@@ -10,7 +10,7 @@ from .._shared import common
 from .claims import EV, MIN_PAIRS_FOR_TEST, POSTHOC, fmt, fmt_paired, paired_comparison, sweep_matrix
 from .model import LATENT_CLASSES, QUERIES
 from .paper import PAPER_SETTING
-from .training import METRICS
+from .train import METRICS
 
 COLORS = {"softmax": "tab:orange", "sparsemax": "tab:red", "entmax15": "tab:blue",
           "posthoc_evidential": "tab:purple", "ev_softmax": "tab:green"}

@@ -5,10 +5,16 @@ from __future__ import annotations
 
 from typing import Any, Dict, List
 
+import numpy as np
+
 from .._shared import verdict
 from .._shared.verdict import NEW, NOT_TESTABLE, Claim
-from .paper import ONE_CALL_ESTIMATORS, PAPER_ACCURACY, SOURCE, TWO_CALL_ESTIMATORS
+from .paper import ONE_CALL_ESTIMATORS, PAPER_ACCURACY, PAPER_TABLE2, SOURCE, TWO_CALL_ESTIMATORS
 from .train import Settings, normalizer
+
+PAPER_ACC = {n: f"{row['accuracy']:.2f}" for n, row in PAPER_TABLE2.items()}
+PAPER_CALLS = {n: f"{row['decoder_calls']:.2f}" for n, row in PAPER_TABLE2.items()}
+"""Table 2's accuracies (%) and decoder calls as the notes print them (from :data:`.paper.PAPER_TABLE2`)."""
 
 CALL_BOUND = 2.0
 """At least 80 % fewer decoder calls than softmax's 10 (the paper's cuts are 84-90 %): at most 2 per example."""
@@ -48,8 +54,9 @@ def _most_accurate(per: Dict[str, Dict[str, Any]], settings: Settings, have) -> 
     if have("ev_softmax") and rivals:
         tests = [_paired(per, "ev_softmax", r, "accuracy", True, f"accuracy, ev_softmax vs {r}") for r in rivals]
         claims.append(verdict.claim(text, tests, SOURCE, key, digits=2, note=", ".join(
-            f"{n} {_fmt_acc(per[n])}" for n in ["ev_softmax", *rivals]) + " (mean ± SE over seeds); paper: 97.30 vs "
-            "97.20 (entmax-1.5). Primary: ev-softmax vs softmax. Post-hoc evidential's accuracy equals softmax's by "
+            f"{n} {_fmt_acc(per[n])}" for n in ["ev_softmax", *rivals]) + " (mean ± SE over seeds); paper: "
+            f"{PAPER_ACC['ev_softmax']} vs {PAPER_ACC['entmax15']} (entmax-1.5). Primary: ev-softmax vs softmax. "
+            "Post-hoc evidential's accuracy equals softmax's by "
             "construction (the same classifier and argmax), so ev-softmax vs softmax stands for it"))
     else:
         claims.append(Claim(text, NOT_TESTABLE, "needs ev_softmax and at least one of the others", SOURCE, key))
@@ -69,7 +76,8 @@ def _beats_monte_carlo(per: Dict[str, Dict[str, Any]], settings: Settings, have)
     if have("ev_softmax") and estimators:
         tests = [_paired(per, "ev_softmax", e, "accuracy", True, f"accuracy, ev_softmax vs {e}") for e in estimators]
         claims.append(verdict.claim(text, tests, SOURCE, key, digits=2, note=", ".join(
-            f"{n} {_fmt_acc(per[n])}" for n in ["ev_softmax", *estimators]) + " (paper: 97.30 vs " + ", ".join(
+            f"{n} {_fmt_acc(per[n])}" for n in ["ev_softmax", *estimators])
+            + f" (paper: {PAPER_ACC['ev_softmax']} vs " + ", ".join(
             f"{e} {PAPER_ACCURACY[e][0]:.2f}" for e in estimators) + "; one decoder call per example each). Primary: "
             f"the paper's strongest of them that ran ({estimators[0]})" + (
                 f"; not run here: {', '.join(missing)}" if missing else "")))
@@ -89,7 +97,8 @@ def _sum_and_sample(per: Dict[str, Dict[str, Any]], settings: Settings, have) ->
     if have("ev_softmax") and estimators:
         tests = [_paired(per, "ev_softmax", e, "accuracy", True, f"accuracy, ev_softmax vs {e}") for e in estimators]
         claims.append(verdict.claim(text, tests, SOURCE, key, digits=2, note=", ".join(
-            f"{n} {_fmt_acc(per[n])}" for n in ["ev_softmax", *estimators]) + " (paper: 97.30 vs " + ", ".join(
+            f"{n} {_fmt_acc(per[n])}" for n in ["ev_softmax", *estimators])
+            + f" (paper: {PAPER_ACC['ev_softmax']} vs " + ", ".join(
             f"{e} {PAPER_ACCURACY[e][0]:.2f}" for e in estimators) + "; two decoder calls per example each). Primary: "
             f"{estimators[0]}, the paper's stronger"))
     else:
@@ -102,8 +111,10 @@ def _fewer_calls(per: Dict[str, Dict[str, Any]], settings: Settings, have) -> Li
     """Sparse normalizers cut decoder calls by ~84-90 %."""
     claims: List[Claim] = []
     sparse = [n for n in ("ev_softmax", "sparsemax", "entmax15") if have(n)]  # primary: ev-softmax
-    text = ("sparse normalizers cut decoder calls per example by about 84-90 % (sparsemax 1.01, entmax-1.5 1.01, "
-            f"ev-softmax 1.64 of 10); judged: at most {CALL_BOUND:g} calls (80 % fewer than softmax's 10) for each")
+    text = ("sparse normalizers cut decoder calls per example by about 84-90 % "
+            f"(sparsemax {PAPER_CALLS['sparsemax']}, entmax-1.5 {PAPER_CALLS['entmax15']}, "
+            f"ev-softmax {PAPER_CALLS['ev_softmax']} of {PAPER_TABLE2['softmax']['decoder_calls']:g}); "
+            f"judged: at most {CALL_BOUND:g} calls (80 % fewer than softmax's 10) for each")
     key = "ev.ssvae.fewer_calls"
     if sparse:
         tests = [verdict.direction([CALL_BOUND - c for c in _seeds(per, n, "decoder_calls").values()],
@@ -128,7 +139,8 @@ def _more_modes(per: Dict[str, Dict[str, Any]], settings: Settings, have) -> Lis
         claims.append(verdict.claim(text, tests, SOURCE, key, digits=2, primary=len(tests),
                                     note=f"both rivals primary (the paper names them together); ev-softmax {_fmt_calls(per['ev_softmax'])}, "
                                     + ", ".join(f"{n} {_fmt_calls(per[n])}" for n in others)
-                                    + " (paper: 1.64 vs 1.01, 1.01)"))
+                                    + f" (paper: {PAPER_CALLS['ev_softmax']} vs {PAPER_CALLS['sparsemax']}, "
+                                      f"{PAPER_CALLS['entmax15']})"))
     else:
         claims.append(Claim(text, NOT_TESTABLE, "needs ev_softmax and sparsemax or entmax15", SOURCE, key))
     return claims
@@ -150,7 +162,8 @@ def _posthoc_worse(per: Dict[str, Dict[str, Any]], settings: Settings, have) -> 
         claims.append(verdict.claim(text, tests, SOURCE, key, digits=2, note=(
             "primary: more classes; secondary: variance, accuracy (post-hoc's accuracy is softmax's by construction, "
             f"so this part is ev-softmax vs the softmax model). post-hoc {_fmt_calls(ph)} calls, {_fmt_acc(ph)}; ev-softmax {_fmt_calls(ev)}, {_fmt_acc(ev)} "
-            "(paper: 1.72 ± 0.05 vs 1.64 ± 0.01 calls, 96.90 vs 97.30 %)")))
+            f"(paper: {_fmt_calls(PAPER_TABLE2['posthoc_evidential'])} vs {_fmt_calls(PAPER_TABLE2['ev_softmax'])} calls, "
+            f"{PAPER_ACC['posthoc_evidential']} vs {PAPER_ACC['ev_softmax']} %)")))
     else:
         claims.append(Claim(text, NOT_TESTABLE, "needs posthoc_evidential and ev_softmax", SOURCE, key))
     return claims
@@ -199,3 +212,44 @@ def judge_claims(per: Dict[str, Dict[str, Any]], settings: Settings) -> List[Cla
     have = lambda *names: all(n in per and per[n]["seeds"] for n in names)  # noqa: E731
     judges = (_most_accurate, _beats_monte_carlo, _sum_and_sample, _fewer_calls, _more_modes, _posthoc_worse, _cheaper, _new_findings)
     return [claim for judge in judges for claim in judge(per, settings, have)]
+
+
+# ---------------------------------------------------------------------------------------------- aggregate
+def _mean_se(values) -> Dict[str, float]:
+    arr = np.asarray(values, dtype=float)
+    se = float(arr.std(ddof=1) / np.sqrt(arr.size)) if arr.size > 1 else 0.0
+    return {"mean": float(arr.mean()), "se": se, "std": float(arr.std(ddof=1)) if arr.size > 1 else 0.0}
+
+
+def aggregate(records: List[Dict[str, Any]], settings: Settings) -> Dict[str, Any]:
+    """Per normalizer, means and standard errors over seeds (the paper's Table 2 reports mean ± SE)."""
+    per: Dict[str, Dict[str, Any]] = {}
+    for name in [*settings.normalizers, *settings.estimators]:
+        runs = [(r, r["evaluations"][name]) for r in records if name in r["evaluations"]]
+        acc = _mean_se([100 * e["test_accuracy"] for _, e in runs])
+        calls = _mean_se([e["decoder_calls_mean"] for _, e in runs])
+        curves = np.array([e["curve"]["test_accuracy"] for _, e in runs], dtype=float) * 100
+        per[name] = {
+            "seeds": len(runs),
+            "per_seed": {"accuracy": {r["seed"]: 100 * e["test_accuracy"] for r, e in runs},
+                         "decoder_calls": {r["seed"]: e["decoder_calls_mean"] for r, e in runs},
+                         "epoch_cpu_seconds": {r["seed"]: r["epoch_cpu_seconds"] for r, e in runs}},
+            "accuracy": acc["mean"], "accuracy_se": acc["se"], "accuracy_std": acc["std"],
+            "decoder_calls": calls["mean"], "decoder_calls_se": calls["se"], "decoder_calls_seed_std": calls["std"],
+            "decoder_calls_example_std": float(np.mean([e["decoder_calls_std"] for _, e in runs])),
+            "decoder_rows_evaluated": float(np.mean([r["decoder_rows_per_example"] for r, _ in runs])),
+            "batch_level_rows": float(np.mean([r["batch_level_rows_per_example"] for r, _ in runs])),
+            "test_neg_elbo": _mean_se([e["test_neg_elbo"] for _, e in runs])["mean"],
+            "test_neg_elbo_se": _mean_se([e["test_neg_elbo"] for _, e in runs])["se"],
+            "val_accuracy": float(np.mean([100 * e["val_accuracy"] for _, e in runs])),
+            "warm_start_accuracy": float(np.mean([100 * e["curve"]["test_accuracy"][0] for _, e in runs])),
+            "epoch_seconds": float(np.mean([r["epoch_seconds"] for r, _ in runs])),
+            "epoch_cpu_seconds": float(np.mean([r["epoch_cpu_seconds"] for r, _ in runs])),
+            "step_cpu_seconds": float(np.mean([r["epoch_cpu_seconds"] / r["steps_per_epoch"] for r, _ in runs])),
+            "pretrain_seconds": float(np.mean([r["pretrain_seconds"] for r, _ in runs])),
+            "selected_epochs": [r["selected_epoch"] for r, _ in runs],
+            "trained_with": "+".join(runs[0][0]["group"]) if runs else None,
+            "test_accuracy_curve": curves.mean(0).tolist() if runs else [],
+            "curve_epochs": runs[0][0]["curve"]["epoch"] if runs else [],
+        }
+    return {"per_normalizer": per, "paper_table2": PAPER_TABLE2, "r": settings.r}

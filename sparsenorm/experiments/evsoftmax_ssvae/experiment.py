@@ -7,18 +7,17 @@ import os
 from dataclasses import replace
 from typing import Any, Dict, List
 
-import numpy as np
 import torch
 
 from .._shared.common import RunConfig, UserFacingError
 from .._shared.runner import Claim, Job, Report, RunOptions
-from .claims import judge_claims
+from .claims import aggregate, judge_claims
 from .estimators import ESTIMATORS
 from .data import DataRef
 from .paper import GATE
 from .paper import DECISIVE, DEFAULT_NORMALIZERS, FULL, PAPER, PAPER_NORMALIZERS, PAPER_TABLE2, QUICK
 from .report import write_report
-from .train import Settings, normalizer, run_group, training_groups
+from .train import Settings, run_group, training_groups
 
 # Table 2's Monte-Carlo rows (all six in decisive and full mode); quick mode runs none.
 MODE_ESTIMATORS = {"quick": (), "decisive": tuple(ESTIMATORS), "full": tuple(ESTIMATORS)}
@@ -134,47 +133,6 @@ class SemiSupervisedVAE:
 
     def report(self, out, summary, records, settings, context) -> Report:
         return write_report(out, summary, records, settings, PAPER_TABLE2)
-
-
-# ---------------------------------------------------------------------------------------------- aggregate
-def _mean_se(values) -> Dict[str, float]:
-    arr = np.asarray(values, dtype=float)
-    se = float(arr.std(ddof=1) / np.sqrt(arr.size)) if arr.size > 1 else 0.0
-    return {"mean": float(arr.mean()), "se": se, "std": float(arr.std(ddof=1)) if arr.size > 1 else 0.0}
-
-
-def aggregate(records: List[Dict[str, Any]], settings: Settings) -> Dict[str, Any]:
-    """Per normalizer, means and standard errors over seeds (the paper's Table 2 reports mean ± SE)."""
-    per: Dict[str, Dict[str, Any]] = {}
-    for name in [*settings.normalizers, *settings.estimators]:
-        runs = [(r, r["evaluations"][name]) for r in records if name in r["evaluations"]]
-        acc = _mean_se([100 * e["test_accuracy"] for _, e in runs])
-        calls = _mean_se([e["decoder_calls_mean"] for _, e in runs])
-        curves = np.array([e["curve"]["test_accuracy"] for _, e in runs], dtype=float) * 100
-        per[name] = {
-            "seeds": len(runs),
-            "per_seed": {"accuracy": {r["seed"]: 100 * e["test_accuracy"] for r, e in runs},
-                         "decoder_calls": {r["seed"]: e["decoder_calls_mean"] for r, e in runs},
-                         "epoch_cpu_seconds": {r["seed"]: r["epoch_cpu_seconds"] for r, e in runs}},
-            "accuracy": acc["mean"], "accuracy_se": acc["se"], "accuracy_std": acc["std"],
-            "decoder_calls": calls["mean"], "decoder_calls_se": calls["se"], "decoder_calls_seed_std": calls["std"],
-            "decoder_calls_example_std": float(np.mean([e["decoder_calls_std"] for _, e in runs])),
-            "decoder_rows_evaluated": float(np.mean([r["decoder_rows_per_example"] for r, _ in runs])),
-            "batch_level_rows": float(np.mean([r["batch_level_rows_per_example"] for r, _ in runs])),
-            "test_neg_elbo": _mean_se([e["test_neg_elbo"] for _, e in runs])["mean"],
-            "test_neg_elbo_se": _mean_se([e["test_neg_elbo"] for _, e in runs])["se"],
-            "val_accuracy": float(np.mean([100 * e["val_accuracy"] for _, e in runs])),
-            "warm_start_accuracy": float(np.mean([100 * e["curve"]["test_accuracy"][0] for _, e in runs])),
-            "epoch_seconds": float(np.mean([r["epoch_seconds"] for r, _ in runs])),
-            "epoch_cpu_seconds": float(np.mean([r["epoch_cpu_seconds"] for r, _ in runs])),
-            "step_cpu_seconds": float(np.mean([r["epoch_cpu_seconds"] / r["steps_per_epoch"] for r, _ in runs])),
-            "pretrain_seconds": float(np.mean([r["pretrain_seconds"] for r, _ in runs])),
-            "selected_epochs": [r["selected_epoch"] for r, _ in runs],
-            "trained_with": "+".join(runs[0][0]["group"]) if runs else None,
-            "test_accuracy_curve": curves.mean(0).tolist() if runs else [],
-            "curve_epochs": runs[0][0]["curve"]["epoch"] if runs else [],
-        }
-    return {"per_normalizer": per, "paper_table2": PAPER_TABLE2, "r": settings.r}
 
 
 EXPERIMENT = SemiSupervisedVAE()

@@ -242,7 +242,7 @@ class TranslationExperiment:
 
     # ------------------------------------------------------------------ results
     def aggregate(self, records: List[Dict[str, Any]], settings: Settings) -> Dict[str, Any]:
-        from .report import aggregate
+        from .claims import aggregate
 
         return aggregate(records, settings)
 

@@ -1,4 +1,4 @@
-"""Summaries over seeds, the paper's claims judged on them, and report.md's body with its figures."""
+"""report.md's body with its figures, from the summary over seeds (:func:`.claims.aggregate`)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -9,69 +9,8 @@ import numpy as np
 from ... import registry
 from .._shared.common import headless_pyplot, markdown_table, save_figure
 from .._shared.runner import Report
-from .evaluate import paired_bootstrap
-from .meteor import meteor_of_records
 from .model import SITES
 from .paper import PAPER_TABLE, POSTHOC, display_name
-
-
-def _stats(values: List[float]) -> Dict[str, Any]:
-    arr = np.asarray(values, dtype=float)
-    return {"mean": float(arr.mean()), "std": float(arr.std()), "values": arr.tolist()}
-
-
-def aggregate(records: List[Dict[str, Any]], settings) -> Dict[str, Any]:
-    """Per evaluated normalizer: BLEU/chrF/ROUGE-L (beam and greedy), attended per site and layer,
-    over seeds; paired bootstrap of ev-softmax against the others on the first seed's outputs."""
-    per: Dict[str, List[Dict[str, Any]]] = {}
-    for rec in records:
-        for name, ev in rec["evaluations"].items():
-            per.setdefault(name, []).append({**ev, "seed": rec["seed"], "world_size": rec["world_size"],
-                                             "train_s": rec["train_s"], "references": rec["references"]})
-    summary: Dict[str, Any] = {"normalizers": {}, "significance": None}
-    meteor, summary["meteor_method"] = meteor_of_records(records) if records else ({}, "")
-    for name, evs in per.items():
-        row: Dict[str, Any] = {
-            "bleu": _stats([e["beam"]["bleu"] for e in evs]),
-            "bleu_greedy": _stats([e["greedy"]["bleu"] for e in evs]),
-            "chrf": _stats([e["beam"]["chrf"] for e in evs]),
-            "rouge_l": _stats([e["beam"]["rouge_l"] for e in evs]),
-            **{k: _stats([e["beam"][k] for e in evs]) for k in ("rouge_1", "rouge_2") if k in evs[0]["beam"]},
-            # METEOR of the stored beam hypotheses (see .meteor; computed here, so a committed run gets it too)
-            "meteor": _stats([meteor[name][e["seed"]] for e in evs]),
-            # per-sentence ROUGE of the lowest seed: the single-run test when there are too few seeds
-            "rouge_per_sentence": min(evs, key=lambda e: e["seed"])["beam"].get("rouge_per_sentence"),
-            "attended": {},
-            "world_size": evs[0]["world_size"], "seeds": [e["seed"] for e in evs],
-            "output_normalizer": evs[0]["output_normalizer"], "attention": evs[0]["attention"],
-            "padding_max_abs_diff": max(e["padding_max_abs_diff"] for e in evs),
-            "train_s": _stats([e["train_s"] for e in evs]),
-            # Fig. 4: source tokens with nonzero weight at the first target step of the short map sentences
-            # (last decoder layer, mean over heads: the union of the heads' supports), and as a share of the source
-            "first_step_support": _stats([float(np.mean([sum(w > 0 for w in m[0]) for m in e["cross_maps"]]))
-                                          for e in evs]),
-            "first_step_coverage": _stats([float(np.mean([sum(w > 0 for w in m[0]) / len(m[0]) for m in e["cross_maps"]]))
-                                           for e in evs]),
-            "bleu_signature": evs[0]["beam"]["bleu_signature"], "chrf_signature": evs[0]["beam"]["chrf_signature"],
-        }
-        for site in SITES:
-            a = [e["attended"][site] for e in evs]
-            row["attended"][site] = {
-                "mean": _stats([x["mean"] for x in a]), "std_over_queries": float(np.mean([x["std"] for x in a])),
-                "valid": float(np.mean([x["valid"] for x in a])),
-                "layers": [float(np.mean([x["layers"][i]["mean"] for x in a])) for i in range(len(a[0]["layers"]))],
-            }
-        summary["normalizers"][name] = row
-    if "ev_softmax" in per and len(per) > 1:
-        seed = min(e["seed"] for e in per["ev_softmax"])
-        first = {n: next((e for e in evs if e["seed"] == seed), None) for n, evs in per.items()}
-        others = [(n, e["beam"]["hypotheses"]) for n, e in first.items() if n != "ev_softmax" and e is not None]
-        if others:
-            base = first["ev_softmax"]
-            summary["significance"] = {"seed": seed, **paired_bootstrap(("ev_softmax", base["beam"]["hypotheses"]),
-                                                                        others, base["references"])}
-    summary["world_size"] = max(r["world_size"] for r in records) if records else 1
-    return summary
 
 
 # ------------------------------------------------------------------------------------ report

@@ -205,7 +205,7 @@ class VQVAEExperiment:
                 "vqvae": seed_models.stats, "time_s": round(clock.elapsed, 1)}
 
     def aggregate(self, records: List[Dict[str, Any]], settings: Settings) -> Dict[str, Any]:
-        from .report import aggregate
+        from .claims import aggregate
 
         return aggregate(records, settings)
 

@@ -1,4 +1,5 @@
-"""Summaries over seeds, the verdicts, the Table 3-style tables and the figures of the VQ-VAE experiment."""
+"""The Table 3-style tables and the figures of the VQ-VAE experiment, from the summary over seeds
+(:func:`.claims.aggregate`)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -9,46 +10,6 @@ import numpy as np
 from .._shared.common import headless_pyplot, markdown_table, save_figure
 from .._shared.runner import Report
 from .paper import PAPER_TABLE3
-
-METRICS = ("top1", "top3", "nonzero_codes", "nll_bits", "nll_bits_eval_form", "nll_bits_train_form",
-           "nll_bits_on_support", "off_support", "diversity", "distinct_codes_sampled", "sample_time_s")
-VQ_METRICS = ("test_mse", "test_codes_used", "test_perplexity", "classifier_top1_on_reconstructions",
-              "classifier_top3_on_reconstructions", "train_time_s")
-
-
-def _stats(values: List[Optional[float]]) -> Dict[str, Any]:
-    """Mean and std over seeds; a None (an infinite NLL) in any seed makes the mean None."""
-    if not values or any(v is None for v in values):
-        return {"mean": None, "std": None, "values": values}
-    arr = np.asarray(values, dtype=float)
-    return {"mean": float(arr.mean()), "std": float(arr.std()), "values": values}
-
-
-def aggregate(records: List[Dict[str, Any]], settings) -> Dict[str, Any]:
-    per: Dict[str, Dict[str, List]] = {}
-    samples: Dict[str, int] = {}
-    seeds: Dict[str, List[int]] = {}
-    for rec in records:
-        for name, m in rec["normalizers"].items():
-            seeds.setdefault(name, []).append(rec["seed"])
-            for key in METRICS:
-                per.setdefault(name, {}).setdefault(key, []).append(m.get(key))
-            samples[name] = samples.get(name, 0) + m["samples"]
-    normalizers = {}
-    for name in settings.normalizers:
-        if name not in per:
-            continue
-        entry: Dict[str, Any] = {"samples_total": samples[name], "seeds": seeds[name]}
-        for key, values in per[name].items():
-            s = _stats(values)
-            entry[key] = s["mean"]
-            entry[f"{key}_std"] = s["std"]
-            entry[f"{key}_per_seed"] = s["values"]
-        normalizers[name] = entry
-    vq_by_seed = {rec["seed"]: rec["vqvae"] for rec in records}
-    vqvae = {key: _stats([vq_by_seed[s].get(key) for s in sorted(vq_by_seed)]) for key in VQ_METRICS}
-    return {"normalizers": normalizers, "vqvae": vqvae, "vqvae_per_seed": vq_by_seed, "seeds": len(vq_by_seed)}
-
 
 def _fmt(entry: Dict[str, Any], key: str, scale: float = 1.0, digits: int = 1) -> str:
     mean = entry.get(key)

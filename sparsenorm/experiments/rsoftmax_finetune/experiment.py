@@ -23,7 +23,7 @@ import torch
 
 from .._shared.common import RunConfig, UserFacingError
 from .._shared.runner import Claim, Job, Report, RunOptions
-from .claims import judge_claims
+from .claims import aggregate, judge_claims
 from .paper import GATE
 from .paper import (DECISIVE, DECISIVE_NORMALIZERS, DEFAULT_NORMALIZERS, FULL, MAP_LENGTHS, MAP_NORMALIZERS, PAPER, QUICK,
                     QUICK_NORMALIZERS, SWAP_NORMALIZERS)
@@ -183,9 +183,7 @@ class FinetuneExperiment:
         return record
 
     def aggregate(self, records: List[Dict[str, Any]], settings: Settings) -> Dict[str, Any]:
-        from .summary import summarize
-
-        return summarize(records)
+        return aggregate(records)
 
     def claims(self, summary: Dict[str, Any], records: List[Dict[str, Any]], settings: Settings) -> List[Claim]:
         return judge_claims(summary)

@@ -21,7 +21,7 @@ from .paper import GATE
 from .paper import (BATCH_SIZE, CLASS_COUNTS, COUNT_DECODES, COUNT_HEADS, DEFAULT_NORMALIZERS, FIXED_DOCUMENT_LENGTH, HIDDEN,
                     LEARNING_RATE, RATE_GRADS)
 from .report import body, figures
-from .training import make_split, run_datasets
+from .train import make_split, run_datasets
 
 
 

@@ -56,6 +56,7 @@ import torch
 from torch import Tensor
 
 from ..._validation import not_there_level
+from .entmax_terms import p_of as _p_of, threshold_from as _threshold_from, tsallis_terms as _tsallis_terms
 from .evidential import off_support_shift
 
 KINDS = ("softmax", "ev_softmax", "sparsemax", "entmax15", "entmax_bisect")
@@ -304,34 +305,6 @@ def _softmax_family_grads(hidden, weight, bias, there, y, ok, w, kind, eps, stat
 
 
 # ----------------------------------------------------------------------------- sparsemax / entmax
-def _p_of(u: Tensor, alpha: float) -> Tensor:
-    """``p = [(alpha - 1) u]_+^{1/(alpha - 1)}`` for ``u = z - t`` (in units of ``z``)."""
-    u = u.clamp_min(0)
-    if alpha == 2.0:
-        return u
-    if alpha == 1.5:
-        return (u * 0.5).square_()
-    return (u * (alpha - 1)).pow_(1 / (alpha - 1))
-
-
-def _threshold_from(p_max: Tensor, z_max: Tensor, alpha: float) -> Tensor:
-    """``t`` from the largest entry: ``p_max = [(alpha - 1)(z_max - t)]^{1/(alpha - 1)}``."""
-    if alpha == 2.0:
-        return z_max - p_max
-    if alpha == 1.5:
-        return z_max - 2 * p_max.sqrt()
-    return z_max - p_max.pow(alpha - 1) / (alpha - 1)
-
-
-def _tsallis_terms(p: Tensor, alpha: float) -> Tensor:
-    """``p^alpha`` entry by entry (the Tsallis entropy is ``(1 - sum p^alpha) / (alpha(alpha-1))``)."""
-    if alpha == 2.0:
-        return p * p
-    if alpha == 1.5:
-        return p * p.sqrt()
-    return p.pow(alpha)
-
-
 def _support_of_block(z: Tensor, project_rows: ProjectRows) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """Whole-row block: ``(rows, cols, p, z)`` of the support entries, by the row-wise kernel."""
     p = project_rows(z)
