@@ -30,24 +30,32 @@ def _write(path: Path, payload: Dict[str, Any]) -> None:
         path.write_text(text)
 
 
-def rejudge(folder: Path) -> List[Tuple[str, str, str]]:
-    """Re-judge a committed run under the current rule from the per-seed records of its results file, without
-    training: recompute the summary and the claims, write them back, and replace the report's claims section
-    (the rest of the report is as the run wrote it). Returns (claim, old verdict, new verdict) per claim."""
+def _committed_run(folder: Path, out: Optional[Path] = None):
+    """``(results path, payload, experiment, config, settings)`` of the committed run in ``folder``: its
+    results file read, its experiment loaded, its run configuration rebuilt (``out``: the ``--out`` of a new
+    run of it, else the run's own) and its settings under the current code."""
     from ._shared.common import RunConfig
-    from ._shared.runner import claims_table
 
-    folder = Path(folder)
     path = next((p for p in (folder / "results.json.gz", folder / "results.json") if p.is_file()), None)
     payload = paper_index.read_results(path) if path else None
     if payload is None:
         raise FileNotFoundError(f"no results.json(.gz) in {folder}")
     experiment = load(payload["experiment"]).EXPERIMENT
     config = dict(payload["config"])
-    config["out"] = Path(config["out"])
+    config["out"] = Path(out) / payload["experiment"] if out is not None else Path(config["out"])
     config["data_dir"] = Path(config["data_dir"]) if config.get("data_dir") else None
     config = RunConfig(**{k: v for k, v in config.items() if k in RunConfig.__dataclass_fields__})
-    settings = experiment.settings(config)
+    return path, payload, experiment, config, experiment.settings(config)
+
+
+def rejudge(folder: Path) -> List[Tuple[str, str, str]]:
+    """Re-judge a committed run under the current rule from the per-seed records of its results file, without
+    training: recompute the summary and the claims, write them back, and replace the report's claims section
+    (the rest of the report is as the run wrote it). Returns (claim, old verdict, new verdict) per claim."""
+    from ._shared.runner import claims_table
+
+    folder = Path(folder)
+    path, payload, experiment, config, settings = _committed_run(folder)
     results = payload["results"]
     summary = experiment.aggregate(results["records"], settings)
     claims = experiment.claims(summary, results["records"], settings)
@@ -89,20 +97,9 @@ def reuse_records(folder: Path, out: Path, keys: List[str]) -> List[str]:
     records are deterministic (check by re-running one and comparing); the new run's results list them under
     ``reused_from_cache`` and its report should say where they came from. Keys already cached are left alone.
     Returns the keys written."""
-    from ._shared.common import RunConfig
     from ._shared.runner import JobCache, fingerprint
 
-    folder = Path(folder)
-    path = next((p for p in (folder / "results.json.gz", folder / "results.json") if p.is_file()), None)
-    payload = paper_index.read_results(path) if path else None
-    if payload is None:
-        raise FileNotFoundError(f"no results.json(.gz) in {folder}")
-    experiment = load(payload["experiment"]).EXPERIMENT
-    config = dict(payload["config"])
-    config["out"] = Path(out) / payload["experiment"]
-    config["data_dir"] = Path(config["data_dir"]) if config.get("data_dir") else None
-    config = RunConfig(**{k: v for k, v in config.items() if k in RunConfig.__dataclass_fields__})
-    settings = experiment.settings(config)
+    _, payload, experiment, config, settings = _committed_run(Path(folder), out)
     jobs = {job.key: job for job in experiment.jobs(settings, config)}
     records = dict(zip(payload["results"]["jobs"]["jobs"], payload["results"]["records"]))
     cache, exclude = JobCache(Path(config.out)), ("seeds", *getattr(experiment, "fingerprint_exclude", ()))
