@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.bench import cpu_model, machine_load
+from benchmarks.bench_attention import _read_status  # the /proc/self/status reader of the peak-memory method
 from sparsenorm import fused_linear_loss, registry
 from sparsenorm._text import markdown_table
 
@@ -95,12 +96,6 @@ def time_all(labels: List[str], args) -> Dict[str, float]:
     return {label: statistics.median(ts) for label, ts in times.items()}
 
 
-def _read_status(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(f"{field} not in /proc/self/status")
 
 
 def measure_peak_here(label: str, tokens: int, dim: int, vocab: int, scale: float, threads: int) -> int:
