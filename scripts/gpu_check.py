@@ -12,13 +12,19 @@ ends within ``--budget`` seconds (default 9 minutes):
 3. ``cuda-suite``: ``pytest -m cuda tests/cuda`` (every kernel and CUDA dispatch against the
    reference path, torch.compile, CUDA graphs, Hugging Face, one training step per experiment);
 4. ``triton-tests``: the Triton kernel tests of the default suite, which run in-process on CUDA;
-5. ``bench-rowwise`` and ``bench-attention``: ``python -m benchmarks.bench_gpu --quick``.
+5. ``bench-rowwise``, ``bench-attention``, ``bench-memory-loss`` and ``bench-train``:
+   ``python -m benchmarks.bench_gpu --only PART`` (row-wise kernels against ``torch.softmax`` and
+   the measured copy bandwidth; flash ev-softmax attention against SDPA and FlexAttention, with the
+   fraction of key blocks skipped; peak memory up to L = 32k; the fused vocabulary loss against the
+   materialised one; one training step of MiniLM- and SmolLM2-sized models with
+   ``attn_implementation="sparsenorm_ev_softmax"`` against ``"sdpa"``), each target met or missed.
 
 Writes into ``--out`` (default ``$OUT``, else ``gpu-check-out``) at most 8 files: ``summary.md``,
-``gpu_check.json`` (environment and every stage's status, time and detail), ``nvidia-smi.txt``,
-``pytest.log``, ``bench.log``, ``bench_rowwise.json``, ``bench_attention.json``; prints a
-one-screen summary; exits 1 if any stage failed or ran out of time, else 0. On a machine without
-a CUDA device it says so in one line and exits 0.
+``gpu_check.json`` (environment with ``nvidia-smi``'s output, every stage's status, time and
+detail), ``pytest.log``, ``bench.log``, ``bench_rowwise.json``, ``bench_attention.json``,
+``bench_memory_loss.json``, ``bench_train.json``; prints a one-screen summary; exits 1 if any
+stage failed or ran out of time, else 0. On a machine without a CUDA device it says so in one
+line and exits 0.
 """
 from __future__ import annotations
 
@@ -43,8 +49,11 @@ SUMMARY_LINES = 40  # what the printed summary may take: one screen
 
 # Stage time limits in seconds (they add up to under the default budget; each is also cut to the
 # budget left when it starts).
-LIMITS = {"environment": 20, "wheels": 20, "cuda-suite": 270, "triton-tests": 60,
-          "bench-rowwise": 40, "bench-attention": 130}
+LIMITS = {"environment": 20, "wheels": 20, "cuda-suite": 170, "bench-rowwise": 45, "bench-attention": 120,
+          "bench-memory-loss": 45, "bench-train": 45, "triton-tests": 45}
+BENCH_PARTS = {"bench-rowwise": ("rowwise",), "bench-attention": ("attention",),
+               "bench-memory-loss": ("memory", "loss"), "bench-train": ("train",)}
+PER_TEST_LIMIT = 90  # seconds, pytest-timeout's --timeout where it is installed
 # Modules the lent machine's image lacks, and the carried wheels that provide each (with the
 # dependencies it also lacks): the entmax package (peer comparisons) and ROUGE-L (translation).
 OPTIONAL_WHEELS = {"entmax": ("entmax",), "rouge_score": ("rouge_score", "nltk", "defusedxml")}
@@ -63,8 +72,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="scripts/gpu_check.py", description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=os.environ.get("OUT") or "gpu-check-out",
                         help="folder for the result files (default: $OUT, else gpu-check-out)")
-    parser.add_argument("--budget", type=float, default=540.0,
-                        help="seconds the whole run may take (default 540: 9 minutes)")
+    parser.add_argument("--budget", type=float, default=480.0,
+                        help="seconds the whole run may take (default 480: 8 minutes)")
     parser.add_argument("--skip", action="append", default=[], choices=sorted(LIMITS),
                         help="leave a stage out (repeatable)")
     parser.add_argument("--workers", type=int, default=4,
@@ -158,9 +167,9 @@ def environment(env: Dict[str, str], out: Path, limit: float) -> Dict[str, objec
     if smi:
         try:
             done = subprocess.run([smi], capture_output=True, text=True, timeout=limit)
-            (out / "nvidia-smi.txt").write_text(done.stdout + done.stderr)
+            info["nvidia_smi"] = done.stdout + done.stderr
         except (subprocess.TimeoutExpired, OSError) as err:
-            (out / "nvidia-smi.txt").write_text(f"nvidia-smi failed: {err}\n")
+            info["nvidia_smi"] = f"nvidia-smi failed: {err}"
     code = (
         "import json, platform, torch\n"
         "info = {'python': platform.python_version(), 'torch': torch.__version__, 'cuda': torch.version.cuda,\n"
@@ -204,12 +213,12 @@ def install_missing_wheels(env: Dict[str, str], limit: float) -> Stage:
     return stage
 
 
-def has_xdist(env: Dict[str, str]) -> bool:
-    return subprocess.run([sys.executable, "-c", "import xdist"], env=env, capture_output=True).returncode == 0
+def importable(module: str, env: Dict[str, str]) -> bool:
+    return subprocess.run([sys.executable, "-c", f"import {module}"], env=env, capture_output=True).returncode == 0
 
 
 def summary_markdown(info: Dict[str, object], stages: List[Stage], bench: Dict[str, Optional[dict]]) -> str:
-    """The Markdown summary: environment, one row per stage, failing tests, benchmark tables."""
+    """The Markdown summary: environment, one row per stage, failing tests, every benchmark target."""
     ok = all(s.status in ("passed", "skipped") for s in stages)
     lines = [f"# gpu-check: {'PASSED' if ok else 'FAILED'}", ""]
     versions = ", ".join(f"{k} {info[k]}" for k in ("torch", "cuda", "triton", "transformers", "python")
@@ -220,26 +229,17 @@ def summary_markdown(info: Dict[str, object], stages: List[Stage], bench: Dict[s
     failing = [(s.name, f) for s in stages for f in s.failures if s.status not in ("passed", "skipped")]
     if failing:
         lines += ["", "Failures:", ""] + [f"- {name}: `{f}`" for name, f in failing]
-    for part, report in bench.items():
-        if report:
-            lines += ["", f"## bench_gpu --quick --only {part}", ""] + bench_table(part, report)
+    targets = [t for report in bench.values() if report for t in report.get("targets", [])]
+    if targets:
+        lines += ["", "| target | measured | met |", "| --- | --- | --- |"]
+        lines += [f"| {t['target']} | {_measured(t['measured'])} | {'met' if t['met'] else 'MISSED'} |" for t in targets]
     return "\n".join(lines) + "\n"
 
 
-def bench_table(part: str, report: dict) -> List[str]:
-    """A short table of a bench_gpu JSON report (its own rows, as measured)."""
-    rows = report.get(part) or []
-
-    def fmt(v, digits=3):
-        return v if isinstance(v, str) else ("-" if v is None else f"{v:.{digits}f}")
-
-    if part == "rowwise":
-        head = ["| shape | pass | method | ms | GB/s |", "| --- | --- | --- | --- | --- |"]
-        return head + [f"| {r['shape']} | {r['pass_']} | {r['method']} | {fmt(r['ms'])} | {fmt(r['gbs'], 0)} |"
-                       for r in rows]
-    head = ["| D | L | causal | pass | method | ms | vs SDPA flash |", "| --- | --- | --- | --- | --- | --- | --- |"]
-    return head + [f"| {r['D']} | {r['L']} | {r['causal']} | {r['pass_']} | {r['method']} | {fmt(r['ms'])} | "
-                   f"{fmt(r.get('vs_sdpa'), 2)} |" for r in rows]
+def _measured(value) -> str:
+    if isinstance(value, dict):
+        return ", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}" for k, v in value.items())
+    return "-" if value is None else f"{value:.2f}"
 
 
 def one_screen(markdown: str) -> str:
@@ -282,20 +282,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     info = environment(env, out, limit("environment"))
     stages.append(Stage("environment", "failed" if "error" in info else "passed",
                         round(time.monotonic() - start, 1), info.get("error", "")))
-    plan = ["wheels", "cuda-suite", "triton-tests", "bench-rowwise", "bench-attention"]
+    plan = ["wheels", "cuda-suite", *BENCH_PARTS, "triton-tests"]
     pytest_log, bench_log = out / "pytest.log", out / "bench.log"
-    workers = ["-n", str(args.workers)] if args.workers and has_xdist(env) else []
+    workers = ["-n", str(args.workers)] if args.workers and importable("xdist", env) else []
+    timeout = [f"--timeout={PER_TEST_LIMIT}"] if importable("pytest_timeout", env) else []
     commands = {
         "cuda-suite": [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "cuda", *workers,
-                       "tests/cuda"],
-        "triton-tests": [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                       *timeout, "tests/cuda"],
+        "triton-tests": [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *timeout,
                          "tests/kernels/test_triton_rowwise.py", "tests/kernels/test_triton_attention.py",
                          "tests/kernels/test_triton_compile.py"],
-        "bench-rowwise": [sys.executable, "-m", "benchmarks.bench_gpu", "--quick", "--only", "rowwise",
-                          "--json", str(out / "bench_rowwise.json")],
-        "bench-attention": [sys.executable, "-m", "benchmarks.bench_gpu", "--quick", "--only", "attention",
-                            "--json", str(out / "bench_attention.json")],
     }
+    for name, parts in BENCH_PARTS.items():
+        commands[name] = [sys.executable, "-m", "benchmarks.bench_gpu", *(a for p in parts for a in ("--only", p)),
+                          "--json", str(out / f"{name.replace('-', '_')}.json")]
     for name in plan:
         if name in args.skip:
             stages.append(Stage(name, "skipped", 0.0, "--skip"))
@@ -304,19 +304,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         elif name == "wheels":
             stages.append(install_missing_wheels(env, limit(name)))
         else:
-            log = pytest_log if name in ("cuda-suite", "triton-tests") else bench_log
+            log = bench_log if name in BENCH_PARTS else pytest_log
             stages.append(run_stage(name, commands[name], limit(name), env, log))
             if name == "cuda-suite":
                 require_passes(stages[-1])
         print(f"gpu-check: {stages[-1].name} {stages[-1].status} ({stages[-1].seconds:.0f} s) {stages[-1].detail}",
               flush=True)
     bench = {}
-    for part in ("rowwise", "attention"):
-        path = out / f"bench_{part}.json"
+    for name in BENCH_PARTS:
+        path = out / f"{name.replace('-', '_')}.json"
         try:
-            bench[part] = json.loads(path.read_text()) if path.exists() else None
+            bench[name] = json.loads(path.read_text()) if path.exists() else None
         except ValueError:
-            bench[part] = None
+            bench[name] = None
     text = write_results(out, info, stages, bench)
     print(one_screen(text), end="")
     return 0 if all(s.status in ("passed", "skipped") for s in stages) else 1
