@@ -171,8 +171,8 @@ TARGET_L, TARGET_VS_SDPA = 4096, 1.15
 
 
 def bench_subset_of_configs() -> Dict[str, int]:
-    """Cut each flash-attention autotuner to its 8-warp, 3-stage configurations (and 128-query
-    blocks in the forward): the full lists (24 + 16 + 16 configurations, compiled per head dim and
+    """Cut each flash-attention autotuner to its 8-warp, 3-stage configurations with 128-row
+    blocks on the side each program owns (two per kernel): the full lists (24 + 16 + 16 configurations, compiled per head dim and
     causal flag, re-tuned per length) cost minutes of compilation on a fresh machine, more than a
     lent window holds. ``tests/cuda``'s ``test_full_autotuning_on_one_shape`` runs the full lists.
     Returns the number of configurations kept per kernel."""
@@ -181,8 +181,8 @@ def bench_subset_of_configs() -> Dict[str, int]:
     kept = {}
     for name in ("_attn_fwd_kernel", "_attn_bwd_dkdv_kernel", "_attn_bwd_dq_kernel"):
         tuner = getattr(attention, name)
-        keep = [c for c in tuner.configs if c.num_warps == 8 and c.num_stages == 3
-                and (name != "_attn_fwd_kernel" or c.kwargs["BLOCK_M"] == 128)]
+        big = {"_attn_fwd_kernel": "BLOCK_M", "_attn_bwd_dkdv_kernel": "BLOCK_N", "_attn_bwd_dq_kernel": "BLOCK_M"}[name]
+        keep = [c for c in tuner.configs if c.num_warps == 8 and c.num_stages == 3 and c.kwargs[big] == 128]
         tuner.configs = keep or tuner.configs[:1]
         kept[name] = len(tuner.configs)
     return kept
@@ -300,9 +300,11 @@ def local_inputs(B, H, L, D, dtype, gen):
 
 
 def bench_attention(dtype: torch.dtype, rounds: int, quick: bool) -> List[dict]:
+    """Every (head dim, length, causal, pattern) configuration; each one's rows are printed as soon
+    as measured (a window that ends mid-run keeps what was measured)."""
     gen = torch.Generator(device=DEVICE).manual_seed(0)
     results = []
-    lengths = [1024, TARGET_L] if quick else ATTENTION_LENGTHS
+    lengths = [TARGET_L] if quick else ATTENTION_LENGTHS
     for D in HEAD_DIMS:
         for L in lengths:
             for causal in (False, True):
@@ -319,6 +321,8 @@ def bench_attention(dtype: torch.dtype, rounds: int, quick: bool) -> List[dict]:
                     for r in rows:
                         r["skipped_blocks"] = skipped if r["method"].startswith("ev-softmax flash") else None
                         r["blocks"] = "x".join(map(str, forward_blocks()))
+                    print_part("attention", rows)
+                    print(flush=True)
                     results += rows
                     del q, k, v
                     torch.cuda.empty_cache()
@@ -357,14 +361,14 @@ def attention_targets(rows: List[dict]) -> List[dict]:
 MEMORY_LENGTHS = (8192, 16384, 32768)
 
 
-def bench_memory(dtype: torch.dtype) -> List[dict]:
+def bench_memory(dtype: torch.dtype, quick: bool) -> List[dict]:
     """Peak memory of forward+backward beyond the inputs (q, k, v, dO exist before the count
     starts; the gradients dq, dk, dv are counted), B = 1, H = 16, D = 128, not causal."""
     methods = attention_methods(with_flex=False)
     methods.pop("SDPA efficient (softmax)", None)
     rows = []
     gen = torch.Generator(device=DEVICE).manual_seed(1)
-    for L in MEMORY_LENGTHS:
+    for L in MEMORY_LENGTHS[-2:] if quick else MEMORY_LENGTHS:
         q, k, v = (torch.randn(1, 16, L, 128, device=DEVICE, dtype=dtype, generator=gen).requires_grad_()
                    for _ in range(3))
         do = torch.randn_like(q)
@@ -456,7 +460,8 @@ def rowwise_targets(rows: List[dict]) -> List[dict]:
 
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_gpu", description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer shapes")
+    parser.add_argument("--quick", action="store_true",
+                        help="fewer shapes: attention at the target length only, memory at 16k and 32k, one loss shape")
     parser.add_argument("--rounds", type=int, default=7, help="interleaved timing rounds (median reported)")
     parser.add_argument("--only", choices=PARTS, action="append", help="run these parts only (repeatable)")
     parser.add_argument("--full-autotune", action="store_true",
@@ -496,7 +501,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             save()
             continue
         report[part] = rows
-        print_part(part, rows)
+        if part != "attention":
+            print_part(part, rows)
         print(flush=True)
         save()
     if report["targets"]:
@@ -519,8 +525,9 @@ def run_part(part: str, args: argparse.Namespace, report: Dict[str, object]) -> 
     elif part == "attention":
         rows = bench_attention(torch.bfloat16, args.rounds, args.quick)
         report["targets"] += attention_targets(rows)
+        return rows  # printed as measured
     elif part == "memory":
-        rows = bench_memory(torch.bfloat16)
+        rows = bench_memory(torch.bfloat16, args.quick)
         report["targets"] += memory_targets(rows)
     elif part == "loss":
         from .bench_gpu_training import bench_loss
