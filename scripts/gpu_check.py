@@ -76,6 +76,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                         help="seconds the whole run may take (default 480: 8 minutes)")
     parser.add_argument("--skip", action="append", default=[], choices=sorted(LIMITS),
                         help="leave a stage out (repeatable)")
+    parser.add_argument("--limit", action="append", default=[], metavar="STAGE=SECONDS",
+                        help="override one stage's time limit (repeatable)")
     parser.add_argument("--workers", type=int, default=4,
                         help="pytest-xdist processes for the CUDA suite where xdist is installed (0: none)")
     args = parser.parse_args(argv)
@@ -83,6 +85,12 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         parser.error(f"--budget must be positive, got {args.budget}")
     if args.workers < 0:
         parser.error(f"--workers must be >= 0, got {args.workers}")
+    args.limits = dict(LIMITS)
+    for item in args.limit:
+        stage, _, seconds = item.partition("=")
+        if stage not in LIMITS or not seconds.replace(".", "", 1).isdigit() or float(seconds) <= 0:
+            parser.error(f"--limit must be STAGE=SECONDS with STAGE one of {sorted(LIMITS)}, got {item!r}")
+        args.limits[stage] = float(seconds)
     return args
 
 
@@ -275,7 +283,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
 
     def limit(name: str) -> float:
-        return max(1.0, min(LIMITS[name], deadline - time.monotonic()))
+        return max(1.0, min(args.limits[name], deadline - time.monotonic()))
 
     stages: List[Stage] = []
     start = time.monotonic()

@@ -26,7 +26,13 @@ def test_arguments_and_defaults(monkeypatch):
     assert sum(v for k, v in gpu_check.LIMITS.items() if k != "triton-tests") <= 480
 
 
-@pytest.mark.parametrize("argv", [["--budget", "0"], ["--skip", "nonsense"], ["--workers", "-1"]])
+def test_a_stage_limit_can_be_overridden():
+    args = gpu_check.parse_args(["--limit", "cuda-suite=120"])
+    assert args.limits["cuda-suite"] == 120 and args.limits["bench-attention"] == gpu_check.LIMITS["bench-attention"]
+
+
+@pytest.mark.parametrize("argv", [["--budget", "0"], ["--skip", "nonsense"], ["--workers", "-1"],
+                                  ["--limit", "nonsense=3"], ["--limit", "cuda-suite=-1"]])
 def test_bad_arguments_are_refused(argv, capsys):
     with pytest.raises(SystemExit) as err:
         gpu_check.parse_args(argv)
