@@ -292,6 +292,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         round(time.monotonic() - start, 1), info.get("error", "")))
     plan = ["wheels", "cuda-suite", *BENCH_PARTS, "triton-tests"]
     pytest_log, bench_log = out / "pytest.log", out / "bench.log"
+    env["SPARSENORM_FAILURE_LOG"] = str(pytest_log.resolve())  # tests/cuda/conftest.py: tracebacks as they happen
     workers = ["-n", str(args.workers)] if args.workers and importable("xdist", env) else []
     timeout = [f"--timeout={PER_TEST_LIMIT}"] if importable("pytest_timeout", env) else []
     commands = {

@@ -70,3 +70,18 @@ def _one_autotune_configuration():
     yield
     for tuner, configs in FULL_CONFIGS.items():
         tuner.configs = configs
+
+
+FAILURE_LOG_ENV = "SPARSENORM_FAILURE_LOG"
+FAILURE_TEXT_LIMIT = 4000
+
+
+def pytest_runtest_logreport(report):
+    """Append each failure's traceback to ``$SPARSENORM_FAILURE_LOG`` as it happens: a lent GPU window
+    that stops the suite at its time limit still brings back why each finished test failed (pytest
+    prints tracebacks only at the end; ``scripts/gpu_check.py`` sets the variable)."""
+    path = os.environ.get(FAILURE_LOG_ENV)
+    if not path or not report.failed:
+        return
+    with open(path, "a") as log:
+        log.write(f"\n----- {report.when} FAILED {report.nodeid}\n{report.longreprtext[-FAILURE_TEXT_LIMIT:]}\n")
