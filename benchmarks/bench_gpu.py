@@ -172,9 +172,9 @@ TARGET_L, TARGET_VS_SDPA = 4096, 1.15
 
 def bench_subset_of_configs() -> Dict[str, int]:
     """Cut each flash-attention autotuner to its 8-warp, 3-stage configurations with 128-row
-    blocks on the side each program owns (three forward, two per backward kernel): the full lists (24 + 16 + 16 configurations, compiled per head dim and
-    causal flag, re-tuned per length) cost minutes of compilation on a fresh machine, more than a
-    lent window holds. ``tests/cuda``'s ``test_full_autotuning_on_one_shape`` runs the full lists.
+    blocks on the side each program owns (three forward, two per backward kernel): the full lists
+    (24 + 16 + 16 configurations, compiled per head dim and causal flag, re-tuned per length) cost
+    minutes of compilation on a fresh machine, more than a lent window holds. ``tests/cuda``'s ``test_full_autotuning_on_one_shape`` runs the full lists.
     Returns the number of configurations kept per kernel."""
     from sparsenorm.kernels.triton import attention
 
