@@ -18,9 +18,7 @@ from .._shared.verdict import NEW, NOT_TESTABLE, Claim
 from .evaluate import paired_bootstrap
 from .meteor import meteor_of_records
 from .model import SITES
-from .paper import ATTENDED_ORDER, BASELINES, MIN_BLEU, PAPER_TABLE, display_name
-
-SOURCE = "Sec. 4.4, Table 4"
+from .paper import ATTENDED_ORDER, BASELINES, MIN_BLEU, PAPER_TABLE, SOURCE, display_name, paper_value
 
 
 def _paper_row(metric: str) -> str:
@@ -154,7 +152,7 @@ def _attended_order(summary: Dict[str, Any], rows: Dict[str, Any]) -> List[Claim
                            for n in ATTENDED_ORDER if n in rows)
         out.append(verdict.claim(text, tests, SOURCE, key, digits=2, primary=primary, note=(
             f"mean attended keys per query: {values} (paper: "
-            + ", ".join(PAPER_TABLE[n]["attended"].split(" ± ")[0] for n in ATTENDED_ORDER)
+            + ", ".join(paper_value(n, "attended") for n in ATTENDED_ORDER)
             + ", whose own post-hoc < entmax breaks its order)")))
     return out
 

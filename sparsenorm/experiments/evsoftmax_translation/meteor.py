@@ -12,7 +12,7 @@ NLTK's implementation matches exact words, then stems, then WordNet synonyms. He
 * When WordNet cannot be fetched (no apt-get, offline), the synonym stage is empty ("stem-only METEOR")
   and the result says so (``method``).
 
-The paper's METEOR (57.20 for ev-softmax) is on IWSLT's English-side tools and is not comparable.
+The paper's METEOR (Table 4, :data:`.paper.PAPER_TABLE`) is on IWSLT's English-side tools and is not comparable.
 """
 from __future__ import annotations
 
