@@ -123,7 +123,8 @@ def bench_rowwise(dtype: torch.dtype, rounds: int, quick: bool) -> List[dict]:
                 gbs = passes * x.numel() * x.element_size() / (ms * 1e-3) / 1e9 if not isinstance(ms, str) else ms
                 results.append(dict(shape=f"{rows}x{cols}", pass_=kind, method=name, ms=ms, gbs=gbs,
                                     dram=(gbs / peak if peak and not isinstance(gbs, str) else None),
-                                    vs_softmax=(ms / base if not isinstance(ms, str) and not isinstance(base, str) else None)))
+                                    vs_softmax=(ms / base if not isinstance(ms, str) and not isinstance(base, str)
+                                                else None)))
         del x, out, g, ev_out
         torch.cuda.empty_cache()
     return results

@@ -164,7 +164,8 @@ def environment(env: Dict[str, str], out: Path, limit: float) -> Dict[str, objec
     code = (
         "import json, platform, torch\n"
         "info = {'python': platform.python_version(), 'torch': torch.__version__, 'cuda': torch.version.cuda,\n"
-        "        'device': torch.cuda.get_device_name(), 'capability': '.'.join(map(str, torch.cuda.get_device_capability()))}\n"
+        "        'device': torch.cuda.get_device_name(),\n"
+        "        'capability': '.'.join(map(str, torch.cuda.get_device_capability()))}\n"
         "for name in ('triton', 'transformers', 'entmax', 'pytest', 'hypothesis'):\n"
         "    try:\n"
         "        info[name] = __import__(name).__version__\n"
@@ -214,7 +215,8 @@ def summary_markdown(info: Dict[str, object], stages: List[Stage], bench: Dict[s
     lines = [f"# gpu-check: {'PASSED' if ok else 'FAILED'}", ""]
     versions = ", ".join(f"{k} {info[k]}" for k in ("torch", "cuda", "triton", "transformers", "python")
                          if info.get(k))
-    lines += [f"{info.get('device', 'unknown device')} (compute capability {info.get('capability', '?')}); {versions}", ""]
+    device = f"{info.get('device', 'unknown device')} (compute capability {info.get('capability', '?')})"
+    lines += [f"{device}; {versions}", ""]
     lines += ["| stage | status | seconds | detail |", "| --- | --- | --- | --- |"]
     lines += [f"| {s.name} | {s.status} | {s.seconds:.0f} | {s.detail} |" for s in stages]
     failing = [(s.name, f) for s in stages for f in s.failures if s.status not in ("passed", "skipped")]

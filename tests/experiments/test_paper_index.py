@@ -40,8 +40,13 @@ def _results(folder: Path, mode: str, claims, gz: bool = False):
         (folder / "results.json").write_text(text)
 
 
+def _row(root: Path, key: str) -> str:
+    """The index row of claim ``key`` in ``root/README.md``."""
+    return next(line for line in (root / "README.md").read_text().splitlines() if line.startswith(f"| {key} "))
+
+
 def test_index_prefers_the_most_decisive_run_and_lists_unrun_claims(tmp_path):
-    claim = lambda v, seeds: {"claim": "c", "verdict": v, "evidence": "e", "source": "", "key": "ev.cvae.five_modes",  # noqa: E731
+    claim = lambda v, seeds: {"claim": "c", "verdict": v, "evidence": "e", "source": "", "key": "ev.cvae.five_modes",
                               "seeds": seeds}
     _results(tmp_path / "quick" / "cvae", "quick", [claim(verdict.REPRODUCED, 3)])
     _results(tmp_path / "full" / "cvae", "full", [claim(verdict.NOT_REPRODUCED, 10),
@@ -67,14 +72,14 @@ def test_index_prefers_the_most_decisive_run_and_lists_unrun_claims(tmp_path):
     # the full run is kept, and a quick run never outranks either, whatever its count.
     _results(tmp_path / "decisive" / "cvae", "decisive", [claim(verdict.REPRODUCED, 10)])
     catalogue.write_paper_index(tmp_path)
-    row = next(line for line in (tmp_path / "README.md").read_text().splitlines() if line.startswith("| ev.cvae.five_modes "))
+    row = _row(tmp_path, "ev.cvae.five_modes")
     assert "| full |" in row
     shutil.rmtree(tmp_path / "decisive")
     _results(tmp_path / "decisive" / "cvae", "decisive", [claim(verdict.REPRODUCED, 12)])
     shutil.rmtree(tmp_path / "quick")
     _results(tmp_path / "quick" / "cvae", "quick", [claim(verdict.NOT_REPRODUCED, 100)])
     catalogue.write_paper_index(tmp_path)
-    row = next(line for line in (tmp_path / "README.md").read_text().splitlines() if line.startswith("| ev.cvae.five_modes "))
+    row = _row(tmp_path, "ev.cvae.five_modes")
     assert "**reproduced**" in row and "| decisive |" in row and "decisive/cvae/report.md" in row
     # equal units and mode: the judgement with more parts (more of the claim tested) is kept
     shutil.rmtree(tmp_path / "decisive")
@@ -82,7 +87,7 @@ def test_index_prefers_the_most_decisive_run_and_lists_unrun_claims(tmp_path):
     _results(tmp_path / "decisive" / "b", "decisive", [dict(claim(verdict.INCONCLUSIVE, 12),
                                                             evidence="primary: a; secondary: b")])
     catalogue.write_paper_index(tmp_path)
-    row = next(line for line in (tmp_path / "README.md").read_text().splitlines() if line.startswith("| ev.cvae.five_modes "))
+    row = _row(tmp_path, "ev.cvae.five_modes")
     assert "**inconclusive**" in row and "decisive/b/report.md" in row
     quick_only = tmp_path / "q"
     _results(quick_only / "quick" / "cvae", "quick", [claim(verdict.REPRODUCED, 3)])

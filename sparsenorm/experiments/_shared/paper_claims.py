@@ -38,19 +38,22 @@ class PaperClaim:
 
 
 EV_THEORY: Tuple[PaperClaim, ...] = (
-    PaperClaim("ev.fig1_example", EV, "Fig. 1, slides", "worked examples: ev-softmax((0.4, 1.4, -0.8)) ≈ (0.27, 0.73, 0) "
+    PaperClaim("ev.fig1_example", EV, "Fig. 1, slides",
+               "worked examples: ev-softmax((0.4, 1.4, -0.8)) ≈ (0.27, 0.73, 0) "
                "is bimodal where sparsemax gives (0, 1, 0)", "(0.27, 0.73, 0)",
                tests="tests/unit/test_evidential.py::test_fig1_values_to_three_decimals, "
                      "::test_worked_examples_match_literal_formula_and_printed_numbers; `sparsenorm demo`"),
     PaperClaim("ev.table1_properties", EV, "Table 1, App. C", "ev-softmax is monotonic, translation- and "
                "permutation-invariant, full-domain, and neither idempotent nor scale-invariant (as softmax)",
-               "Table 1 check marks", tests="tests/unit/test_evidential.py::test_monotonic, ::test_translation_invariant, "
+               "Table 1 check marks",
+               tests="tests/unit/test_evidential.py::test_monotonic, ::test_translation_invariant, "
                "::test_permutation_invariant, ::test_full_domain, ::test_not_idempotent_and_not_scale_invariant; "
                "`sparsenorm demo` checks the whole table numerically"),
     PaperClaim("ev.gradient", EV, "Eq. 9, Eq. 12, App. D", "closed-form Jacobian of ev-softmax; the gradient of the "
                "log of the training form tends to delta - ev-softmax", "Eqs. 9, 12",
-               tests="tests/unit/test_evidential.py::test_eq9_jacobian, ::test_eq12_gradient_of_log_train_tends_to_delta_"
-                     "minus_ev_softmax, ::test_gradcheck_and_gradgradcheck"),
+               tests="tests/unit/test_evidential.py::test_eq9_jacobian, "
+                     "::test_eq12_gradient_of_log_train_tends_to_delta_minus_ev_softmax, "
+                     "::test_gradcheck_and_gradgradcheck"),
     PaperClaim("ev.posthoc_equivalence", EV, "Theorem 3.1, App. B", "post-hoc evidential sparsification of a linear "
                "layer's output equals ev-softmax", "Theorem 3.1",
                tests="tests/unit/test_evidential.py::test_theorem_3_1_posthoc_equals_ev_softmax, "
@@ -63,7 +66,8 @@ R_THEORY: Tuple[PaperClaim, ...] = (
                "is a probability distribution; t-softmax with a learnable t", "definition",
                tests="tests/unit/test_rsoftmax.py::test_properties and the rest of tests/unit/test_rsoftmax.py"),
     PaperClaim("r.zero_is_softmax", RS, "Sec. 1", "for a sparsity rate r = 0, r-softmax is the classical softmax",
-               "stated in the introduction", tests="tests/unit/test_rsoftmax.py::test_r_softmax_at_zero_still_zeroes_the_"
+               "stated in the introduction",
+               tests="tests/unit/test_rsoftmax.py::test_r_softmax_at_zero_still_zeroes_the_"
                "minimum: under the paper's own Eq. 3 the threshold at r = 0 comes from the quantile 0, the minimum, "
                "whose weight is then zero, so r = 0 still zeroes the smallest entry and the statement is false as "
                "written; softmax is only the limit t -> infinity of t-softmax (Theorem 1, "
@@ -76,14 +80,14 @@ R_THEORY: Tuple[PaperClaim, ...] = (
 SM_THEORY: Tuple[PaperClaim, ...] = (
     PaperClaim("sm.properties", SM, "Sec. 2, Prop. 1-2", "sparsemax is the Euclidean projection onto the simplex, "
                "translation-invariant, permutation-equivariant, monotonic, idempotent; closed-form threshold",
-               "Prop. 1-2", tests="tests/unit/test_sparsemax.py::test_property_* (hypothesis), checked against the entmax "
-                                  "package"),
+               "Prop. 1-2", tests="tests/unit/test_sparsemax.py::test_property_* (hypothesis), checked against the "
+                                  "entmax package"),
     PaperClaim("sm.jacobian", SM, "Sec. 2.5", "the Jacobian is diag(s) - s s^T / |S|", "closed form",
                tests="tests/unit/test_sparsemax.py::test_gradients_match_entmax_package, ::test_gradcheck_exact"),
     PaperClaim("sm.loss", SM, "Sec. 3", "the sparsemax loss is convex, differentiable, zero iff sparsemax(z) = "
                "delta_k; its binary case is the modified Huber loss", "Prop. 3-4",
-               tests="tests/unit/test_fenchel_young.py::test_sparsemax_loss_binary_is_modified_huber and the rest of that "
-                     "file"),
+               tests="tests/unit/test_fenchel_young.py::test_sparsemax_loss_binary_is_modified_huber and the rest of "
+                     "that file"),
     PaperClaim("sm.two_class_hard_sigmoid", SM, "Sec. 2.2", "in two dimensions sparsemax is a \"hard\" sigmoid: "
                "sparsemax([t, 0])_1 = clip((t + 1) / 2, 0, 1)", "closed form",
                tests="tests/unit/test_sparsemax.py::test_two_class_closed_form"),
@@ -96,7 +100,8 @@ SM_THEORY: Tuple[PaperClaim, ...] = (
 """sparsemax's properties, checked by the test suite, and its cost, measured by the benchmark."""
 
 SM_NOT_RUN: Tuple[PaperClaim, ...] = (
-    PaperClaim("sm.snli_attention", SM, "Sec. 4.3", "sparsemax attention in an LSTM NLI model on SNLI: similar accuracy "
+    PaperClaim("sm.snli_attention", SM, "Sec. 4.3",
+               "sparsemax attention in an LSTM NLI model on SNLI: similar accuracy "
                "to softmax, far more compact attention", "accuracy ~ softmax's",
                not_run="no SNLI model is implemented. Running it: SNLI (570k pairs) and an LSTM with attention, a few "
                        "CPU-hours per seed; the finetune experiment measures attention sparsity for a transformer "

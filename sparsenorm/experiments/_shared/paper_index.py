@@ -170,8 +170,8 @@ def write_paper_index(root: Path, claims: Sequence[PaperClaim]) -> Path:
     if runs:
         lines += ["## Result folders", "", markdown_table(
             ["folder", "mode", "seeds", "paper's regime", "command"],
-            [[f"[{r['folder']}]({r['folder']}/report.md)", r["mode"], str(r["seeds"]), _cell(regime.status(r["regime"])),
-              f"`{r['command']}`"]
+            [[f"[{r['folder']}]({r['folder']}/report.md)", r["mode"], str(r["seeds"]),
+              _cell(regime.status(r["regime"])), f"`{r['command']}`"]
              for r in runs]), ""]
     note = root / CLOSING_NOTE
     if note.is_file():  # the hand-written closing note: what changed in the last re-judging, and why

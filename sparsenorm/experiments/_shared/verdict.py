@@ -413,7 +413,9 @@ def counts(verdicts: Iterable[str]) -> Dict[str, int]:
 
 
 __all__ = [
-    "LEVEL", "EXACT_MAX", "PRIMARY", "SECONDARY", "EXACT", "EXACT_TIES", "NORMAL", "REPRODUCED", "PARTLY", "NOT_REPRODUCED", "INCONCLUSIVE", "NOT_TESTABLE", "NEW", "NOT_RUN", "INDICATIVE",
+    "LEVEL", "EXACT_MAX", "PRIMARY", "SECONDARY", "EXACT", "EXACT_TIES", "NORMAL", "REPRODUCED", "PARTLY",
+    "NOT_REPRODUCED", "INCONCLUSIVE", "NOT_TESTABLE", "NEW", "NOT_RUN", "INDICATIVE",
     "Claim", "Test", "smallest_p", "min_pairs", "paired_differences", "direction", "non_inferiority", "equivalence",
-    "larger_spread", "single_run", "bootstrap_p", "signed_rank_p", "holm", "combine", "claim", "label_mode", "rule_paragraph", "counts",
+    "larger_spread", "single_run", "bootstrap_p", "signed_rank_p", "holm", "combine", "claim", "label_mode",
+    "rule_paragraph", "counts",
 ]

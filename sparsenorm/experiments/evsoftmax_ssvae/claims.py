@@ -135,7 +135,8 @@ def _more_modes(per: Dict[str, Dict[str, Any]], settings: Settings, have) -> Lis
         tests = [_paired(per, "ev_softmax", n, "decoder_calls", True, f"decoder calls, ev_softmax vs {n}")
                  for n in others]
         claims.append(verdict.claim(text, tests, SOURCE, key, digits=2, primary=len(tests),
-                                    note=f"both rivals primary (the paper names them together); ev-softmax {_fmt_calls(per['ev_softmax'])}, "
+                                    note="both rivals primary (the paper names them together); ev-softmax "
+                                         f"{_fmt_calls(per['ev_softmax'])}, "
                                     + ", ".join(f"{n} {_fmt_calls(per[n])}" for n in others)
                                     + f" (paper: {PAPER_CALLS['ev_softmax']} vs {PAPER_CALLS['sparsemax']}, "
                                       f"{PAPER_CALLS['entmax15']})"))
@@ -159,9 +160,10 @@ def _posthoc_worse(per: Dict[str, Dict[str, Any]], settings: Settings, have) -> 
                  _paired(per, "ev_softmax", "posthoc_evidential", "accuracy", True, "lower accuracy")]
         claims.append(verdict.claim(text, tests, SOURCE, key, digits=2, note=(
             "primary: more classes; secondary: variance, accuracy (post-hoc's accuracy is softmax's by construction, "
-            f"so this part is ev-softmax vs the softmax model). post-hoc {_fmt_calls(ph)} calls, {_fmt_acc(ph)}; ev-softmax {_fmt_calls(ev)}, {_fmt_acc(ev)} "
-            f"(paper: {_fmt_calls(PAPER_TABLE2['posthoc_evidential'])} vs {_fmt_calls(PAPER_TABLE2['ev_softmax'])} calls, "
-            f"{PAPER_ACC['posthoc_evidential']} vs {PAPER_ACC['ev_softmax']} %)")))
+            f"so this part is ev-softmax vs the softmax model). post-hoc {_fmt_calls(ph)} calls, {_fmt_acc(ph)}; "
+            f"ev-softmax {_fmt_calls(ev)}, {_fmt_acc(ev)} (paper: {_fmt_calls(PAPER_TABLE2['posthoc_evidential'])} vs "
+            f"{_fmt_calls(PAPER_TABLE2['ev_softmax'])} calls, {PAPER_ACC['posthoc_evidential']} vs "
+            f"{PAPER_ACC['ev_softmax']} %)")))
     else:
         claims.append(Claim(text, NOT_TESTABLE, "needs posthoc_evidential and ev_softmax", SOURCE, key))
     return claims
@@ -208,7 +210,8 @@ def _new_findings(per: Dict[str, Dict[str, Any]], settings: Settings, have) -> L
 
 def judge_claims(per: Dict[str, Dict[str, Any]], settings: Settings) -> List[Claim]:
     have = lambda *names: all(n in per and per[n]["seeds"] for n in names)  # noqa: E731
-    judges = (_most_accurate, _beats_monte_carlo, _sum_and_sample, _fewer_calls, _more_modes, _posthoc_worse, _cheaper, _new_findings)
+    judges = (_most_accurate, _beats_monte_carlo, _sum_and_sample, _fewer_calls, _more_modes, _posthoc_worse, _cheaper,
+              _new_findings)
     return [claim for judge in judges for claim in judge(per, settings, have)]
 
 

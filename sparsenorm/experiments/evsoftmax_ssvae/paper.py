@@ -79,7 +79,8 @@ def _measure_gate(summary, records, settings) -> Measured:
         return Measured(None, "softmax did not run")
     fell = [n for n in methods if per[n]["accuracy"] < per[n]["warm_start_accuracy"]]
     softmax = per["softmax"]["accuracy"]
-    figure = f"softmax {softmax:.1f} %; {len(fell)} of {len(methods)} marginalisation methods end below their warm start"
+    figure = (f"softmax {softmax:.1f} %; {len(fell)} of {len(methods)} marginalisation methods end below their warm "
+              "start")
     detail = "warm start -> end: " + ", ".join(f"{n} {per[n]['warm_start_accuracy']:.1f} -> {per[n]['accuracy']:.1f}"
                                                for n in methods)
     return Measured(softmax >= GATE_SOFTMAX_ACCURACY and not fell, figure, detail)
@@ -91,10 +92,10 @@ GATE = Gate(
     condition=(f"softmax's test accuracy (selected model, mean over seeds) is at least {GATE_SOFTMAX_ACCURACY:g} %, "
                "and no marginalisation method ends below its own test accuracy after the labelled-only warm start."),
     short=f"softmax >= {GATE_SOFTMAX_ACCURACY:g} %, no method below its warm start",
-    reason=("Table 2 compares how well each normalizer marginalises M2's unlabelled term, in a regime where that "
-            f"term helps: every marginalisation method ends at {_LOWEST:.1f}-{_HIGHEST:.1f} %, above what the 5,000 labelled images give "
-            "alone. Where the unlabelled term lowers the classifier's accuracy below its warm start, the ranking "
-            "measures how fast each method degrades a classifier, not how well it marginalises."),
+    reason=("Table 2 compares how well each normalizer marginalises M2's unlabelled term, in a regime where that term "
+            f"helps: every marginalisation method ends at {_LOWEST:.1f}-{_HIGHEST:.1f} %, above what the 5,000 "
+            "labelled images give alone. Where the unlabelled term lowers the classifier's accuracy below its warm "
+            "start, the ranking measures how fast each method degrades a classifier, not how well it marginalises."),
     paper="Table 2: " + ", ".join(f"{LABELS[n]} {PAPER_ACC[n]} %" for n in MARGINALISATION),
     measure=_measure_gate,
 )

@@ -123,7 +123,8 @@ PAPER_CLAIMS = (
                "does not", "top-5 " + ", ".join(_top(n) for n in ("sparsemax", "entmax15", "ev_softmax"))
                + f" vs {_top('softmax')}; post-hoc {_top('posthoc_evidential')}", "vqvae"),
     PaperClaim("ev.vqvae.tinyimagenet", EV, SOURCE, "Table 3's values on tinyImageNet (200 classes, WRN classifier, "
-               "10 x 128 PixelCNN)", f"{_top('ev_softmax')} / {_top('ev_softmax', 10)} / {PAPER_TABLE3['ev_softmax'][2]}",
+               "10 x 128 PixelCNN)",
+               f"{_top('ev_softmax')} / {_top('ev_softmax', 10)} / {PAPER_TABLE3['ev_softmax'][2]}",
                not_run="tinyImageNet is not shipped by any registry here; the vqvae experiment runs Fashion-MNIST "
                        "(its values are not comparable). Running it: `--data-dir` an ImageFolder copy of "
                        "tinyImageNet; the paper's widths cost about 7x the full mode per step: a GPU job"),

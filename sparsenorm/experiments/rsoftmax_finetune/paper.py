@@ -68,7 +68,8 @@ GATE = Gate(
 # ------------------------------------------------------------------------------------------ the paper's claims
 PAPER_CLAIMS = (
     PaperClaim("r.finetune.matches_softmax", RS, "Sec. 4.2, Table 2", "r-softmax attention matches or beats softmax "
-               "after fine-tuning", f"SST-2 {PAPER_SST2['r_softmax']} vs {PAPER_SST2['softmax']} (best run of the grid)",
+               "after fine-tuning",
+               f"SST-2 {PAPER_SST2['r_softmax']} vs {PAPER_SST2['softmax']} (best run of the grid)",
                "finetune"),
     PaperClaim("r.finetune.sparsemax_breaks", RS, "Sec. 4.2, Table 2", "sparsemax attention performs poorly "
                "(breaks the pretrained model)", f"SST-2 {PAPER_SST2['sparsemax']} vs {PAPER_SST2['softmax']}",
