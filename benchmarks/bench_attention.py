@@ -210,7 +210,8 @@ def markdown_report(results: dict) -> str:
         labels = list(dict.fromkeys([*times, *peaks]))
         lines += ["", f"L = {length}:", "", length_table(labels, times, peaks)]
     if results.get("scaling_bytes"):
-        lines += ["", "Peak extra memory (MB) of forward+backward against L:", "", scaling_table(results["scaling_bytes"])]
+        lines += ["", "Peak extra memory (MB) of forward+backward against L:", "",
+                  scaling_table(results["scaling_bytes"])]
     return "\n".join(lines)
 
 

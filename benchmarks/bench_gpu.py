@@ -174,14 +174,15 @@ def bench_subset_of_configs() -> Dict[str, int]:
     """Cut each flash-attention autotuner to its 8-warp, 3-stage configurations with 128-row
     blocks on the side each program owns (three forward, two per backward kernel): the full lists
     (24 + 16 + 16 configurations, compiled per head dim and causal flag, re-tuned per length) cost
-    minutes of compilation on a fresh machine, more than a lent window holds. ``tests/cuda``'s ``test_full_autotuning_on_one_shape`` runs the full lists.
-    Returns the number of configurations kept per kernel."""
+    minutes of compilation on a fresh machine, more than a lent window holds. ``tests/cuda``'s
+    ``test_full_autotuning_on_one_shape`` runs the full lists. Returns the number of configurations kept per kernel."""
     from sparsenorm.kernels.triton import attention
 
     kept = {}
     for name in ("_attn_fwd_kernel", "_attn_bwd_dkdv_kernel", "_attn_bwd_dq_kernel"):
         tuner = getattr(attention, name)
-        big = {"_attn_fwd_kernel": "BLOCK_M", "_attn_bwd_dkdv_kernel": "BLOCK_N", "_attn_bwd_dq_kernel": "BLOCK_M"}[name]
+        big = {"_attn_fwd_kernel": "BLOCK_M", "_attn_bwd_dkdv_kernel": "BLOCK_N",
+               "_attn_bwd_dq_kernel": "BLOCK_M"}[name]
         keep = [c for c in tuner.configs if c.num_warps == 8 and c.num_stages == 3 and c.kwargs[big] == 128]
         tuner.configs = keep or tuner.configs[:1]
         kept[name] = len(tuner.configs)
@@ -221,7 +222,8 @@ def skipped_block_fraction(q, k, causal: bool, blocks: tuple, heads: int = 4) ->
         hit = on.view(nm, bm, nn, bn).any(3).any(1)
         seen = torch.ones(nm, nn, dtype=torch.bool, device=q.device)
         if causal:  # the loop stops at the block row's last query
-            seen = torch.arange(nn, device=q.device)[None, :] * bn < (torch.arange(nm, device=q.device)[:, None] + 1) * bm
+            first_key = torch.arange(nn, device=q.device)[None, :] * bn
+            seen = first_key < (torch.arange(nm, device=q.device)[:, None] + 1) * bm
         visited += int(seen.sum())
         skipped += int((seen & ~hit).sum())
         del s, valid, on
@@ -343,16 +345,19 @@ def attention_targets(rows: List[dict]) -> List[dict]:
             flex = ms(method="ev-softmax Flex", **at)
             if ev and sdpa:
                 targets.append(dict(target=f"flash ev-softmax <= {TARGET_VS_SDPA}x SDPA flash, fwd+bwd, L={TARGET_L}, "
-                                           f"D={D}, causal={causal}", measured=ev / sdpa, met=ev / sdpa <= TARGET_VS_SDPA))
+                                           f"D={D}, causal={causal}", measured=ev / sdpa,
+                                    met=ev / sdpa <= TARGET_VS_SDPA))
             if ev and flex:
                 targets.append(dict(target=f"flash ev-softmax faster than ev-softmax on FlexAttention, fwd+bwd, "
                                            f"L={TARGET_L}, D={D}, causal={causal}", measured=ev / flex, met=ev < flex))
     for r in rows:
-        if r["pattern"] == "block-local" and r["method"] == "ev-softmax flash (Triton)" and (r["skipped_blocks"] or 0) > 0.5:
+        mostly_skipped = (r["skipped_blocks"] or 0) > 0.5
+        if r["pattern"] == "block-local" and r["method"] == "ev-softmax flash (Triton)" and mostly_skipped:
             sdpa = ms(pattern="block-local", D=r["D"], L=r["L"], causal=r["causal"], pass_=r["pass_"],
                       method="SDPA flash (softmax)")
             if sdpa and not isinstance(r["ms"], str):
-                targets.append(dict(target=f"flash ev-softmax faster than SDPA flash where {100 * r['skipped_blocks']:.0f} % "
+                share = f"{100 * r['skipped_blocks']:.0f} %"
+                targets.append(dict(target=f"flash ev-softmax faster than SDPA flash where {share} "
                                            f"of key blocks are skipped ({r['pass_']}, L={r['L']}, D={r['D']}, "
                                            f"causal={r['causal']})", measured=r["ms"] / sdpa, met=r["ms"] < sdpa))
     return targets
@@ -508,7 +513,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     if report["targets"]:
         print("## Targets\n")
         print(_table(["target", "measured", "met"],
-                     [[t["target"], json.dumps(t["measured"]) if isinstance(t["measured"], dict) else _cell(t["measured"], 2),
+                     [[t["target"],
+                       json.dumps(t["measured"]) if isinstance(t["measured"], dict) else _cell(t["measured"], 2),
                        "met" if t["met"] else "MISSED"] for t in report["targets"]]))
     save()
     return 1 if report.get("errors") else 0

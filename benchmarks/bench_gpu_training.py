@@ -46,7 +46,8 @@ def _interleaved(fns: Dict[str, Callable[[], object]], rounds: int) -> Dict[str,
         try:
             peaks[name] = _peak_bytes(fn)
         except Exception as e:  # noqa: BLE001 -- reported in the table, the others still run
-            peaks[name] = "OOM" if isinstance(e, torch.cuda.OutOfMemoryError) else f"error: {type(e).__name__}: {e}"[:200]
+            error = f"error: {type(e).__name__}: {e}"[:200]
+            peaks[name] = "OOM" if isinstance(e, torch.cuda.OutOfMemoryError) else error
             torch.cuda.empty_cache()
     times: Dict[str, List[float]] = {n: [] for n in fns if not isinstance(peaks[n], str)}
     for _ in range(rounds):

@@ -12,9 +12,9 @@ runs (reduction 'mean'). Inputs: ``hidden ~ N(0, 1)``, ``weight ~ N(0, 1/d) * lo
 logits are about ``N(0, logit_scale^2)`` (the scale sets the support sizes of sparsemax/entmax).
 
 * Time: every candidate once per round, in a fresh random order each round (interleaved), wall
-  clock on ``--threads`` threads (``--clock thread``: per-thread CPU time on one thread), median over rounds. Targets (issue 38): fused time over the
-  materialised softmax cross-entropy's <= 1.2 for softmax and ev-softmax, <= 1.5 for sparsemax and
-  1.5-entmax.
+  clock on ``--threads`` threads (``--clock thread``: per-thread CPU time on one thread), median over rounds.
+  Targets (issue 38): fused time over the materialised softmax cross-entropy's <= 1.2 for softmax and
+  ev-softmax, <= 1.5 for sparsemax and 1.5-entmax.
 * Peak memory: each candidate in a fresh subprocess (the method of ``bench_attention.py``): after a
   small warm-up and the inputs are made, ``/proc/self/clear_refs`` resets the peak resident size;
   the figure is the peak resident size during one forward + backward minus the resident size before
@@ -195,8 +195,9 @@ def main(argv=None) -> None:
     if "softmax" not in losses:
         losses.insert(0, "softmax")
     labels = labels_for(losses)
-    results = {"schema": SCHEMA, "tokens": args.tokens, "dim": args.dim, "vocab": args.vocab, "logit_scale": args.logit_scale,
-               "threads": args.threads, "rounds": args.rounds, "clock": args.clock, "losses": losses, "cpu": cpu_model(),
+    results = {"schema": SCHEMA, "tokens": args.tokens, "dim": args.dim, "vocab": args.vocab,
+               "logit_scale": args.logit_scale, "threads": args.threads, "rounds": args.rounds, "clock": args.clock,
+               "losses": losses, "cpu": cpu_model(),
                "torch": torch.__version__, "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
                "load_at_start": machine_load(), "support_sizes": support_sizes(losses, args)}
     print(f"support sizes: {results['support_sizes']}", flush=True)

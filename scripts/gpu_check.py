@@ -181,7 +181,8 @@ def environment(env: Dict[str, str], out: Path, limit: float) -> Dict[str, objec
     code = (
         "import json, platform, torch\n"
         "info = {'python': platform.python_version(), 'torch': torch.__version__, 'cuda': torch.version.cuda,\n"
-        "        'device': torch.cuda.get_device_name(), 'capability': '.'.join(map(str, torch.cuda.get_device_capability()))}\n"
+        "        'device': torch.cuda.get_device_name(),\n"
+        "        'capability': '.'.join(map(str, torch.cuda.get_device_capability()))}\n"
         "for name in ('triton', 'transformers', 'entmax', 'pytest', 'hypothesis'):\n"
         "    try:\n"
         "        info[name] = __import__(name).__version__\n"
@@ -231,7 +232,8 @@ def summary_markdown(info: Dict[str, object], stages: List[Stage], bench: Dict[s
     lines = [f"# gpu-check: {'PASSED' if ok else 'FAILED'}", ""]
     versions = ", ".join(f"{k} {info[k]}" for k in ("torch", "cuda", "triton", "transformers", "python")
                          if info.get(k))
-    lines += [f"{info.get('device', 'unknown device')} (compute capability {info.get('capability', '?')}); {versions}", ""]
+    device = f"{info.get('device', 'unknown device')} (compute capability {info.get('capability', '?')})"
+    lines += [f"{device}; {versions}", ""]
     lines += ["| stage | status | seconds | detail |", "| --- | --- | --- | --- |"]
     lines += [f"| {s.name} | {s.status} | {s.seconds:.0f} | {s.detail} |" for s in stages]
     failing = [(s.name, f) for s in stages for f in s.failures if s.status not in ("passed", "skipped")]
@@ -240,7 +242,8 @@ def summary_markdown(info: Dict[str, object], stages: List[Stage], bench: Dict[s
     targets = [t for report in bench.values() if report for t in report.get("targets", [])]
     if targets:
         lines += ["", "| target | measured | met |", "| --- | --- | --- |"]
-        lines += [f"| {t['target']} | {_measured(t['measured'])} | {'met' if t['met'] else 'MISSED'} |" for t in targets]
+        lines += [f"| {t['target']} | {_measured(t['measured'])} | {'met' if t['met'] else 'MISSED'} |"
+                  for t in targets]
     return "\n".join(lines) + "\n"
 
 
@@ -298,15 +301,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     commands = {
         # -v names each test as it finishes and --tb=line gives each failure's line: a suite stopped
         # at its limit still says which tests failed.
-        "cuda-suite": [sys.executable, "-m", "pytest", "-v", "--tb=line", "-rfE", "-p", "no:cacheprovider", "-m", "cuda",
-                       *workers, *timeout, "tests/cuda"],
+        "cuda-suite": [sys.executable, "-m", "pytest", "-v", "--tb=line", "-rfE", "-p", "no:cacheprovider",
+                       "-m", "cuda", *workers, *timeout, "tests/cuda"],
         "triton-tests": [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *timeout,
                          "tests/kernels/test_triton_rowwise.py", "tests/kernels/test_triton_attention.py",
                          "tests/kernels/test_triton_compile.py"],
     }
     for name, parts in BENCH_PARTS.items():
         commands[name] = [sys.executable, "-m", "benchmarks.bench_gpu", "--quick", "--rounds", "5",
-                          *(a for p in parts for a in ("--only", p)), "--json", str(out / f"{name.replace('-', '_')}.json")]
+                          *(a for p in parts for a in ("--only", p)),
+                          "--json", str(out / f"{name.replace('-', '_')}.json")]
     for name in plan:
         if name in args.skip:
             stages.append(Stage(name, "skipped", 0.0, "--skip"))

@@ -134,7 +134,7 @@ def _reproduce(args: argparse.Namespace) -> int:
         from .experiments import run
         from .experiments._shared.common import RunConfig, resolve_device
         from .experiments._shared.index import write_index
-        from .experiments._shared.paper_index import write_paper_index
+        from .experiments.catalogue import write_paper_index
     except ModuleNotFoundError as exc:
         raise CLIError(f"reproduce needs {exc.name}: pip install 'sparsenorm[experiments]'") from None
     if args.index is not None:

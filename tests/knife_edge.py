@@ -40,7 +40,8 @@ def softmax_on(scores: Tensor, support: Tensor) -> Tensor:
 
 
 def sparsemax_on(scores: Tensor, support: Tensor) -> Tensor:
-    """Sparsemax given its support S: ``p = [z - tau]_+`` with ``tau = (sum_S z - 1) / |S|`` (sparsemax paper, Eq. 4)."""
+    """Sparsemax given its support S: ``p = [z - tau]_+`` with ``tau = (sum_S z - 1) / |S|`` (sparsemax paper,
+    Eq. 4)."""
     z = scores.double()
     count = support.sum(-1, keepdim=True).clamp_min(1)
     tau = ((z * support).sum(-1, keepdim=True) - 1) / count
@@ -67,8 +68,8 @@ def assert_agree_by_contract(paths: Mapping[str, Tensor], scores: Tensor, thresh
     must get exactly zero); ``kept(output)`` reads a path's decisions from its output (default: the
     nonzero entries; a log-probability or a training form with a floor reads them otherwise). An
     entry whose oracle weight, were it kept, is at most ``underflow`` (the path's exp may flush it to
-    zero) cannot show its decision and is not read. Returns the ambiguous-entry mask, so that a test meant to exercise the
-    band can assert it is not empty.
+    zero) cannot show its decision and is not read. Returns the ambiguous-entry mask, so that a test meant to
+    exercise the band can assert it is not empty.
     """
     clear_in, clear_out, ambiguous = band(scores, threshold, bound)
     if valid is not None:
@@ -87,7 +88,8 @@ def assert_agree_by_contract(paths: Mapping[str, Tensor], scores: Tensor, thresh
         finite = torch.isfinite(expected)
         assert torch.equal(finite, torch.isfinite(probs)), f"{name}: -inf/NaN pattern differs from the oracle's"
         torch.testing.assert_close(probs.double()[finite], expected[finite], rtol=rtol, atol=atol,
-                                   msg=lambda m, name=name: f"{name} against the float64 oracle on its own support: {m}")
+                                   msg=lambda m, name=name: f"{name} against the float64 oracle on its own "
+                                                            f"support: {m}")
     return ambiguous
 
 

@@ -1,8 +1,8 @@
 """The perturbation mode: ``SPARSENORM_TEST_NUDGE=<salt>`` moves the rounded quantities that decide
-the PyTorch reference path's supports (attention scores, ev-softmax's row mean) by +-1 or +-2 ulp, so that every comparison between the reference and
-another path (C++ or Triton kernel, blockwise against dense, compiled against eager) is exercised
-as on a machine where the two round differently (issue 34). A test that passes only because both
-paths happened to round alike fails in this mode.
+the PyTorch reference path's supports (attention scores, ev-softmax's row mean) by +-1 or +-2 ulp, so
+that every comparison between the reference and another path (C++ or Triton kernel, blockwise against dense,
+compiled against eager) is exercised as on a machine where the two round differently (issue 34). A test that
+passes only because both paths happened to round alike fails in this mode.
 
 The nudge is a deterministic function of each value's bits and the salt: the same score gives the
 same nudged score in the forward and in the backward (which recomputes it), so a path stays

@@ -5,7 +5,8 @@ the current rule from the per-seed records in its ``results.json(.gz)``, without
 its claims section (see :func:`rejudge`); ``python -m sparsenorm.experiments.committed reuse FOLDER OUT
 KEY...`` puts the records of jobs ``KEY`` into the job cache of ``OUT`` (see :func:`reuse_records`). Both
 load the experiment (:func:`sparsenorm.experiments.load`), so they live here rather than in ``_shared``
-(whose :mod:`~._shared.paper_index` writes the index of every claim).
+(whose :mod:`~._shared.paper_index` writes the index of every claim, from the catalogue that
+:mod:`.catalogue` gathers).
 """
 from __future__ import annotations
 

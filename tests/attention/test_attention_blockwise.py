@@ -114,7 +114,8 @@ def test_empty_rows_give_zero_and_zero_gradient():
     out, _, _ = ev_softmax_attention_blockwise(q, k, v, keep, block_q=2, block_k=2)
     assert torch.equal(out[:, 1], torch.zeros_like(out[:, 1]))
     out.sum().backward()
-    assert torch.equal(q.grad[:, 1], torch.zeros_like(q.grad[:, 1])) and torch.equal(v.grad[:, 1], torch.zeros_like(v.grad[:, 1]))
+    assert torch.equal(q.grad[:, 1], torch.zeros_like(q.grad[:, 1])) and torch.equal(v.grad[:, 1],
+                                                                                     torch.zeros_like(v.grad[:, 1]))
 
 
 def test_automatic_choice(monkeypatch):

@@ -15,7 +15,8 @@ NORMALIZERS = registry.names()
 
 def qkv(B=2, H=2, L=5, S=7, E=4, Ev=3, dtype=torch.float64, seed=0):
     g = torch.Generator().manual_seed(seed)
-    return tuple(torch.randn(B, H, n, e, generator=g, dtype=dtype).requires_grad_() for n, e in ((L, E), (S, E), (S, Ev)))
+    return tuple(torch.randn(B, H, n, e, generator=g, dtype=dtype).requires_grad_()
+                 for n, e in ((L, E), (S, E), (S, Ev)))
 
 
 # ---------------------------------------------------------------------------------------------- ops

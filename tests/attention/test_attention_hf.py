@@ -85,7 +85,8 @@ def test_bert_ev_softmax_weights_are_ev_softmax_of_the_eager_scores(monkeypatch)
         return inner(module, query, key, value, attention_mask, **kwargs)
 
     monkeypatch.setitem(AttentionInterface._global_mapping, "spy", spy)
-    monkeypatch.setitem(AttentionMaskInterface._global_mapping, "spy", AttentionMaskInterface._global_mapping["sparsenorm_ev_softmax"])
+    monkeypatch.setitem(AttentionMaskInterface._global_mapping, "spy",
+                        AttentionMaskInterface._global_mapping["sparsenorm_ev_softmax"])
     out = run(model, "spy", input_ids=ids, attention_mask=mask)
     assert len(seen) == 2
     for (q, k, m, scaling), w in zip(seen, out.attentions):
@@ -104,11 +105,13 @@ def test_posthoc_evidential_is_softmax_in_train_and_ev_softmax_in_eval():
     model = bert(attention_probs_dropout_prob=0.0, hidden_dropout_prob=0.0)
     ids, mask = padded_batch()
     model.train()
-    torch.testing.assert_close(run(model, "sparsenorm_posthoc_evidential", input_ids=ids, attention_mask=mask).attentions,
-                               run(model, "sparsenorm_softmax", input_ids=ids, attention_mask=mask).attentions)
+    torch.testing.assert_close(
+        run(model, "sparsenorm_posthoc_evidential", input_ids=ids, attention_mask=mask).attentions,
+        run(model, "sparsenorm_softmax", input_ids=ids, attention_mask=mask).attentions)
     model.eval()
-    torch.testing.assert_close(run(model, "sparsenorm_posthoc_evidential", input_ids=ids, attention_mask=mask).attentions,
-                               run(model, "sparsenorm_ev_softmax", input_ids=ids, attention_mask=mask).attentions)
+    torch.testing.assert_close(
+        run(model, "sparsenorm_posthoc_evidential", input_ids=ids, attention_mask=mask).attentions,
+        run(model, "sparsenorm_ev_softmax", input_ids=ids, attention_mask=mask).attentions)
 
 
 def test_training_step_and_dropout_only_in_training():
@@ -215,7 +218,8 @@ def test_register_with_parameters_and_bad_input():
     model = bert()
     ids, mask = padded_batch()
     ours = run(model, name, input_ids=ids, attention_mask=mask)
-    ref = run(model, hf.register(lambda x, dim: sparsenorm.entmax_bisect(x, alpha=1.3, dim=dim), name="test_entmax13_fn"),
+    ref = run(model,
+              hf.register(lambda x, dim: sparsenorm.entmax_bisect(x, alpha=1.3, dim=dim), name="test_entmax13_fn"),
               input_ids=ids, attention_mask=mask)
     torch.testing.assert_close(ours.attentions, ref.attentions)
     assert hf.register("sparsemax") == "sparsenorm_sparsemax"

@@ -99,7 +99,8 @@ def test_full_settings_sweep_and_jobs():
     settings = EXPERIMENT.settings(config)
     assert settings.seeds == 10 and settings.sweep_seeds == 3 and settings.epochs == 20
     labels = [s.label for s in settings.training_settings()]
-    assert labels == ["sgd-lr0.001-kl0.00015625", "sgd-lr0.001-kl0.015625", "sgd-lr0.001-kl1", "adam-lr0.001-kl0.00015625"]
+    assert labels == ["sgd-lr0.001-kl0.00015625", "sgd-lr0.001-kl0.015625", "sgd-lr0.001-kl1",
+                      "adam-lr0.001-kl0.00015625"]
     jobs = EXPERIMENT.jobs(settings, config)
     # 10 lead seeds + 3 x 3 sweep seeds, each for two training groups (softmax+post-hoc share one).
     assert len(jobs) == 2 * (10 + 3 * 3)
@@ -274,7 +275,8 @@ def test_seed_by_seed_comparison_counts_wins_and_tests_only_enough_pairs():
     assert few == {"wins": 1, "n": 3, "p": None}
     assert claims.fmt_paired(few) == "1 of 3" and claims.fmt_paired(higher).startswith("7 of 8 (p 0.0")
     table["softmax"] = row(seeds, better)
-    assert claims.paired_comparison(table, "ev_softmax", "softmax", "parity_mass", "final") == {"wins": 0, "n": 8, "p": 1.0}
+    assert (claims.paired_comparison(table, "ev_softmax", "softmax", "parity_mass", "final")
+            == {"wins": 0, "n": 8, "p": 1.0})
 
 
 def test_lead_claims_list_the_sweep_settings_where_they_hold():

@@ -63,7 +63,8 @@ def _cvae_step(name, seed):
     queries = len(cvae_model.QUERIES)
     y = torch.nn.functional.one_hot(torch.arange(16) % queries, queries).float()
     return one_adam_step(cvae_model.CVAE, lambda m: cvae_model.negative_elbo(
-        m, norm, x, y, kl_weight=1.0, temperature=0.67, smoothing=1e-6, generator=torch.Generator().manual_seed(seed))[0],
+        m, norm, x, y, kl_weight=1.0, temperature=0.67, smoothing=1e-6,
+        generator=torch.Generator().manual_seed(seed))[0],
         seed)
 
 
@@ -139,7 +140,8 @@ def test_translation_step(name, deterministic_mode):
                 "attention": {s: [name, {}] for s in SITES}, "output": "softmax", "seed": seed, "steps": 1,
                 "max_tokens": 120, "lr": 3e-3, "warmup": 2, "label_smoothing": 0.1, "clip": 1.0,
                 "checkpoint": None, "checkpoint_every": 2, "resume": False}
-        return {k: v.detach().clone() for k, v in train(spec, examples, torch.device("cpu"))["model"].state_dict().items()}
+        model = train(spec, examples, torch.device("cpu"))["model"]
+        return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
     run_twice(step)
 

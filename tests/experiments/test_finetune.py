@@ -196,7 +196,8 @@ def test_tiny_run_writes_results_report_and_figures(tmp_path, tiny_model, tiny_t
     swapped = results["summary"]["swapped"]
     assert set(swapped) == {"sparsemax", "sparsehourglass", "entmax15", "r_softmax (r=0.1)", "r_softmax (r=0.5)",
                             "posthoc_evidential"}
-    assert swapped["posthoc_evidential"] == {k: v for k, v in rows["posthoc_evidential"].items() if k in swapped["posthoc_evidential"]}
+    assert swapped["posthoc_evidential"] == {k: v for k, v in rows["posthoc_evidential"].items()
+                                             if k in swapped["posthoc_evidential"]}
     assert [c["r_final"] for c in results["summary"]["r_curve"]] == [0.1, 0.5]
     by_key = {r["key"]: r for r in results["records"]}
     assert by_key["r_softmax-lr0.0001-r0.5-seed0"]["train"]["r_at_end"] == 0.5

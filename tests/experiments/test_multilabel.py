@@ -148,7 +148,7 @@ def test_detached_threshold_r_softmax_matches_r_softmax_forward_but_not_its_grad
     assert not torch.allclose(grad_detached, grad_through)  # the quantile's own gradient is gone
     # and what remains is the gradient with the threshold held fixed (a constant tau)
     tau = x.detach().sort(-1).values[:, 4:5]  # r = 0.5 on 9 entries: the median exactly
-    fixed = lambda z: (z - tau).clamp_min(0) * z.exp() / ((z - tau).clamp_min(0) * z.exp()).sum(-1, keepdim=True)  # noqa: E731
+    fixed = lambda z: (z - tau).clamp_min(0) * z.exp() / ((z - tau).clamp_min(0) * z.exp()).sum(-1, keepdim=True)
     (expected,) = torch.autograd.grad((fixed(x)[2] * g[2]).sum(), x)
     torch.testing.assert_close(grad_detached[2], expected[2])
 
@@ -176,7 +176,8 @@ R_OPTIONS = [ml.RSoftmaxOptions(count_decode=d, rate_grad=g) for d in paper.COUN
 
 
 @pytest.mark.parametrize("method,options", [(m, ml.RSoftmaxOptions()) for m in
-                                            ml.methods_for(None, paper.COUNT_HEADS) + ml.methods_for(["entmax15", "posthoc_evidential"])]
+                                            ml.methods_for(None, paper.COUNT_HEADS)
+                                            + ml.methods_for(["entmax15", "posthoc_evidential"])]
                          + [(ml.methods_for(["r_softmax"])[0], o) for o in R_OPTIONS],
                          ids=lambda v: v.key if isinstance(v, ml.Method) else f"{v.count_decode}-{v.rate_grad}")
 def test_training_steps_reduce_each_methods_loss(method, options):
@@ -210,7 +211,8 @@ def test_hourglass_q_reaches_the_loss():
     torch.manual_seed(0)
     model = ml.MultilabelNet(x.shape[1], y.shape[1], hidden=16)
     method = ml.methods_for(["sparsehourglass"])[0]
-    assert ml.training_loss(method, model, x, y, hourglass_q=1.0) != ml.training_loss(method, model, x, y, hourglass_q=10.0)
+    assert ml.training_loss(method, model, x, y, hourglass_q=1.0) != ml.training_loss(method, model, x, y,
+                                                                                      hourglass_q=10.0)
 
 
 def test_topk_sets_and_train_method_picks_the_best_selection_epoch():
@@ -296,8 +298,9 @@ def test_verdicts_follow_the_paired_tests_under_each_f1():
     real = {paper.BEST_SOFTMAX: 0.6, "sparsemax+huber": 0.5, "sparsemax+hinge": 0.52, "sparsehourglass": 0.51,
             "r_softmax": 0.59, "sigmoid": 0.55, "ev_softmax": 0.57}
     judged = claims.claims(_summary(real, [real] * 10))
-    # ten seeds and ten settings: enough for Holm over a claim's 18 parts (10 x 2^-9 < 0.05); beats the sparse rivals; on par with the best softmax; sparsemax not competitive; no sweep subsets in this
-    # summary for Fig. 2a/2b, the few-class subset or the early curve; the two new diagnostics
+    # ten seeds and ten settings: enough for Holm over a claim's 18 parts (10 x 2^-9 < 0.05); beats the sparse
+    # rivals; on par with the best softmax; sparsemax not competitive; no sweep subsets in this summary for
+    # Fig. 2a/2b, the few-class subset or the early curve; the two new diagnostics
     assert [c.verdict for c in judged] == [runner.REPRODUCED, runner.REPRODUCED, runner.NOT_REPRODUCED,
                                            runner.NOT_TESTABLE, runner.NOT_TESTABLE, runner.NOT_TESTABLE,
                                            runner.NOT_TESTABLE, runner.NOT_TESTABLE, runner.NOT_TESTABLE,
@@ -305,14 +308,16 @@ def test_verdicts_follow_the_paired_tests_under_each_f1():
     assert "10 seeds; 10 settings × 6 seeds" == judged[0].units
     summary = _summary(real, [real] * 10)
     summary["paired_subsets"] = {"many_classes_label_sweep": summary["paired"]["synthetic"],
-                                 "length_sweep": summary["paired"]["synthetic"], "real_curve_area": summary["paired"]["real"]}
+                                 "length_sweep": summary["paired"]["synthetic"],
+                                 "real_curve_area": summary["paired"]["real"]}
     # r-softmax (0.59) loses to the best softmax (0.6) by 0.01: not "the best", but within the 0.02 margin; no
     # fixed-threshold softmax in this summary; its learning curve lies above the sparse rivals' in every seed
     assert [c.verdict for c in claims.claims(summary)][3:7] == [runner.NOT_REPRODUCED, runner.REPRODUCED,
                                                                 runner.NOT_TESTABLE, runner.REPRODUCED]
     # Fig. 2 with few classes: r-softmax within ±0.02 of every rival? 0.59 vs the best softmax's 0.6 is, the sparse
     # rivals (0.5-0.52) are not: outside the margin, so not reproduced; Fig. 3's early curve: softmax above r-softmax
-    summary["paired_subsets"].update(few_classes=summary["paired"]["synthetic"], real_curve_early=summary["paired"]["real"])
+    summary["paired_subsets"].update(few_classes=summary["paired"]["synthetic"],
+                                     real_curve_early=summary["paired"]["real"])
     judged = {c.key: c for c in claims.claims(summary)}
     assert judged["r.multilabel.similar_few_classes"].verdict == runner.NOT_REPRODUCED
     assert judged["r.multilabel.softmax_converges_faster"].verdict == runner.REPRODUCED
@@ -334,7 +339,8 @@ def test_verdicts_follow_the_paired_tests_under_each_f1():
     judged = {c.key: c for c in claims.claims(summary)}
     assert judged["r.multilabel.fixed_threshold_fails"].verdict == runner.NOT_REPRODUCED
     worse = dict(real, r_softmax=0.45)
-    # yeast yes; synthetic: r-softmax loses in all 10 settings, significantly against, so not reproduced (never "partly")
+    # yeast yes; synthetic: r-softmax loses in all 10 settings, significantly against, so not reproduced
+    # (never "partly")
     assert claims.claims(_summary(real, [worse] * 10))[0].verdict == runner.NOT_REPRODUCED
     # yeast (the primary, Table 1's kind of data) yes; synthetic: 3 settings, which no test can decide: partly
     assert claims.claims(_summary(real, [worse, worse, real]))[0].verdict == runner.PARTLY
@@ -363,8 +369,8 @@ def test_smoke_run_writes_results_report_figures_and_resumes(tmp_path, monkeypat
     monkeypatch.setattr(experiment, "average_label_sweep", lambda n_classes, quick: [n_classes // 2])
     monkeypatch.setattr(experiment, "document_length_sweep", lambda quick: [2000])
     monkeypatch.setattr(experiment, "make_synthetic", functools.partial(experiment.make_synthetic, n_samples=200))
-    argv = ["reproduce", "multilabel", "--quick", "--seeds", "1", "--epochs", "2", "--max-steps", "3", "--device", "cpu",
-            "--data-dir", str(_user_file(tmp_path)), "--workers", "1", "--class-counts", "10,30",
+    argv = ["reproduce", "multilabel", "--quick", "--seeds", "1", "--epochs", "2", "--max-steps", "3",
+            "--device", "cpu", "--data-dir", str(_user_file(tmp_path)), "--workers", "1", "--class-counts", "10,30",
             "--hourglass-q", "10", "--out", str(tmp_path / "out")]
     assert cli.main(argv) == 0
     out = tmp_path / "out" / "multilabel"
@@ -378,7 +384,8 @@ def test_smoke_run_writes_results_report_figures_and_resumes(tmp_path, monkeypat
     assert [r["data"]["n_classes"] for r in synthetic] == [10, 30]
     assert synthetic[0]["data"]["n_train"] == 160
     expected = [ml.softmax_variant(m) for m in paper.THRESHOLD_MULTIPLES] + [
-        ml.fixed_softmax_variant(p0) for p0 in paper.FIXED_THRESHOLDS] + [paper.BEST_SOFTMAX, "sparsemax+huber", "sparsemax+hinge", "sparsehourglass", "r_softmax (linear count)",
+        ml.fixed_softmax_variant(p0) for p0 in paper.FIXED_THRESHOLDS] + [
+        paper.BEST_SOFTMAX, "sparsemax+huber", "sparsemax+hinge", "sparsehourglass", "r_softmax (linear count)",
         "r_softmax (mlp count)", "ev_softmax", "sigmoid", "r_softmax"]
     assert results["summary"]["variants"] == expected
     for record in records:
@@ -388,9 +395,9 @@ def test_smoke_run_writes_results_report_figures_and_resumes(tmp_path, monkeypat
             assert 0.0 <= entry["example_f1"] <= 1.0 and entry["best_epoch"] in (1, 2)  # max_steps=3 stops early
     assert records[-1]["data"]["name"] == "mine"
     assert "count_accuracy" in results["summary"]["real"]["r_softmax"]
-    assert [c["claim"][:9] for c in results["claims"]] == ["r-softmax", "r-softmax", "sparsemax", "r-softmax", "r-softmax",
-                                                          "softmax w", "r-softmax", "with few ", "some soft",
-                                                          "r-softmax", "where ev-"]
+    assert [c["claim"][:9] for c in results["claims"]] == ["r-softmax", "r-softmax", "sparsemax", "r-softmax",
+                                                          "r-softmax", "softmax w", "r-softmax", "with few ",
+                                                          "some soft", "r-softmax", "where ev-"]
     for c in results["claims"][:3]:
         assert all(name in c["evidence"] for name in ("example F1", "micro F1", "macro F1"))
     assert set(results["figures"]) == {"labels", "length", "curves"}

@@ -80,7 +80,8 @@ def write_mlr_fixture(folder: Path, x: np.ndarray, y: np.ndarray, object_name: s
     """``Rdata.rdb``/``Rdata.rdx`` holding ``object_name`` (a task referring to env::1) and env::1."""
     columns = {f"label{j + 1}": y[:, j].astype(bool) for j in range(y.shape[1])}
     columns.update({f"x{j + 1}": x[:, j] for j in range(x.shape[1])})
-    env = _named_list([("bindings", _named_list([("data", _data_frame(columns))])), ("locked", _int(LGLSXP) + _int(1) + _int(0))])
+    env = _named_list([("bindings", _named_list([("data", _data_frame(columns))])),
+                       ("locked", _int(LGLSXP) + _int(1) + _int(0))])
     persist = _int(PERSISTSXP) + _int(0) + _int(1) + _charsxp("env::1")
     task = _named_list([("type", _strsxp(["multilabel"])), ("env", persist)])
     env_entry, task_entry = _entry(_serialize(env)), _entry(_serialize(task))
@@ -252,7 +253,8 @@ def test_mlr_parser_on_a_fixture(tmp_path):
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=(6, 3)), (rng.random((6, 4)) < 0.5)
     write_mlr_fixture(tmp_path, x, y)
-    got_x, got_y, features, labels = r_lazyload.read_mlr_multilabel_task(tmp_path / "Rdata.rdb", tmp_path / "Rdata.rdx", "yeast.task")
+    got_x, got_y, features, labels = r_lazyload.read_mlr_multilabel_task(tmp_path / "Rdata.rdb", tmp_path / "Rdata.rdx",
+                                                                         "yeast.task")
     np.testing.assert_array_equal(got_x, x)
     np.testing.assert_array_equal(got_y, y.astype(np.int8))
     assert features == ["x1", "x2", "x3"] and labels == ["label1", "label2", "label3", "label4"]

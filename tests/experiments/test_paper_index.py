@@ -7,23 +7,24 @@ from pathlib import Path
 
 from sparsenorm import cli
 from sparsenorm.experiments import EXPERIMENTS
-from sparsenorm.experiments import committed
-from sparsenorm.experiments._shared import paper_claims, paper_index, verdict
+from sparsenorm.experiments import catalogue, committed
+from sparsenorm.experiments._shared import paper_index, verdict
 
 ROOT = Path(__file__).resolve().parents[2]
 KEY = re.compile(r'"((?:ev|r|sm)\.[a-z0-9_]+\.[a-z0-9_]+)"')
 
 
 def _keys_emitted(package: str) -> set:
+    """The claim keys an experiment's code emits (its ``paper.py`` holds its rows of the catalogue, so is not read)."""
     folder = ROOT / package.replace(".", "/")
-    return {k for path in folder.glob("*.py") for k in KEY.findall(path.read_text())}
+    return {k for path in folder.glob("*.py") if path.name != "paper.py" for k in KEY.findall(path.read_text())}
 
 
 def test_every_experiment_claim_is_catalogued_and_every_catalogued_run_claim_is_emitted():
     emitted = set().union(*(_keys_emitted(p) for p in EXPERIMENTS.values()))
-    run_claims = {c.key for c in paper_claims.CLAIMS if c.experiment}
+    run_claims = {c.key for c in catalogue.CLAIMS if c.experiment}
     assert emitted == run_claims
-    for c in paper_claims.CLAIMS:  # each claim is run by an experiment, checked by tests, or says why not
+    for c in catalogue.CLAIMS:  # each claim is run by an experiment, checked by tests, or says why not
         assert sum(map(bool, (c.experiment, c.tests, c.measured, c.not_run))) == 1, c.key
         assert c.experiment is None or c.experiment in EXPERIMENTS
 
@@ -39,8 +40,13 @@ def _results(folder: Path, mode: str, claims, gz: bool = False):
         (folder / "results.json").write_text(text)
 
 
+def _row(root: Path, key: str) -> str:
+    """The index row of claim ``key`` in ``root/README.md``."""
+    return next(line for line in (root / "README.md").read_text().splitlines() if line.startswith(f"| {key} "))
+
+
 def test_index_prefers_the_most_decisive_run_and_lists_unrun_claims(tmp_path):
-    claim = lambda v, seeds: {"claim": "c", "verdict": v, "evidence": "e", "source": "", "key": "ev.cvae.five_modes",  # noqa: E731
+    claim = lambda v, seeds: {"claim": "c", "verdict": v, "evidence": "e", "source": "", "key": "ev.cvae.five_modes",
                               "seeds": seeds}
     _results(tmp_path / "quick" / "cvae", "quick", [claim(verdict.REPRODUCED, 3)])
     _results(tmp_path / "full" / "cvae", "full", [claim(verdict.NOT_REPRODUCED, 10),
@@ -52,7 +58,7 @@ def test_index_prefers_the_most_decisive_run_and_lists_unrun_claims(tmp_path):
     assert text.rstrip().endswith("## Verdicts that changed\n\n| a | b |")  # the closing note, last
     row = next(line for line in text.splitlines() if line.startswith("| ev.cvae.five_modes "))
     assert "**not reproduced**" in row and "| full |" in row and "full/cvae/report.md" in row
-    assert f"**{len(paper_claims.CLAIMS)} claims**" in text and "How claims are judged" in text
+    assert f"**{len(catalogue.CLAIMS)} claims**" in text and "How claims are judged" in text
     unrun = next(line for line in text.splitlines() if line.startswith("| ev.ssvae.paper_scale "))
     assert "**not run**" in unrun and "85 CPU-hours" in unrun
     tested = next(line for line in text.splitlines() if line.startswith("| r.zero_is_softmax "))
@@ -65,27 +71,27 @@ def test_index_prefers_the_most_decisive_run_and_lists_unrun_claims(tmp_path):
     # A decisive run resting on more paired units than the full run is the stronger evidence; on equal units
     # the full run is kept, and a quick run never outranks either, whatever its count.
     _results(tmp_path / "decisive" / "cvae", "decisive", [claim(verdict.REPRODUCED, 10)])
-    paper_index.write_paper_index(tmp_path)
-    row = next(line for line in (tmp_path / "README.md").read_text().splitlines() if line.startswith("| ev.cvae.five_modes "))
+    catalogue.write_paper_index(tmp_path)
+    row = _row(tmp_path, "ev.cvae.five_modes")
     assert "| full |" in row
     shutil.rmtree(tmp_path / "decisive")
     _results(tmp_path / "decisive" / "cvae", "decisive", [claim(verdict.REPRODUCED, 12)])
     shutil.rmtree(tmp_path / "quick")
     _results(tmp_path / "quick" / "cvae", "quick", [claim(verdict.NOT_REPRODUCED, 100)])
-    paper_index.write_paper_index(tmp_path)
-    row = next(line for line in (tmp_path / "README.md").read_text().splitlines() if line.startswith("| ev.cvae.five_modes "))
+    catalogue.write_paper_index(tmp_path)
+    row = _row(tmp_path, "ev.cvae.five_modes")
     assert "**reproduced**" in row and "| decisive |" in row and "decisive/cvae/report.md" in row
     # equal units and mode: the judgement with more parts (more of the claim tested) is kept
     shutil.rmtree(tmp_path / "decisive")
     _results(tmp_path / "decisive" / "a", "decisive", [dict(claim(verdict.REPRODUCED, 12), evidence="primary: a")])
     _results(tmp_path / "decisive" / "b", "decisive", [dict(claim(verdict.INCONCLUSIVE, 12),
                                                             evidence="primary: a; secondary: b")])
-    paper_index.write_paper_index(tmp_path)
-    row = next(line for line in (tmp_path / "README.md").read_text().splitlines() if line.startswith("| ev.cvae.five_modes "))
+    catalogue.write_paper_index(tmp_path)
+    row = _row(tmp_path, "ev.cvae.five_modes")
     assert "**inconclusive**" in row and "decisive/b/report.md" in row
     quick_only = tmp_path / "q"
     _results(quick_only / "quick" / "cvae", "quick", [claim(verdict.REPRODUCED, 3)])
-    paper_index.write_paper_index(quick_only)
+    catalogue.write_paper_index(quick_only)
     assert "**reproduced (indicative)**" in (quick_only / "README.md").read_text()
 
 

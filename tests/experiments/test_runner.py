@@ -261,3 +261,36 @@ def test_a_stack_must_return_one_record_per_job(tmp_path):
     exp.run_stack = lambda jobs, context, settings, device: [{"seed": 0, "value": 1.0}]
     with pytest.raises(ValueError, match="1 records for 2 jobs"):
         runner.run_experiment(exp, config_for(tmp_path))
+
+
+def test_a_cached_model_round_trips_and_a_bad_cache_is_retrained(tmp_path, capsys):
+    """``common.cache_model`` / ``load_cached_model`` (the digit and image classifiers' cache): the weights and the
+    info come back bit for bit; an unreadable file or an unwritable folder is a warning, not an error."""
+    from sparsenorm.experiments._shared.common import cache_model, load_cached_model
+
+    def linear():  # uninitialised (no global RNG), then seeded by its own generator
+        layer = torch.nn.utils.skip_init(torch.nn.Linear, 3, 2)
+        gen = torch.Generator().manual_seed(len(made))
+        made.append(layer)
+        with torch.no_grad():
+            for p in layer.parameters():
+                p.copy_(torch.randn(p.shape, generator=gen))
+        return layer
+
+    made = []
+    model = linear()
+    path = tmp_path / "cache" / "m.pt"
+    assert load_cached_model(path, linear(), ("acc",), "toy") is None  # nothing cached yet
+    assert cache_model(path, model, {"acc": 0.5, "epochs": 2}, "toy") == str(path)
+    assert not path.with_name("m.pt.part").exists()
+    fresh = linear()
+    assert not torch.equal(fresh.weight, model.weight)
+    assert load_cached_model(path, fresh, ("acc",), "toy") == {"acc": 0.5}
+    assert all(torch.equal(a, b) for a, b in zip(fresh.state_dict().values(), model.state_dict().values()))
+    path.write_bytes(b"not a checkpoint")
+    assert load_cached_model(path, fresh, ("acc",), "toy") is None
+    assert "retraining the toy" in capsys.readouterr().err
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    assert cache_model(blocked / "m.pt", model, {}, "toy") is None  # its folder is a file
+    assert "could not cache the toy" in capsys.readouterr().err

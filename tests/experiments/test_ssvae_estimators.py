@@ -133,7 +133,8 @@ def test_tiny_run_with_estimators(tiny_mnist, tmp_path, monkeypatch):
     # verdict, with the rule's own (inconclusive at one seed) opening the evidence
     evidence = {c["key"]: c["evidence"] for c in results["claims"]}
     for key in ("ev.ssvae.beats_monte_carlo", "ev.ssvae.sum_and_sample"):
-        assert regime.is_out_of_regime(claims[key]) and "would read *inconclusive*" in evidence[key], (key, evidence[key])
+        assert regime.is_out_of_regime(claims[key]) and "would read *inconclusive*" in evidence[key], \
+            (key, evidence[key])
     assert "| sfe |" in (tmp_path / "ssvae" / "report.md").read_text()
     with pytest.raises(SystemExit):
         cli.main(["reproduce", "ssvae", "--estimators", "reinforce++", "--out", str(tmp_path)])

@@ -1,4 +1,5 @@
-"""The translation experiment (ev-softmax paper Sec. 4.4): data, model, decoding, DDP training, a tiny end-to-end run."""
+"""The translation experiment (ev-softmax paper Sec. 4.4): data, model, decoding, DDP training, a tiny end-to-end
+run."""
 import json
 import math
 import random
@@ -223,7 +224,8 @@ def test_attended_counts_valid_keys_only():
     # softmax attends every valid key: the encoder's mean is the mean source length over source queries
     expected_enc = sum(n * n for n in src_lengths) / sum(src_lengths)
     assert stats["encoder"]["mean"] == pytest.approx(expected_enc)
-    assert stats["cross"]["mean"] == pytest.approx(sum(m * n for m, n in zip(src_lengths, tgt_lengths)) / sum(tgt_lengths))
+    assert stats["cross"]["mean"] == pytest.approx(sum(m * n for m, n in zip(src_lengths, tgt_lengths))
+                                                   / sum(tgt_lengths))
     assert stats["decoder"]["mean"] == pytest.approx(sum(n * (n + 1) / 2 for n in tgt_lengths) / sum(tgt_lengths))
     assert stats["encoder"]["mean"] == stats["encoder"]["valid"] and len(stats["cross"]["layers"]) == 2
     sparse = attended(tiny_model("sparsemax"), examples, 3, torch.device("cpu"))
@@ -255,7 +257,8 @@ def test_rouge_l_keeps_umlauts():
 
 
 def spec(normalizer="ev_softmax", steps=4, checkpoint=None, resume=False, dropout=0.0, output="softmax"):
-    return {"model": dict(vocab=30, d_model=16, heads=2, ffn=32, enc_layers=1, dec_layers=1, dropout=dropout, max_len=64),
+    return {"model": dict(vocab=30, d_model=16, heads=2, ffn=32, enc_layers=1, dec_layers=1, dropout=dropout,
+                          max_len=64),
             "attention": {s: [normalizer, {}] for s in SITES}, "output": output, "seed": 0, "steps": steps,
             "max_tokens": 120, "lr": 3e-3, "warmup": 2, "label_smoothing": 0.1, "clip": 1.0,
             "checkpoint": checkpoint, "checkpoint_every": 2, "resume": resume}
@@ -288,7 +291,8 @@ def test_target_positions_are_the_non_padding_targets():
 def test_label_smoothed_losses_for_output_normalizers():
     z, y = torch.randn(5, 7), torch.randint(0, 7, (5,))
     loss, smoothed = output_loss("softmax", 0.1)
-    assert smoothed and loss(z, y) == pytest.approx(float(torch.nn.functional.cross_entropy(z, y, reduction="sum", label_smoothing=0.1)), rel=1e-5)
+    expected = float(torch.nn.functional.cross_entropy(z, y, reduction="sum", label_smoothing=0.1))
+    assert smoothed and loss(z, y) == pytest.approx(expected, rel=1e-5)
     for name in ("ev_softmax", "sparsemax", "entmax15"):
         loss, smoothed = output_loss(name, 0.1)
         assert smoothed and torch.isfinite(loss(z, y))
@@ -326,7 +330,8 @@ def test_ddp_two_processes_match_one_process(tmp_path):
     state = launch(s, tmp_path / "data.pt", 2, tmp_path / "spec.json")
     ranks = [torch.load(f"{tmp_path / 'params'}.rank{r}") for r in (0, 1)]
     assert torch.equal(ranks[0]["params"], ranks[1]["params"])
-    single = train({k: v for k, v in s.items() if k != "dump_params"} | {"checkpoint": None}, examples, torch.device("cpu"))
+    single = train({k: v for k, v in s.items() if k != "dump_params"} | {"checkpoint": None}, examples,
+                   torch.device("cpu"))
     assert [h[0] for h in state["history"]] == [h[0] for h in single["history"]] == [1, 2, 3, 4]
     for (_, a), (_, b) in zip(state["history"], single["history"]):
         assert a == pytest.approx(b, rel=1e-5)
@@ -357,7 +362,8 @@ def test_tiny_end_to_end_run(tmp_path):
         assert 0 <= row["bleu"]["mean"] <= 100 and 0 <= row["chrf"]["mean"] <= 100
         assert set(row["attended"]) == set(SITES) and row["world_size"] == 1
         assert 1 <= row["attended"]["cross"]["mean"]["mean"] <= row["attended"]["cross"]["valid"]
-    assert rows["softmax"]["attended"]["encoder"]["mean"]["mean"] == pytest.approx(rows["softmax"]["attended"]["encoder"]["valid"])
+    encoder = rows["softmax"]["attended"]["encoder"]
+    assert encoder["mean"]["mean"] == pytest.approx(encoder["valid"])
     assert results["summary"]["world_size"] == 1
     # post-hoc evaluation is ev-softmax on the softmax model: it attends to fewer keys than softmax
     posthoc, soft = rows["posthoc_evidential"]["attended"], rows["softmax"]["attended"]

@@ -82,5 +82,6 @@ def test_sparse_attention_on_fuzzed_input(name, inputs):
         g = torch.randn(out.shape, generator=torch.Generator().manual_seed(0)).to(out.dtype)
         grads = torch.autograd.grad(out, (q, k, v), g, allow_unused=True)
         for label, grad in zip("qkv", grads):
-            if grad is not None and grad.numel() and q.dtype != torch.float16:  # float16: dL/dq ~ |k| |v| / w may overflow
+            # float16: dL/dq ~ |k| |v| / w may overflow
+            if grad is not None and grad.numel() and q.dtype != torch.float16:
                 assert not torch.isnan(grad).any(), f"NaN in dL/d{label}"

@@ -20,8 +20,8 @@ Jacobian, has entries up to the oracle's ``grad_scale`` (``1 + 1 / w_eff`` for r
 whose ``e = p / w`` is huge where the quantile sits within rounding of an entry; 1 for the
 others), so the kernel and reference gradients may differ by ``4 (C + 1) grad_scale`` times
 that error, plus each one's rounding to the output dtype. A row whose float64 loss exceeds the
-dtype's range (float16 hinges over logits near 1e4) is only checked for its ignored-row zero. Where even ``C (C + 1) grad_scale``
-overflows the dtype the exact gradient is not representable and its finiteness is not asserted.
+dtype's range (float16 hinges over logits near 1e4) is only checked for its ignored-row zero. Where even
+``C (C + 1) grad_scale`` overflows the dtype the exact gradient is not representable and its finiteness is not asserted.
 """
 from __future__ import annotations
 
@@ -135,7 +135,8 @@ def test_loss_on_fuzzed_input(name, kind, data):
     # the mean may be summed in the output dtype (torch's float16 cross_entropy): n roundings of
     # a partial sum of at most sum|rows|, then the division's
     n_rows = max(int(counted.sum()), 1)
-    assert not counted.any() or abs(mean - expected_mean) <= tol + out_eps * ((rows.numel() + 1) * rows.abs().sum() / n_rows + 1)
+    bound = tol + out_eps * ((rows.numel() + 1) * rows.abs().sum() / n_rows + 1)
+    assert not counted.any() or abs(mean - expected_mean) <= bound
 
     if entry.cpu_kernel:
         with kernels.disabled():

@@ -49,11 +49,13 @@ def extensions():
 CASES = {
     "ev_softmax": (lambda x: ops.ev_softmax(x, None, False), ops.evidential._ev_softmax_backward, {"log": False}),
     "ev_softmax_train": (lambda x: ops.ev_softmax(x, 1e-6, False), ops.evidential._ev_softmax_backward, {"log": False}),
-    "log_ev_softmax_train": (lambda x: ops.ev_softmax(x, 1e-6, True), ops.evidential._ev_softmax_backward, {"log": True}),
+    "log_ev_softmax_train": (lambda x: ops.ev_softmax(x, 1e-6, True), ops.evidential._ev_softmax_backward,
+                             {"log": True}),
     "log_ev_softmax": (lambda x: ops.ev_softmax(x, None, True), ops.evidential._ev_softmax_backward, {"log": True}),
     "sparsemax": (lambda x: ops.project(x, "sparsemax", None), ops.projection._project_autograd, {"kind": "sparsemax"}),
     "entmax15": (lambda x: ops.project(x, "entmax15", None), ops.projection._project_autograd, {"kind": "entmax15"}),
-    "entmax_bisect": (lambda x: ops.entmax_bisect(x, 1.7, 50, True), ops.projection._entmax_bisect_autograd, {"alpha": 1.7}),
+    "entmax_bisect": (lambda x: ops.entmax_bisect(x, 1.7, 50, True), ops.projection._entmax_bisect_autograd,
+                      {"alpha": 1.7}),
     "entmax_bisect(alpha=1.5)": (lambda x: ops.entmax_bisect(x, 1.5, 50, False), ops.projection._entmax_bisect_autograd,
                                  {"alpha": 1.5}),
 }

@@ -76,7 +76,8 @@ def test_forward_and_backward_match_reference(dtype, q):
     assert grad[nan_rows].isnan().all()
     gscale = 1 + float(g.abs().max()) * x.shape[-1]
     torch.testing.assert_close(grad[ok], grad_ref[ok], rtol=0, atol=atol * gscale)
-    torch.testing.assert_close(grad_q[ok], grad_q_ref[ok], rtol=0, atol=atol * gscale * (1 + float(x[ok].nan_to_num(0, 0, 0).abs().sum())))
+    torch.testing.assert_close(grad_q[ok], grad_q_ref[ok], rtol=0,
+                               atol=atol * gscale * (1 + float(x[ok].nan_to_num(0, 0, 0).abs().sum())))
     assert torch.all(grad[2, ::3] == 0) and torch.all(grad[1] == 0)
 
 

@@ -334,7 +334,8 @@ def test_cuda_registrations_of_the_ops_call_the_triton_kernels():
         p = ops.projection._project_cuda(x, kind, None)
         torch.testing.assert_close(p, ref_proj.project_sorted(x, kind), atol=2e-6, rtol=0)
         g = torch.randn_like(p)
-        torch.testing.assert_close(ops.projection._project_backward_cuda(p, g, kind), ref_proj.dense_backward(p, g, kind),
+        torch.testing.assert_close(ops.projection._project_backward_cuda(p, g, kind),
+                                   ref_proj.dense_backward(p, g, kind),
                                    atol=2e-6, rtol=0)
     assert ops.triton_launchers() is not None
     with sparsenorm.kernels.disabled():

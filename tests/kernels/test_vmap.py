@@ -1,4 +1,5 @@
-"""The registered ops' vmap rule (``sparsenorm.kernels.ops._common.register_rowwise_vmap``): the vmapped dim is more rows.
+"""The registered ops' vmap rule (``sparsenorm.kernels.ops._common.register_rowwise_vmap``): the vmapped dim is
+more rows.
 
 Every op works row by row, so under ``torch.vmap`` each batch entry's rows are the rows the op sees
 alone: the same arithmetic on the same values. The outputs must therefore equal a loop over the

@@ -4,8 +4,8 @@ One table, :data:`ROWS`: each row is a call, the exception it must raise and the
 message must name. Rows for the arguments every normalizer and loss shares (an integer or complex
 input, a mask of the wrong dtype or shape, ``dim`` out of range) are generated from the registry,
 so a new normalizer is covered when it is registered; the rest are written out. Each row's
-``case`` is a line of the errors page's table of cases (docs/guide/errors.md), and :func:`test_readme_errors_table_matches_the_cases`
-keeps the two the same.
+``case`` is a line of the errors page's table of cases (docs/guide/errors.md), and
+:func:`test_readme_errors_table_matches_the_cases` keeps the two the same.
 """
 from __future__ import annotations
 
@@ -128,7 +128,8 @@ def written_rows():
             ValueError, "q"),
         Row("`eps < 0`", "ev_softmax_train", partial(sn.ev_softmax_train, X, eps=-1e-3), ValueError, "eps"),
         Row("`eps < 0`", "log_ev_softmax_train", partial(sn.log_ev_softmax_train, X, eps=-1e-3), ValueError, "eps"),
-        Row("`eps < 0`", "ev_softmax_nll_loss", partial(sn.ev_softmax_nll_loss, X, TARGET, eps=-1.0), ValueError, "eps"),
+        Row("`eps < 0`", "ev_softmax_nll_loss", partial(sn.ev_softmax_nll_loss, X, TARGET, eps=-1.0), ValueError,
+            "eps"),
         Row("`eps < 0`", "EvSoftmaxTrain", partial(sn.EvSoftmaxTrain, eps=-1.0), ValueError, "eps"),
         Row("NaN or infinite parameter", "t_softmax(t=inf)", partial(sn.t_softmax, X, FIN), ValueError, "t"),
         Row("NaN or infinite parameter", "t_softmax_loss(t=inf)", partial(sn.t_softmax_loss, X, TARGET, t=FIN),
@@ -160,7 +161,8 @@ def written_rows():
             TypeError, "query, key and value"),
         Row("query and key feature sizes differ", "sparse_attention",
             partial(sparse_attention, Q, torch.randn(1, 2, 5, 3), V), ValueError, "query and key"),
-        Row("key and value lengths differ", "sparse_attention", partial(sparse_attention, Q, K, torch.randn(1, 2, 6, 4)),
+        Row("key and value lengths differ", "sparse_attention",
+            partial(sparse_attention, Q, K, torch.randn(1, 2, 6, 4)),
             ValueError, "key and value"),
         Row("key/value heads that do not divide the query heads", "sparse_attention",
             partial(sparse_attention, torch.randn(1, 3, 3, 4), K, V), ValueError, "key"),

@@ -1,6 +1,6 @@
 """Same seed, same numbers (issue 25, item 5): every public function gives bitwise-identical values
-and gradients on two calls, with and without ``torch.use_deterministic_algorithms(True)`` (the ``deterministic_mode`` fixture,
-``tests/conftest.py``).
+and gradients on two calls, with and without ``torch.use_deterministic_algorithms(True)`` (the
+``deterministic_mode`` fixture, ``tests/conftest.py``).
 
 The functions come from the registry (every normalizer's forms and losses) plus the public
 functions outside it (``sparsemax_bisect``, ``posthoc_evidential``, attention, ``marginalize``).

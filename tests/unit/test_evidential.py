@@ -135,7 +135,8 @@ def test_ties_with_the_mean_are_kept():
     # mean of (1, 0, 2) is exactly 1: the entry equal to it stays (>=, Eq. 7)
     x = torch.tensor([1.0, 0.0, 2.0], dtype=torch.float64)
     e = math.e
-    torch.testing.assert_close(ev_softmax(x), torch.tensor([e / (e + e * e), 0.0, e * e / (e + e * e)], dtype=torch.float64))
+    torch.testing.assert_close(ev_softmax(x),
+                               torch.tensor([e / (e + e * e), 0.0, e * e / (e + e * e)], dtype=torch.float64))
 
 
 @pytest.mark.parametrize("flush_denormal", [False, True])
@@ -262,7 +263,8 @@ def test_eq9_jacobian():
         # and the same as finite differences of the forward (no tie within 1e-6 of the mean)
         assert clear_of_mean(x.numpy(), 1e-4)
         h = 1e-7
-        fd = torch.stack([(ev_softmax(x + h * e) - ev_softmax(x - h * e)) / (2 * h) for e in torch.eye(7, dtype=x.dtype)], 1)
+        fd = torch.stack([(ev_softmax(x + h * e) - ev_softmax(x - h * e)) / (2 * h)
+                          for e in torch.eye(7, dtype=x.dtype)], 1)
         torch.testing.assert_close(jac, fd, atol=1e-6, rtol=1e-5)
 
 
@@ -292,7 +294,8 @@ def test_gradcheck_and_gradgradcheck(func, dim):
     kwargs = {} if func is ev_softmax else {"eps": 0.05}
     assert torch.autograd.gradcheck(lambda t: func(t, dim=dim, **kwargs), (x,))
     # double backward (n^2 numerical differences: a smaller input)
-    assert torch.autograd.gradgradcheck(lambda t: func(t, dim=dim, **kwargs), (x[:, :, :2].detach().requires_grad_(True),))
+    assert torch.autograd.gradgradcheck(lambda t: func(t, dim=dim, **kwargs),
+                                        (x[:, :, :2].detach().requires_grad_(True),))
 
 
 @pytest.mark.parametrize("func", ALL_FUNCS)

@@ -117,7 +117,8 @@ def test_nll_distribution_target():
     weight = torch.rand(4, dtype=torch.float64)
     per_row = F.cross_entropy(shifted_logits(x, 1e-6), q, reduction="none")
     row_weight = q @ weight
-    torch.testing.assert_close(ev_softmax_nll_loss(x, q, weight=weight), (per_row * row_weight).sum() / row_weight.sum())
+    torch.testing.assert_close(ev_softmax_nll_loss(x, q, weight=weight),
+                               (per_row * row_weight).sum() / row_weight.sum())
 
 
 def test_nll_with_masked_classes():
@@ -173,7 +174,8 @@ def test_nll_module():
     module = EvSoftmaxNLLLoss(eps=0.01, weight=weight, ignore_index=-1, reduction="sum")
     x = torch.randn(5, 4)
     y = torch.tensor([0, 1, -1, 3, 2])
-    torch.testing.assert_close(module(x, y), ev_softmax_nll_loss(x, y, eps=0.01, weight=weight, ignore_index=-1, reduction="sum"))
+    torch.testing.assert_close(module(x, y),
+                               ev_softmax_nll_loss(x, y, eps=0.01, weight=weight, ignore_index=-1, reduction="sum"))
     assert "weight" in dict(module.named_buffers())
     assert "eps=0.01" in repr(module)
 
@@ -333,7 +335,9 @@ def test_multilabel_extra_dims_and_gradcheck():
     y = (torch.rand(2, 5, 3) > 0.6).double()
     got = ev_softmax_multilabel_loss(x, y, reduction="none")
     assert got.shape == (2, 3)
-    torch.testing.assert_close(got, ev_softmax_multilabel_loss(x.movedim(1, -1).reshape(6, 5), y.movedim(1, -1).reshape(6, 5), reduction="none").reshape(2, 3))
+    rows = ev_softmax_multilabel_loss(x.movedim(1, -1).reshape(6, 5), y.movedim(1, -1).reshape(6, 5),
+                                      reduction="none")
+    torch.testing.assert_close(got, rows.reshape(2, 3))
     assert torch.autograd.gradcheck(lambda t: ev_softmax_multilabel_loss(t, y, eps=0.05), (x,))
 
 

@@ -75,10 +75,14 @@ def test_modules_match_entmax_modules(reduction):
     y[2] = 1
     y[5] = 1
     pairs = [
-        (SparsemaxLoss(k=2, ignore_index=1, reduction=reduction), entmax.SparsemaxLoss(k=2, ignore_index=1, reduction=reduction)),
-        (Entmax15Loss(k=3, ignore_index=1, reduction=reduction), entmax.Entmax15Loss(k=3, ignore_index=1, reduction=reduction)),
-        (SparsemaxBisectLoss(n_iter=50, reduction=reduction), entmax.SparsemaxBisectLoss(n_iter=50, reduction=reduction)),
-        (EntmaxBisectLoss(alpha=1.7, n_iter=50, reduction=reduction), entmax.EntmaxBisectLoss(alpha=1.7, n_iter=50, reduction=reduction)),
+        (SparsemaxLoss(k=2, ignore_index=1, reduction=reduction),
+         entmax.SparsemaxLoss(k=2, ignore_index=1, reduction=reduction)),
+        (Entmax15Loss(k=3, ignore_index=1, reduction=reduction),
+         entmax.Entmax15Loss(k=3, ignore_index=1, reduction=reduction)),
+        (SparsemaxBisectLoss(n_iter=50, reduction=reduction),
+         entmax.SparsemaxBisectLoss(n_iter=50, reduction=reduction)),
+        (EntmaxBisectLoss(alpha=1.7, n_iter=50, reduction=reduction),
+         entmax.EntmaxBisectLoss(alpha=1.7, n_iter=50, reduction=reduction)),
     ]
     for ours, ref in pairs:
         assert torch.allclose(ours(z, y), ref(z, y), atol=1e-12), type(ours).__name__
@@ -161,7 +165,7 @@ def test_gradcheck_alpha():
     assert module.alpha.grad is not None and torch.isfinite(module.alpha.grad)
 
 
-# ----------------------------------------------------------------------------- non-negativity, zero at perfect prediction
+# ------------------------------------------------------------------------ non-negativity, zero at perfect prediction
 
 @settings(max_examples=60, deadline=None)
 @given(st.integers(2, 12), st.integers(0, 10_000), st.floats(0.01, 50.0), st.sampled_from(list(LOSSES)))
@@ -248,7 +252,8 @@ def test_extra_dimensions(name):
 def test_multilabel_conventions():
     torch.manual_seed(9)
     z = torch.randn(4, 6, dtype=torch.float64) * 2
-    y = torch.tensor([[1, 0, 1, 0, 0, 0], [0, 0, 0, 0, 0, 0], [0, 1, 0, 0, 0, 1], [1, 1, 1, 1, 1, 1]], dtype=torch.float64)
+    y = torch.tensor([[1, 0, 1, 0, 0, 0], [0, 0, 0, 0, 0, 0], [0, 1, 0, 0, 0, 1], [1, 1, 1, 1, 1, 1]],
+                     dtype=torch.float64)
     for fn in (sparsemax_loss, entmax15_loss):
         per = fn(z, y, reduction="none")
         assert torch.allclose(per, fn(z, 3 * y, reduction="none"))  # rows are normalized
@@ -262,7 +267,8 @@ def test_multilabel_conventions():
 
 
 def test_masked_classes_and_half_precision():
-    z = torch.tensor([[1.0, -math.inf, 0.5, 0.2], [-math.inf, 2.0, 1.0, -math.inf]], dtype=torch.float64, requires_grad=True)
+    z = torch.tensor([[1.0, -math.inf, 0.5, 0.2], [-math.inf, 2.0, 1.0, -math.inf]], dtype=torch.float64,
+                     requires_grad=True)
     y = torch.tensor([0, 2])
     for fn in (sparsemax_loss, entmax15_loss, sparsemax_bisect_loss, entmax_bisect_loss):
         loss = fn(z, y, reduction="none")

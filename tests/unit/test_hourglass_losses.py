@@ -185,7 +185,8 @@ def test_modules_and_training():
     scores = x @ torch.randn(10, 6, generator=g)
     y_single = scores.argmax(-1)
     y_multi = (scores > scores.quantile(0.6, dim=1, keepdim=True)).float()
-    for loss_fn, y in ((SparseHourglassHingeLoss(q=1.0), y_single), (SparseHourglassMultilabelHingeLoss(q=1.0), y_multi)):
+    for loss_fn, y in ((SparseHourglassHingeLoss(q=1.0), y_single),
+                       (SparseHourglassMultilabelHingeLoss(q=1.0), y_multi)):
         model = torch.nn.Linear(10, 6)
         opt = torch.optim.Adam(model.parameters(), lr=0.05)
         losses = []
@@ -215,7 +216,8 @@ def test_sorted_pair_sums_equal_the_pair_tensor_form(data, c, rows):
     pos, neg, bad = pair_classes(z, positive)
     zf = z.masked_fill(z == float("-inf"), 0.0)
     direct_hinge = torch.where(pos.unsqueeze(2) & neg.unsqueeze(1),
-                               (margin.unsqueeze(2) - (zf.unsqueeze(2) - zf.unsqueeze(1))).clamp_min(0), 0.0).sum((1, 2))
+                               (margin.unsqueeze(2) - (zf.unsqueeze(2) - zf.unsqueeze(1))).clamp_min(0),
+                               0.0).sum((1, 2))
     torch.testing.assert_close(positive_negative_hinge(z, pos, neg, margin), direct_hinge)
     u = torch.where(pos, margin - zf, 0.0)
     direct_spread = torch.where(pos.unsqueeze(2) & pos.unsqueeze(1), (u.unsqueeze(2) - u.unsqueeze(1)).abs(),

@@ -637,7 +637,8 @@ def test_cpu_kernel_sort_free_threshold_matches_sorted_reference(kind, dtype, k,
 
 
 @settings(max_examples=60, deadline=None)
-@given(data=st.data(), k=st.sampled_from([1, 2, 7, 64, 200, 1500]), pool=st.integers(1, 50), scale=st.sampled_from([1e-3, 0.5, 2.0, 50.0]))
+@given(data=st.data(), k=st.sampled_from([1, 2, 7, 64, 200, 1500]), pool=st.integers(1, 50),
+       scale=st.sampled_from([1e-3, 0.5, 2.0, 50.0]))
 def test_cpu_kernel_sort_free_threshold_property(data, k, pool, scale):
     from sparsenorm.kernels import cpu
     from sparsenorm.kernels.reference.projection import project_sorted

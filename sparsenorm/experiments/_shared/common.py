@@ -10,6 +10,7 @@ import json
 import os
 import platform
 import random
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -158,6 +159,36 @@ def write_results(out: Path, experiment: str, config: RunConfig, results: Dict[s
     path = out / "results.json"
     path.write_text(json.dumps(_jsonable(payload), indent=2))
     return path
+
+
+def load_cached_model(path: Path, model: torch.nn.Module, keys: Iterable[str], what: str) -> Optional[Dict[str, Any]]:
+    """Load the weights :func:`cache_model` saved at ``path`` into ``model`` and return the saved ``keys`` of its
+    info; None when there is no such file or it cannot be read (a stale or corrupt cache is retrained, not fatal:
+    the warning names ``what``)."""
+    if not path.is_file():
+        return None
+    try:
+        saved = torch.load(path, map_location="cpu", weights_only=True)
+        model.load_state_dict(saved["state_dict"])
+        return {k: saved[k] for k in keys}
+    except Exception as exc:
+        print(f"sparsenorm: retraining the {what} ({path} unreadable: {exc})", file=sys.stderr)
+        return None
+
+
+def cache_model(path: Path, model: torch.nn.Module, info: Dict[str, Any], what: str) -> Optional[str]:
+    """Save ``model``'s weights (on CPU) and ``info`` at ``path`` through a ``.part`` file (an interrupted save
+    leaves no truncated cache); the path, or None with a warning naming ``what`` when the folder cannot be
+    written (the run goes on without the cache)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(path.name + ".part")
+        torch.save({"state_dict": {k: v.cpu() for k, v in model.state_dict().items()}, **info}, partial)
+        partial.replace(path)
+        return str(path)
+    except OSError as exc:
+        print(f"sparsenorm: could not cache the {what} in {path.parent}: {exc}", file=sys.stderr)
+        return None
 
 
 def save_figure(fig, path: Path) -> Path:

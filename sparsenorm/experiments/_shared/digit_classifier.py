@@ -6,7 +6,6 @@ later run reuses the same Q.
 """
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any, Dict, Tuple
 
@@ -15,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .common import Stopwatch, progress, seed_everything
+from .common import Stopwatch, cache_model, load_cached_model, progress, seed_everything
 from .mnist import MNIST, PIXELS
 
 ARCHITECTURE = "MLP 784-512-256-10 (ReLU), Adam lr 1e-3, batch 128"
@@ -53,14 +52,10 @@ def load_or_train(data: MNIST, store: Path, device: torch.device, *, epochs: int
     """
     path = Path(store) / f"digit-classifier-{data.fingerprint()}-e{epochs}.pt"
     model = DigitClassifier()
-    if path.is_file():
-        try:
-            saved = torch.load(path, map_location="cpu", weights_only=True)
-            model.load_state_dict(saved["state_dict"])
-            info = {k: saved[k] for k in ("test_accuracy", "val_accuracy", "epochs", "train_time_s")}
-            return model.to(device).eval(), {**info, "architecture": ARCHITECTURE, "cached": True, "path": str(path)}
-        except Exception as exc:  # a stale or corrupt cache is retrained, not fatal
-            print(f"sparsenorm: retraining the digit classifier ({path} unreadable: {exc})", file=sys.stderr)
+    info = load_cached_model(path, model, ("test_accuracy", "val_accuracy", "epochs", "train_time_s"),
+                             "digit classifier")
+    if info is not None:
+        return model.to(device).eval(), {**info, "architecture": ARCHITECTURE, "cached": True, "path": str(path)}
     clock = Stopwatch()
     gen = seed_everything(seed)
     model = DigitClassifier().to(device)
@@ -85,13 +80,5 @@ def load_or_train(data: MNIST, store: Path, device: torch.device, *, epochs: int
         "epochs": epochs,
         "train_time_s": round(clock.elapsed, 1),
     }
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_name(path.name + ".part")
-        torch.save({"state_dict": {k: v.cpu() for k, v in model.state_dict().items()}, **info}, partial)
-        partial.replace(path)
-        cached_at = str(path)
-    except OSError as exc:
-        print(f"sparsenorm: could not cache the digit classifier in {path.parent}: {exc}", file=sys.stderr)
-        cached_at = None
+    cached_at = cache_model(path, model, info, "digit classifier")
     return model, {**info, "architecture": ARCHITECTURE, "cached": False, "path": cached_at}

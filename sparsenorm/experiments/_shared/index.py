@@ -59,7 +59,8 @@ def write_index(root: Path) -> Path:
     timing = [[e["folder"], e.get("mode", "?"), _cell(regime.status(e.get("regime"))),
                f"{e['wall_time_s']:.0f} s" if e.get("wall_time_s") else "?"] for e in experiments]
     if timing:
-        lines += ["## Run times and regime gates", "", markdown_table(["experiment", "mode", "paper's regime", "wall time"],
+        lines += ["## Run times and regime gates", "",
+                  markdown_table(["experiment", "mode", "paper's regime", "wall time"],
                                                                      timing), ""]
     for exp in experiments:
         if exp.get("headline_figure"):

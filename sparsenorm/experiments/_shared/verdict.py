@@ -94,7 +94,8 @@ class Claim:
     source: str = ""
     """Where the paper makes the claim (e.g. "Sec. 4.1, Fig. 3")."""
     key: str = ""
-    """The claim's id in :mod:`.paper_claims` (empty for a new comparison the papers do not make)."""
+    """The claim's id in the catalogue (:mod:`sparsenorm.experiments.catalogue`; empty for a new comparison the
+    papers do not make)."""
     seeds: Optional[int] = None
     """The largest number of paired seeds (or paired units) a part of the verdict rests on (each part's own
     count is in the evidence); None for a claim not judged from seeds."""
@@ -412,7 +413,9 @@ def counts(verdicts: Iterable[str]) -> Dict[str, int]:
 
 
 __all__ = [
-    "LEVEL", "EXACT_MAX", "PRIMARY", "SECONDARY", "EXACT", "EXACT_TIES", "NORMAL", "REPRODUCED", "PARTLY", "NOT_REPRODUCED", "INCONCLUSIVE", "NOT_TESTABLE", "NEW", "NOT_RUN", "INDICATIVE",
+    "LEVEL", "EXACT_MAX", "PRIMARY", "SECONDARY", "EXACT", "EXACT_TIES", "NORMAL", "REPRODUCED", "PARTLY",
+    "NOT_REPRODUCED", "INCONCLUSIVE", "NOT_TESTABLE", "NEW", "NOT_RUN", "INDICATIVE",
     "Claim", "Test", "smallest_p", "min_pairs", "paired_differences", "direction", "non_inferiority", "equivalence",
-    "larger_spread", "single_run", "bootstrap_p", "signed_rank_p", "holm", "combine", "claim", "label_mode", "rule_paragraph", "counts",
+    "larger_spread", "single_run", "bootstrap_p", "signed_rank_p", "holm", "combine", "claim", "label_mode",
+    "rule_paragraph", "counts",
 ]

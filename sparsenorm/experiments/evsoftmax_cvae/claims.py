@@ -138,7 +138,8 @@ def _notes(table: Dict[str, Any], triples: Sequence[Triple], primary: int) -> st
     """The same tests under the other two scores, for the reader (not part of the verdict)."""
     other = [m for m in METRICS if m != JUDGED_METRIC]
     return "Under " + " and ".join(
-        f"{METRIC_NAMES[m]}: {verdict.claim('', [_beats(table, a, b, m, w) for a, b, w in triples], primary=primary).verdict}"
+        f"{METRIC_NAMES[m]}: "
+        f"{verdict.claim('', [_beats(table, a, b, m, w) for a, b, w in triples], primary=primary).verdict}"
         for m in other)
 
 
@@ -183,7 +184,8 @@ def judge(table: Dict[str, Any]) -> List[Claim]:
         if name not in table or EV not in table:
             claims.append(Claim(text, NOT_TESTABLE, f"needs {name} and ev_softmax", "Sec. 4.1", key))
             continue
-        counts = {"prior": _per_seed(table, name, "prior_modes"), "posterior": _per_seed(table, name, "posterior_classes")}
+        counts = {"prior": _per_seed(table, name, "prior_modes"),
+                  "posterior": _per_seed(table, name, "posterior_classes")}
         tests = [_bound(counts[where], limit, f"{name}'s {where} " + ("nonzero modes" if where == "prior"
                                                                          else "latent classes used"))
                  for where, limit, _ in parts]

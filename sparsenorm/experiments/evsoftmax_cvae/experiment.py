@@ -81,9 +81,9 @@ class CVAEExperiment:
                     "with the default 2 workers; each (setting, normalizer, seed) is cached in `runs/`, so it can be "
                     "run in parts.")
     decisive_note = ("Decisive mode: the authors' setting only (no KL-weight / optimizer sweep), 8 seeds, 10 epochs "
-                     "(7.8k steps; the paper's Fig. 3 window is ~5.1k), the five normalizers: 32 trainings of ~75 CPU-s, "
-                     "about 40 min on 2 cores (estimated from full mode's measured 150 CPU-s per 20-epoch training). "
-                     "Leaves out: the last half of full mode's training and the sweep.")
+                     "(7.8k steps; the paper's Fig. 3 window is ~5.1k), the five normalizers: 32 trainings of ~75 "
+                     "CPU-s, about 40 min on 2 cores (estimated from full mode's measured 150 CPU-s per 20-epoch "
+                     "training). Leaves out: the last half of full mode's training and the sweep.")
     quick_note = ("Quick mode trains 3 epochs (2.3k steps, inside the paper's ~5.1k-step figure window) with 3 seeds "
                   "in the authors' setting only: no KL-weight / optimizer sweep, and the prior has barely moved from "
                   "its initialisation.")
@@ -98,7 +98,8 @@ class CVAEExperiment:
                                  "the authors' code; 1 is the textbook ELBO)")
         parser.add_argument("--lr", type=common.positive_float, help="learning rate (default 1e-3)")
         parser.add_argument("--optimizer", choices=sorted(OPTIMIZERS), help="optimizer (default sgd, as the paper)")
-        parser.add_argument("--temperature", type=common.positive_float, help="Gumbel-Softmax temperature (default 0.67)")
+        parser.add_argument("--temperature", type=common.positive_float,
+                            help="Gumbel-Softmax temperature (default 0.67)")
         parser.add_argument("--eval-every", type=int, help="steps between checkpoints (default 100; quick 50)")
         parser.add_argument("--sweep", choices=("on", "off"),
                             help="the KL-weight / optimizer sweep {SGD 0.01/64, 1/64, 1; Adam 0.01/64} beside the "
@@ -116,7 +117,8 @@ class CVAEExperiment:
         extra = {k: v for k, v in config.extra.items() if v is not None}
         for flag in ("eval_every", "sweep_seeds", "workers", "stack_seeds"):
             if flag in extra and extra[flag] < 1:
-                raise common.UserFacingError(f"--{flag.replace('_', '-')} must be a positive integer, got {extra[flag]}")
+                raise common.UserFacingError(f"--{flag.replace('_', '-')} must be a positive integer, "
+                                             f"got {extra[flag]}")
         sweep = base.sweep
         if "sweep" in extra:
             sweep = FULL_SWEEP if extra["sweep"] == "on" else ()
@@ -125,9 +127,11 @@ class CVAEExperiment:
             normalizers=tuple(config.normalizers or base.normalizers), sweep=sweep,
             kl_weight=float(extra.get("kl_weight", base.kl_weight)),
             learning_rate=float(extra.get("lr", base.learning_rate)),
-            optimizer=extra.get("optimizer", base.optimizer), temperature=float(extra.get("temperature", base.temperature)),
+            optimizer=extra.get("optimizer", base.optimizer),
+            temperature=float(extra.get("temperature", base.temperature)),
             eval_every=int(extra.get("eval_every", base.eval_every)),
-            sweep_seeds=int(extra.get("sweep_seeds", base.sweep_seeds)), workers=int(extra.get("workers", base.workers)),
+            sweep_seeds=int(extra.get("sweep_seeds", base.sweep_seeds)),
+            workers=int(extra.get("workers", base.workers)),
             stack_seeds=int(extra.get("stack_seeds", base.stack_seeds)))
 
     def run_options(self, settings: Settings, device: torch.device) -> RunOptions:
@@ -137,7 +141,8 @@ class CVAEExperiment:
 
     def prepare(self, settings: Settings, config: common.RunConfig, device: torch.device) -> Dict[str, Any]:
         data = load_mnist(config.data_dir)
-        store = Path(config.data_dir) if config.data_dir is not None and Path(config.data_dir).is_dir() else common.cache_dir()
+        given = config.data_dir is not None and Path(config.data_dir).is_dir()
+        store = Path(config.data_dir) if given else common.cache_dir()
         classifier, info = digit_classifier.load_or_train(data, store, device, epochs=settings.classifier_epochs)
         return {"tensors": data_tensors(data, device, settings.posterior_eval_size), "classifier": classifier,
                 "classifier_info": info, "data_info": {"source": data.source, "sizes": data.sizes()}}

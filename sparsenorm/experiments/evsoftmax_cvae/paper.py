@@ -1,5 +1,7 @@
 """The ev-softmax paper's setting for Sec. 4.1 (the conditional VAE) and this experiment's defaults: a
-leaf module (imports nothing of the experiment), shared by the experiment, its claims and its report."""
+leaf module (imports nothing of the experiment), shared by the experiment, its claims and its report; its
+claims' rows of the catalogue (:data:`PAPER_CLAIMS`)."""
+from .._shared.paper_claims import EV, PaperClaim
 
 PAPER = "ev-softmax (Chen et al., NeurIPS 2021), Sec. 4.1, Fig. 2-3, Appendix E.1"
 SOURCE = "Sec. 4.1, Fig. 3"
@@ -86,3 +88,22 @@ GATE = Gate(
     paper="Fig. 3: every normalizer's distance to the true prior falls over training; ev-softmax's lowest and fastest",
     measure=_measure_gate,
 )
+
+# ------------------------------------------------------------------------------------------ the paper's claims
+PAPER_CLAIMS = (
+    PaperClaim("ev.cvae.fastest_lowest", EV, "Sec. 4.1, Fig. 3", "ev-softmax converges the fastest and to the lowest "
+               "Wasserstein distance to the true prior", f"lowest curve of Fig. 3, {PAPER_SETTING['seeds']} seeds",
+               "cvae"),
+    PaperClaim("ev.cvae.posthoc_second", EV, "Sec. 4.1, Fig. 3", "post-hoc evidential has the second lowest distance "
+               "but converges more slowly than ev-softmax", "second curve of Fig. 3", "cvae"),
+    PaperClaim("ev.cvae.softmax_slower", EV, "Sec. 4.1, Fig. 3", "softmax converges more slowly and to a higher "
+               "distance than ev-softmax", "Fig. 3", "cvae"),
+    PaperClaim("ev.cvae.sparsemax_collapse", EV, "Sec. 4.1, Fig. 2-3", "sparsemax collapses both the prior and the "
+               "posterior to a single mode and does not converge toward the true prior",
+               f"1 mode ({PAPER_SETTING['seeds']} seeds, grid search)", "cvae"),
+    PaperClaim("ev.cvae.entmax_fewer", EV, "Sec. 4.1, Fig. 2-3", "entmax-1.5 reduces the posterior latent space to "
+               "fewer than ten classes and does not converge toward the true prior", "< 10 classes", "cvae"),
+    PaperClaim("ev.cvae.five_modes", EV, "Sec. 4.1, Fig. 2", "ev-softmax learns a prior with five nonzero modes per "
+               "query, on the digits of the query's parity", "5 modes, 'almost perfectly'", "cvae"),
+)
+"""Sec. 4.1's claims, as the index lists them (:mod:`sparsenorm.experiments.catalogue`)."""

@@ -57,7 +57,8 @@ def plot_latent_classes(runs: Dict[str, Dict[str, Any]], path: Path) -> Path:
             ax.tick_params(axis="y", labelsize=7)
             ax.set_ylabel(f"p(z|{q})", fontsize=8)
             ax.text(0.995, 0.9, f"{int((probs > 0).sum())} nonzero modes, mass on {q} digits "
-                    f"{run['curve']['parity_mass'][q][-1]:.2f}", transform=ax.transAxes, ha="right", va="top", fontsize=7)
+                    f"{run['curve']['parity_mass'][q][-1]:.2f}", transform=ax.transAxes, ha="right", va="top",
+                    fontsize=7)
     fig.suptitle(f"Decoded latent classes and priors (seed {runs[names[0]]['seed']}); bars green where Q reads a "
                  "digit of the query's parity; black ticks: the prior at initialisation", fontsize=10, y=0.985)
     return common.save_figure(fig, path)
@@ -93,7 +94,8 @@ def plot_curves(runs: Dict[str, List[Dict[str, Any]]], window_steps: int, title:
 
 
 def plot_sweep(records: List[Dict[str, Any]], summary: Dict[str, Any], path: Path) -> Path:
-    """Per training setting (columns): parity mass and W (digit positions) over training, mean over queries and seeds."""
+    """Per training setting (columns): parity mass and W (digit positions) over training, mean over queries and
+    seeds."""
     plt = common.headless_pyplot()
     settings = list(summary["results"])
     fig, axes = plt.subplots(2, len(settings), figsize=(4.2 * len(settings), 6.4), squeeze=False, sharey="row")
@@ -156,13 +158,14 @@ def _seed_by_seed(summary: Dict[str, Any], setting: str) -> List[str]:
     if EV not in table or not rivals:
         return []
     header = ["score"] + [f"ev-softmax better than {r}: {when}" for r in rivals for when in ("first ~5k steps", "end")]
-    rows = [[Y_LABELS[m]] + [fmt_paired(paired_comparison(table, EV, r, m, w)) for r in rivals for w in ("window", "final")]
+    rows = [[Y_LABELS[m]] + [fmt_paired(paired_comparison(table, EV, r, m, w))
+                             for r in rivals for w in ("window", "final")]
             for m in METRICS]
-    return [f"**Seed by seed** ({summary['titles'][setting]}): every normalizer trains on the same seeds, so ev-softmax "
-            "is compared with each rival per seed: the number of seeds in which it scores better, and in brackets the "
-            "two-sided Wilcoxon signed-rank p of the paired differences (from "
-            f"{MIN_PAIRS_FOR_TEST} seeds on, the fewest with which it can reach 0.05). The verdicts below rest on these "
-            "paired tests, not on the means.", "", common.markdown_table(header, rows), ""]
+    return [f"**Seed by seed** ({summary['titles'][setting]}): every normalizer trains on the same seeds, so "
+            "ev-softmax is compared with each rival per seed: the number of seeds in which it scores better, and in "
+            f"brackets the two-sided Wilcoxon signed-rank p of the paired differences (from {MIN_PAIRS_FOR_TEST} seeds "
+            "on, the fewest with which it can reach 0.05). The verdicts below rest on these paired tests, not on the "
+            "means.", "", common.markdown_table(header, rows), ""]
 
 
 def _introduction(summary: Dict[str, Any], settings, clf: Dict[str, Any], data: Dict[str, Any]) -> List[str]:
@@ -232,7 +235,8 @@ def _figures(figs: Dict[str, Path]) -> List[str]:
     lines: List[str] = []
     lines += ["**The paper's numbers.** Sec. 4.1 reports Fig. 3 as a plot only — no values in the text — so the "
               "comparison is with its qualitative claims.", "", "## Figures", ""]
-    captions = {"latent_classes": "Fig. 2: decoded latent classes and priors", "curves": "Fig. 3: the three scores over training",
+    captions = {"latent_classes": "Fig. 2: decoded latent classes and priors",
+                "curves": "Fig. 3: the three scores over training",
                 "sweep": "the sweep"}
     lines += [f"![{captions[k]}]({p.name})\n" for k, p in figs.items()]
     return lines
@@ -248,8 +252,10 @@ def _differences(summary: Dict[str, Any], settings, clf: Dict[str, Any], data: D
         common.markdown_table(["", "paper", "this run"], [
             ["data", PAPER_SETTING["data"], f"{data['sizes']['train']} training images"
              + (" (the classic 50k/10k/10k split)" if data["sizes"]["train"] == 50_000 else "")],
-            ["epochs", PAPER_SETTING["epochs"], str(settings.epochs) + (f", at most {settings.max_steps} steps" if settings.max_steps else "")],
-            ["seeds", PAPER_SETTING["seeds"], f"{settings.seeds} in the lead setting, {settings.sweep_seeds} per sweep setting"],
+            ["epochs", PAPER_SETTING["epochs"],
+             str(settings.epochs) + (f", at most {settings.max_steps} steps" if settings.max_steps else "")],
+            ["seeds", PAPER_SETTING["seeds"],
+             f"{settings.seeds} in the lead setting, {settings.sweep_seeds} per sweep setting"],
             ["batch", PAPER_SETTING["batch"], str(settings.batch_size)],
             ["optimizer / KL weight", f"{PAPER_SETTING['optimizer']}; {PAPER_SETTING['KL weight']}",
              "; ".join(summary["titles"][s] for s in order if s in summary["results"])],

@@ -81,8 +81,10 @@ def evaluate_prior(model: CVAE, norm, classifier) -> Dict[str, Any]:
     marginal = metrics.marginal_digit_distribution(prior_np, digit_probs)
     decoded = digit_probs.argmax(-1)
     scores = {
-        "w_digits": {q: metrics.class_wasserstein(marginal[i], metrics.parity_target(q)) for i, q in enumerate(QUERIES)},
-        "w_authors": {q: metrics.authors_wasserstein(marginal[i], metrics.parity_target(q)) for i, q in enumerate(QUERIES)},
+        "w_digits": {q: metrics.class_wasserstein(marginal[i], metrics.parity_target(q))
+                     for i, q in enumerate(QUERIES)},
+        "w_authors": {q: metrics.authors_wasserstein(marginal[i], metrics.parity_target(q))
+                      for i, q in enumerate(QUERIES)},
         "parity_mass": {q: metrics.parity_mass(prior_np[i], decoded, q) for i, q in enumerate(QUERIES)},
     }
     return {"prior": prior_np, "images": images.cpu().numpy(), "decoded": decoded, "marginal": marginal,

@@ -9,15 +9,13 @@ import numpy as np
 
 from .._shared import verdict
 from .._shared.verdict import NEW, NOT_TESTABLE, Claim
-from .paper import ONE_CALL_ESTIMATORS, PAPER_ACCURACY, PAPER_TABLE2, SOURCE, TWO_CALL_ESTIMATORS
+from .paper import (ONE_CALL_ESTIMATORS, PAPER_ACC, PAPER_ACCURACY, PAPER_CALL_CUTS, PAPER_CALLS, PAPER_TABLE2, SOURCE,
+                    TWO_CALL_ESTIMATORS)
 from .train import Settings, normalizer
 
-PAPER_ACC = {n: f"{row['accuracy']:.2f}" for n, row in PAPER_TABLE2.items()}
-PAPER_CALLS = {n: f"{row['decoder_calls']:.2f}" for n, row in PAPER_TABLE2.items()}
-"""Table 2's accuracies (%) and decoder calls as the notes print them (from :data:`.paper.PAPER_TABLE2`)."""
-
 CALL_BOUND = 2.0
-"""At least 80 % fewer decoder calls than softmax's 10 (the paper's cuts are 84-90 %): at most 2 per example."""
+"""At least 80 % fewer decoder calls than softmax's 10 (the paper's cuts, :data:`.paper.PAPER_CALL_CUTS`, are
+larger): at most 2 per example."""
 
 
 def _fmt_acc(s: Dict[str, Any]) -> str:
@@ -108,10 +106,10 @@ def _sum_and_sample(per: Dict[str, Dict[str, Any]], settings: Settings, have) ->
 
 
 def _fewer_calls(per: Dict[str, Dict[str, Any]], settings: Settings, have) -> List[Claim]:
-    """Sparse normalizers cut decoder calls by ~84-90 %."""
+    """Sparse normalizers cut decoder calls by Table 2's :data:`.paper.PAPER_CALL_CUTS`."""
     claims: List[Claim] = []
     sparse = [n for n in ("ev_softmax", "sparsemax", "entmax15") if have(n)]  # primary: ev-softmax
-    text = ("sparse normalizers cut decoder calls per example by about 84-90 % "
+    text = (f"sparse normalizers cut decoder calls per example by about {PAPER_CALL_CUTS} "
             f"(sparsemax {PAPER_CALLS['sparsemax']}, entmax-1.5 {PAPER_CALLS['entmax15']}, "
             f"ev-softmax {PAPER_CALLS['ev_softmax']} of {PAPER_TABLE2['softmax']['decoder_calls']:g}); "
             f"judged: at most {CALL_BOUND:g} calls (80 % fewer than softmax's 10) for each")
@@ -137,7 +135,8 @@ def _more_modes(per: Dict[str, Dict[str, Any]], settings: Settings, have) -> Lis
         tests = [_paired(per, "ev_softmax", n, "decoder_calls", True, f"decoder calls, ev_softmax vs {n}")
                  for n in others]
         claims.append(verdict.claim(text, tests, SOURCE, key, digits=2, primary=len(tests),
-                                    note=f"both rivals primary (the paper names them together); ev-softmax {_fmt_calls(per['ev_softmax'])}, "
+                                    note="both rivals primary (the paper names them together); ev-softmax "
+                                         f"{_fmt_calls(per['ev_softmax'])}, "
                                     + ", ".join(f"{n} {_fmt_calls(per[n])}" for n in others)
                                     + f" (paper: {PAPER_CALLS['ev_softmax']} vs {PAPER_CALLS['sparsemax']}, "
                                       f"{PAPER_CALLS['entmax15']})"))
@@ -161,9 +160,10 @@ def _posthoc_worse(per: Dict[str, Dict[str, Any]], settings: Settings, have) -> 
                  _paired(per, "ev_softmax", "posthoc_evidential", "accuracy", True, "lower accuracy")]
         claims.append(verdict.claim(text, tests, SOURCE, key, digits=2, note=(
             "primary: more classes; secondary: variance, accuracy (post-hoc's accuracy is softmax's by construction, "
-            f"so this part is ev-softmax vs the softmax model). post-hoc {_fmt_calls(ph)} calls, {_fmt_acc(ph)}; ev-softmax {_fmt_calls(ev)}, {_fmt_acc(ev)} "
-            f"(paper: {_fmt_calls(PAPER_TABLE2['posthoc_evidential'])} vs {_fmt_calls(PAPER_TABLE2['ev_softmax'])} calls, "
-            f"{PAPER_ACC['posthoc_evidential']} vs {PAPER_ACC['ev_softmax']} %)")))
+            f"so this part is ev-softmax vs the softmax model). post-hoc {_fmt_calls(ph)} calls, {_fmt_acc(ph)}; "
+            f"ev-softmax {_fmt_calls(ev)}, {_fmt_acc(ev)} (paper: {_fmt_calls(PAPER_TABLE2['posthoc_evidential'])} vs "
+            f"{_fmt_calls(PAPER_TABLE2['ev_softmax'])} calls, {PAPER_ACC['posthoc_evidential']} vs "
+            f"{PAPER_ACC['ev_softmax']} %)")))
     else:
         claims.append(Claim(text, NOT_TESTABLE, "needs posthoc_evidential and ev_softmax", SOURCE, key))
     return claims
@@ -210,7 +210,8 @@ def _new_findings(per: Dict[str, Dict[str, Any]], settings: Settings, have) -> L
 
 def judge_claims(per: Dict[str, Dict[str, Any]], settings: Settings) -> List[Claim]:
     have = lambda *names: all(n in per and per[n]["seeds"] for n in names)  # noqa: E731
-    judges = (_most_accurate, _beats_monte_carlo, _sum_and_sample, _fewer_calls, _more_modes, _posthoc_worse, _cheaper, _new_findings)
+    judges = (_most_accurate, _beats_monte_carlo, _sum_and_sample, _fewer_calls, _more_modes, _posthoc_worse, _cheaper,
+              _new_findings)
     return [claim for judge in judges for claim in judge(per, settings, have)]
 
 

@@ -30,14 +30,16 @@ def _estimator_list(text: str):
     names = [] if text.strip() == "none" else [t.strip() for t in text.split(",") if t.strip()]
     unknown = [n for n in names if n not in ESTIMATORS]
     if unknown:
-        raise argparse.ArgumentTypeError(f"unknown estimator(s) {', '.join(unknown)}; valid: {', '.join(ESTIMATORS)}, none")
+        raise argparse.ArgumentTypeError(f"unknown estimator(s) {', '.join(unknown)}; valid: {', '.join(ESTIMATORS)}, "
+                                         "none")
     return names
 
 
 class SemiSupervisedVAE:
     name = "ssvae"
     regime_gate = GATE  # the paper's regime (paper.py): checked on every run, see _shared/regime.py
-    description = "Semi-supervised VAE (M2) on MNIST with 10% labels: exact sparse marginalisation (ev-softmax paper Sec. 4.2, Table 2)"
+    description = ("Semi-supervised VAE (M2) on MNIST with 10% labels: exact sparse marginalisation (ev-softmax paper "
+                   "Sec. 4.2, Table 2)")
     paper = PAPER
     default_normalizers = DEFAULT_NORMALIZERS
     full_runtime = ("Full mode (paper settings: 100 labelled-only warm-start epochs, 200 semi-supervised epochs of "
@@ -63,7 +65,8 @@ class SemiSupervisedVAE:
     def add_arguments(self, parser) -> None:
         parser.add_argument("--r", type=float, help="r-softmax's sparsity rate (default 0.8: 2 of 10 classes kept)")
         parser.add_argument("--select-on", choices=["elbo", "accuracy"],
-                            help="model selection on validation: lowest marginal -ELBO (default, as the authors) or accuracy")
+                            help="model selection on validation: lowest marginal -ELBO (default, as the authors) or "
+                                 "accuracy")
         parser.add_argument("--steps-per-epoch", type=int,
                             help="semi-supervised steps per epoch (default: quick 100, full one pass = 704)")
         parser.add_argument("--pretrain-epochs", type=int, help="labelled-only warm-start epochs (quick 3, full 100)")
@@ -114,7 +117,8 @@ class SemiSupervisedVAE:
         mnist = ref.load(fetch=True)
         n = len(mnist.train_labels)
         if not 1 <= round(settings.labelled_fraction * n) < n:
-            raise UserFacingError(f"{n} training images are too few for a {settings.labelled_fraction:.0%} labelled split")
+            raise UserFacingError(f"{n} training images are too few for a {settings.labelled_fraction:.0%} labelled "
+                                  "split")
         return ref
 
     def jobs(self, settings: Settings, config: RunConfig) -> List[Job]:

@@ -19,7 +19,8 @@ def _forms(name: str, settings: Settings) -> List[str]:
                 "softmax (argmax for accuracy)"]
     norm = normalizer(name, settings)
     loss = getattr(norm.single_label_loss, "func", norm.single_label_loss)
-    loss_name = f"`{getattr(loss, '__module__', '')}.{getattr(loss, '__name__', str(loss))}`".replace("torch.nn.functional", "F")
+    loss_name = f"`{getattr(loss, '__module__', '')}.{getattr(loss, '__name__', str(loss))}`"
+    loss_name = loss_name.replace("torch.nn.functional", "F")
     if norm.posthoc:
         return [name, "softmax (trained exactly as softmax: the same model)", loss_name,
                 "`probs_from_linear`: post-hoc evidential filter of the last layer (App. A)"]
@@ -37,7 +38,8 @@ def full_mode_estimate(per: Dict[str, Dict[str, Any]], records: List[Dict[str, A
         step_s = sum(curve["epoch_cpu_seconds"]) / (steps * len(curve["epoch_cpu_seconds"]))
         pre_s = rec["pretrain_cpu_seconds"] / max(rec["pretrain_steps"], 1)
         eval_s = sum(curve["eval_cpu_seconds"]) / len(curve["eval_cpu_seconds"])
-        per_seed = (FULL_PRETRAIN_EPOCHS * FULL_PRETRAIN_STEPS * pre_s + FULL_EPOCHS * (FULL_STEPS * step_s + eval_s)) / 3600
+        per_seed = (FULL_PRETRAIN_EPOCHS * FULL_PRETRAIN_STEPS * pre_s
+                    + FULL_EPOCHS * (FULL_STEPS * step_s + eval_s)) / 3600
         hours += per_seed * FULL_SEEDS / len([r for r in records if r["group"] == rec["group"]])
     return {"cpu_hours": hours, "days_on_2_cores": hours / 2 / 24}
 

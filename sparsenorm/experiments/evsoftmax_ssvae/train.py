@@ -289,7 +289,8 @@ def run_group(names: List[str], seed: int, mnist, settings: Settings, device: to
         curve["epoch_cpu_seconds"].append(done["cpu"])
         curve["rows_per_example"].append(done["rows"] / done["examples"])
         curve["batch_level_rows_per_example"].append(done["batch_rows"] / done["examples"])
-        total_rows, total_batch_rows, total_examples = (total_rows + done["rows"], total_batch_rows + done["batch_rows"],
+        total_rows, total_batch_rows, total_examples = (total_rows + done["rows"],
+                                                        total_batch_rows + done["batch_rows"],
                                                         total_examples + done["examples"])
         selection.record(epoch)
 

@@ -18,9 +18,7 @@ from .._shared.verdict import NEW, NOT_TESTABLE, Claim
 from .evaluate import paired_bootstrap
 from .meteor import meteor_of_records
 from .model import SITES
-from .paper import ATTENDED_ORDER, BASELINES, MIN_BLEU, PAPER_TABLE, display_name
-
-SOURCE = "Sec. 4.4, Table 4"
+from .paper import ATTENDED_ORDER, BASELINES, MIN_BLEU, PAPER_TABLE, SOURCE, display_name, paper_value
 
 
 def _paper_row(metric: str) -> str:
@@ -81,8 +79,9 @@ def _highest_bleu(summary: Dict[str, Any], rows: Dict[str, Any]) -> List[Claim]:
     if ev is None or not present:
         out.append(Claim(text, NOT_TESTABLE, "ev-softmax or every baseline was left out of this run", SOURCE, key))
     elif best < MIN_BLEU:
-        out.append(Claim(text, NOT_TESTABLE, f"no model reached BLEU {MIN_BLEU} (best {best:.2f}; ev-softmax {ev:.2f}): "
-                         "the models have not learned to translate yet, so their BLEU ranking is noise", SOURCE, key))
+        out.append(Claim(text, NOT_TESTABLE,
+                         f"no model reached BLEU {MIN_BLEU} (best {best:.2f}; ev-softmax {ev:.2f}): the models have "
+                         "not learned to translate yet, so their BLEU ranking is noise", SOURCE, key))
     else:
         note = "BLEU (beam), mean over seeds: " + ", ".join(
             f"{display_name(n)} {rows[n]['bleu']['mean']:.2f}" for n in ["ev_softmax", *present])
@@ -154,7 +153,7 @@ def _attended_order(summary: Dict[str, Any], rows: Dict[str, Any]) -> List[Claim
                            for n in ATTENDED_ORDER if n in rows)
         out.append(verdict.claim(text, tests, SOURCE, key, digits=2, primary=primary, note=(
             f"mean attended keys per query: {values} (paper: "
-            + ", ".join(PAPER_TABLE[n]["attended"].split(" ± ")[0] for n in ATTENDED_ORDER)
+            + ", ".join(paper_value(n, "attended") for n in ATTENDED_ORDER)
             + ", whose own post-hoc < entmax breaks its order)")))
     return out
 
@@ -189,7 +188,8 @@ def _fig4_maps(summary: Dict[str, Any], rows: Dict[str, Any]) -> List[Claim]:
             "entmax-1.5; softmax's whole source holds by construction (dense) and is not a part. Attended source "
             "subwords (share of the source) at the first target step, last decoder layer, mean over heads, on the "
             "report's short map sentences: " + ", ".join(
-                f"{display_name(n)} {rows[n]['first_step_support']['mean']:.1f} ({100 * rows[n]['first_step_coverage']['mean']:.0f} %)"
+                f"{display_name(n)} {rows[n]['first_step_support']['mean']:.1f} "
+                f"({100 * rows[n]['first_step_coverage']['mean']:.0f} %)"
                 for n in shown) + " (paper's example: sparsemax and entmax-1.5 two words, ev-softmax and softmax the "
             "whole source)")))
     return out
@@ -254,7 +254,8 @@ def aggregate(records: List[Dict[str, Any]], settings) -> Dict[str, Any]:
             # (last decoder layer, mean over heads: the union of the heads' supports), and as a share of the source
             "first_step_support": _stats([float(np.mean([sum(w > 0 for w in m[0]) for m in e["cross_maps"]]))
                                           for e in evs]),
-            "first_step_coverage": _stats([float(np.mean([sum(w > 0 for w in m[0]) / len(m[0]) for m in e["cross_maps"]]))
+            "first_step_coverage": _stats([float(np.mean([sum(w > 0 for w in m[0]) / len(m[0])
+                                                          for m in e["cross_maps"]]))
                                            for e in evs]),
             "bleu_signature": evs[0]["beam"]["bleu_signature"], "chrf_signature": evs[0]["beam"]["chrf_signature"],
         }

@@ -147,7 +147,8 @@ def read_user_data(folder: Path) -> Dict[str, List[Pair]]:
     missing = [f"{s}.{lang}" for s in SPLITS for lang in LANGS if not (folder / f"{s}.{lang}").is_file()]
     if missing:
         raise UserFacingError(f"--data-dir {folder}: missing {', '.join(missing)} (give train/valid/test .en and .de "
-                              f"files, one sentence a line, or a folder without train.en to cache the LibreOffice data)")
+                              "files, one sentence a line, or a folder without train.en to cache the LibreOffice "
+                              "data)")
     out = {}
     for s in SPLITS:
         en = (folder / f"{s}.en").read_text(encoding="utf-8").splitlines()
@@ -168,8 +169,8 @@ def fetch_libreoffice(folder: Path) -> Path:
     if all((target / f"{s}.{lang}").is_file() for s in SPLITS for lang in LANGS) and provenance.use_derived(
             target, "EN-DE split cache (--data-dir)", user_folder=Path(folder) != cache_dir()):
         return target
-    how_to = (f"or download {PACKAGES['en']}_*.deb and {PACKAGES['de']}_*.deb by hand into the data folder "
-              f"(--data-dir DIR or $SPARSENORM_CACHE), or give your own train/valid/test.en/.de files with --data-dir DIR")
+    how_to = (f"or download {PACKAGES['en']}_*.deb and {PACKAGES['de']}_*.deb by hand into the data folder (--data-dir "
+              "DIR or $SPARSENORM_CACHE), or give your own train/valid/test.en/.de files with --data-dir DIR")
     Path(folder).mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
@@ -177,7 +178,8 @@ def fetch_libreoffice(folder: Path) -> Path:
         for lang in PACKAGES:
             deb = provenance.fetch_artifact(PACKAGES[lang], Path(folder), how_to=how_to)
             debs.append(deb)
-            root = extract_deb(deb, work / lang, f"extract {HELP_ROOTS[lang]} from {deb.name} yourself") / HELP_ROOTS[lang]
+            root = extract_deb(deb, work / lang,
+                               f"extract {HELP_ROOTS[lang]} from {deb.name} yourself") / HELP_ROOTS[lang]
             if not root.is_dir():
                 raise UserFacingError(f"{deb.name} has no {HELP_ROOTS[lang]} folder")
             roots[lang] = root

@@ -125,7 +125,8 @@ class TranslationExperiment:
         extra = config.extra
         base = {"quick": quick_settings, "decisive": decisive_settings,
                 "full": lambda: full_settings(resolve_device(config.device))}[config.mode]()
-        default = [n for n in DEFAULT_NORMALIZERS if n != "r_softmax"] if config.mode == "decisive" else DEFAULT_NORMALIZERS
+        default = ([n for n in DEFAULT_NORMALIZERS if n != "r_softmax"] if config.mode == "decisive"
+                   else DEFAULT_NORMALIZERS)
         normalizers = [extra["attention"]] if extra.get("attention") else list(config.normalizers or default)
         overrides = {s: extra[f"{s}_attention"] for s in SITES if extra.get(f"{s}_attention")}
         nproc = int(extra.get("nproc") or 1)
@@ -210,7 +211,8 @@ class TranslationExperiment:
         spec = self._spec(settings, context, job, device)
         clock = time.perf_counter()
         if settings.nproc > 1:
-            state = launch(spec, context["data_path"], settings.nproc, context["out"] / "checkpoints" / f"{job.key}.json")
+            state = launch(spec, context["data_path"], settings.nproc,
+                           context["out"] / "checkpoints" / f"{job.key}.json")
             model = build_model(spec).to(device)
             model.load_state_dict(state["model"])
             history, world = state["history"], settings.nproc

@@ -12,7 +12,7 @@ NLTK's implementation matches exact words, then stems, then WordNet synonyms. He
 * When WordNet cannot be fetched (no apt-get, offline), the synonym stage is empty ("stem-only METEOR")
   and the result says so (``method``).
 
-The paper's METEOR (57.20 for ev-softmax) is on IWSLT's English-side tools and is not comparable.
+The paper's METEOR (Table 4, :data:`.paper.PAPER_TABLE`) is on IWSLT's English-side tools and is not comparable.
 """
 from __future__ import annotations
 
@@ -55,7 +55,8 @@ def fetch_wordnet(folder: Path) -> Path:
             raise UserFacingError(f"{deb.name} has no usr/share/wordnet/data.noun or lexnames(5WN) page")
         staging = Path(tmp) / WORDNET_DIR
         shutil.copytree(source, staging)
-        (staging / "lexnames").write_text(lexnames_from_manpage(zlib.decompress(page.read_bytes(), 31).decode("latin-1")))
+        manpage = zlib.decompress(page.read_bytes(), 31).decode("latin-1")
+        (staging / "lexnames").write_text(lexnames_from_manpage(manpage))
         shutil.rmtree(target, ignore_errors=True)
         shutil.copytree(staging, target)
     provenance.write_derived(target, [deb])
@@ -120,7 +121,8 @@ def meteor(hypotheses: List[str], references: List[str], wordnet: Any) -> List[f
             for h, r in zip(hypotheses, references)]
 
 
-def meteor_of_records(records: List[Dict[str, Any]], folder: Optional[Path] = None) -> Tuple[Dict[str, Dict[int, float]], str]:
+def meteor_of_records(records: List[Dict[str, Any]],
+                      folder: Optional[Path] = None) -> Tuple[Dict[str, Dict[int, float]], str]:
     """``{normalizer: {seed: corpus METEOR}}`` (the mean of the sentences' METEOR) from the beam hypotheses stored in
     the job records, and the method; scores already in a record (``beam.meteor``) are used as they are."""
     reader, method = None, ""

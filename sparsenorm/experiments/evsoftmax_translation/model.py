@@ -125,7 +125,8 @@ class Seq2Seq(nn.Module):
         nn.init.normal_(self.embed.weight, std=cfg.d_model ** -0.5)
         self.register_buffer("positions", _sinusoids(cfg.max_len, cfg.d_model), persistent=False)
         self.encoder = nn.ModuleList(Block(cfg, attention["encoder"], None) for _ in range(cfg.enc_layers))
-        self.decoder = nn.ModuleList(Block(cfg, attention["decoder"], attention["cross"]) for _ in range(cfg.dec_layers))
+        self.decoder = nn.ModuleList(Block(cfg, attention["decoder"], attention["cross"])
+                                     for _ in range(cfg.dec_layers))
         self.enc_ln, self.dec_ln = nn.LayerNorm(cfg.d_model), nn.LayerNorm(cfg.d_model)
         self.out = nn.Linear(cfg.d_model, cfg.vocab, bias=False)
         self.out.weight = self.embed.weight  # tied embeddings

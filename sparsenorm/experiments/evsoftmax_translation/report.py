@@ -10,7 +10,7 @@ from ... import registry
 from .._shared.common import headless_pyplot, markdown_table, save_figure
 from .._shared.runner import Report
 from .model import SITES
-from .paper import PAPER_TABLE, POSTHOC, display_name
+from .paper import PAPER_SEEDS, PAPER_TABLE, POSTHOC, display_name
 
 
 # ------------------------------------------------------------------------------------ report
@@ -61,7 +61,8 @@ def _significance(summary) -> str:
     sig = summary.get("significance")
     if not sig:
         return "Paired bootstrap: not run (needs ev-softmax and another normalizer)."
-    body = [[display_name(n), f"{v['BLEU']['score']:.2f}", "–" if v["BLEU"]["p_value"] is None else f"{v['BLEU']['p_value']:.4f}",
+    body = [[display_name(n), f"{v['BLEU']['score']:.2f}",
+             "–" if v["BLEU"]["p_value"] is None else f"{v['BLEU']['p_value']:.4f}",
              f"{v['chrF']['score']:.2f}", "–" if v["chrF"]["p_value"] is None else f"{v['chrF']['p_value']:.4f}"]
             for n, v in sig["systems"].items()]
     return (f"Paired bootstrap resampling (sacrebleu, {sig['samples']} resamples) of each system against ev-softmax, "
@@ -149,22 +150,25 @@ def _examples(records: List[Dict[str, Any]], context) -> str:
 
 def _setting_section(summary: Dict[str, Any], settings, data: Dict[str, Any], first: Dict[str, Any], params: str
                      ) -> str:
+    s = settings
+    sites = f"overridden: {s.site_overrides}" if s.site_overrides else "all three sites"
+    bleu, chrf = first["bleu_signature"], first["chrf_signature"]
     return f"""
 ## Setting
 
 - **Data**: {data.get('source', 'see settings')}. Pairs: {data.get('pairs')}; used: {data.get('train_used')} training
   pairs ({data.get('train_tokens')} subword tokens), {data.get('test_used')} test pairs (at most
-  {settings.max_src_tokens} source subwords). Shared SentencePiece unigram vocabulary of {data.get('vocab')} pieces,
+  {s.max_src_tokens} source subwords). Shared SentencePiece unigram vocabulary of {data.get('vocab')} pieces,
   trained on the training split only.
-- **Model**: pre-LN encoder-decoder transformer, {settings.enc_layers}+{settings.dec_layers} layers, d {settings.d_model},
-  {settings.heads} heads, FFN {settings.ffn}, tied embeddings, dropout {settings.dropout}; the normalizer in encoder self-,
-  decoder self- and cross-attention ({'overridden: ' + str(settings.site_overrides) if settings.site_overrides else 'all three sites'});
-  output layer: {settings.output_normalizer} (registry loss, label smoothing {settings.label_smoothing} where the loss takes a
-  target distribution). Adam (0.9, 0.98), noam schedule (peak {settings.lr}, warm-up {settings.warmup}),
-  {settings.steps} steps of about {settings.max_tokens} tokens; world size {summary.get('world_size')} (DDP).
+- **Model**: pre-LN encoder-decoder transformer, {s.enc_layers}+{s.dec_layers} layers, d {s.d_model},
+  {s.heads} heads, FFN {s.ffn}, tied embeddings, dropout {s.dropout}; the normalizer in encoder self-,
+  decoder self- and cross-attention ({sites});
+  output layer: {s.output_normalizer} (registry loss, label smoothing {s.label_smoothing} where the loss takes a
+  target distribution). Adam (0.9, 0.98), noam schedule (peak {s.lr}, warm-up {s.warmup}),
+  {s.steps} steps of about {s.max_tokens} tokens; world size {summary.get('world_size')} (DDP).
   Parameters fixed: {params or 'none'} (registry defaults).
-- **Decoding**: beam {settings.beam} with length penalty alpha {settings.length_penalty} (and greedy), batched.
-- **Metrics**: sacrebleu on detokenised output: `{first['bleu_signature']}`, `{first['chrf_signature']}`. ROUGE-L: rouge-score
+- **Decoding**: beam {s.beam} with length penalty alpha {s.length_penalty} (and greedy), batched.
+- **Metrics**: sacrebleu on detokenised output: `{bleu}`, `{chrf}`. ROUGE-L: rouge-score
   (F1 over 13a tokens). METEOR: {summary.get('meteor_method') or 'not computed'}, per sentence over 13a tokens,
   lowercased, averaged over the test set (`evsoftmax_translation/meteor.py`; computed from the stored beam outputs when
   the results are aggregated). # attended: nonzero weights per query over valid keys of valid queries
@@ -175,12 +179,13 @@ def _setting_section(summary: Dict[str, Any], settings, data: Dict[str, Any], fi
 
 
 def _results_section(summary: Dict[str, Any], settings, names: List[str]) -> str:
+    longest = settings.max_src_tokens
     return f"""## Table 4, side by side
 
 {_table4(summary, names)}
 
 The paper does not say which attention its "# attended" counts; its Fig. 4 counts source words, so it is compared with
-our cross-attention row. Our sentences are shorter (software help paragraphs, at most {settings.max_src_tokens} subwords),
+our cross-attention row. Our sentences are shorter (software help paragraphs, at most {longest} subwords),
 so absolute counts are smaller; the ordering is what can be compared.
 
 ### # attended per layer (mean over queries and seeds)
@@ -195,6 +200,8 @@ so absolute counts are smaller; the ordering is what can be compared.
 
 
 def _differences_section(rows: Dict[str, Any], settings, examples: str, maps) -> str:
+    steps = ("a small model for a few hundred steps (quick mode)" if settings.steps < 2000
+             else f"{settings.steps} steps")
     return f"""## Masks: where this run differs from the authors' code
 
 The authors' OpenNMT fork filled masked scores with -1e18 *before* ev-softmax's mean, so the mean of every padded or
@@ -209,11 +216,11 @@ first run of ev-softmax attention with correct masks.
 
 - Data: LibreOffice help (software documentation, short paragraphs) instead of IWSLT'14 TED talks; `--data-dir` takes
   IWSLT'14 or any `train/valid/test.{{en,de}}` files.
-- No WMT'16 pre-training: each model is trained from scratch; {'a small model for a few hundred steps (quick mode)' if settings.steps < 2000 else f'{settings.steps} steps'}
+- No WMT'16 pre-training: each model is trained from scratch; {steps}
   instead of a fine-tuned transformer-base (40k/50k steps). The validation split is not used (no checkpoint selection).
 - Output layer softmax by default (the authors' code also put ev-softmax/sparsemax there; `--output-normalizer same`).
 - The # attended is counted with teacher forcing on the references, not during free decoding.
-- Seeds: {settings.seeds} (paper: 5); spread is the standard deviation over seeds (paper: standard error).
+- Seeds: {settings.seeds} (paper: {PAPER_SEEDS}); spread is the standard deviation over seeds (paper: standard error).
 
 ## Examples (beam, first seed)
 

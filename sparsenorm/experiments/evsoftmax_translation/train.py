@@ -132,7 +132,8 @@ def train(spec: Dict[str, Any], train_examples: List[Example], device: torch.dev
     model = build_model(spec).to(device)
     ddp = model
     if world > 1:
-        ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+        ddp = torch.nn.parallel.DistributedDataParallel(model,
+                                                        device_ids=[device.index] if device.type == "cuda" else None)
     optim = torch.optim.Adam(model.parameters(), lr=spec["lr"], betas=(0.9, 0.98), eps=1e-9)
     loss_fn, _ = output_loss(spec["output"], spec["label_smoothing"])
     history: List[List[float]] = []  # [step, mean token loss of the global batch]

@@ -9,7 +9,6 @@ fingerprint of the training split and the settings, as the CVAE's digit classifi
 from __future__ import annotations
 
 import copy
-import sys
 from pathlib import Path
 from typing import Any, Dict, Tuple
 
@@ -18,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .._shared.common import Stopwatch, progress, seed_everything
+from .._shared.common import Stopwatch, cache_model, load_cached_model, progress, seed_everything
 from .data import ImageSet
 
 
@@ -71,15 +70,11 @@ def load_or_train(data: ImageSet, store: Path, device: torch.device, *, epochs: 
     architecture = f"ResNet: 3x3 stem + 3 basic blocks ({width}-{2 * width}-{4 * width} channels), Adam 1e-3, batch 128"
     path = Path(store) / f"vqvae-classifier-{data.fingerprint()}-w{width}-e{epochs}-n{n_train}.pt"
     model = SmallResNet(data.train_x.shape[1], data.n_classes, width)
-    if path.is_file():
-        try:
-            saved = torch.load(path, map_location="cpu", weights_only=True)
-            model.load_state_dict(saved["state_dict"])
-            info = {k: saved[k] for k in ("test_accuracy", "test_top3", "val_accuracy", "epochs", "train_time_s")}
-            return model.to(device).eval(), {**info, "architecture": architecture, "train_images": n_train,
-                                             "cached": True}
-        except Exception as exc:  # a stale or corrupt cache is retrained, not fatal
-            print(f"sparsenorm: retraining the image classifier ({path} unreadable: {exc})", file=sys.stderr)
+    info = load_cached_model(path, model, ("test_accuracy", "test_top3", "val_accuracy", "epochs", "train_time_s"),
+                             "image classifier")
+    if info is not None:
+        return model.to(device).eval(), {**info, "architecture": architecture, "train_images": n_train,
+                                         "cached": True}
     clock = Stopwatch()
     gen = seed_everything(seed)
     model = model.to(device)
@@ -107,11 +102,5 @@ def load_or_train(data: ImageSet, store: Path, device: torch.device, *, epochs: 
     info = {"test_accuracy": topk_accuracy(test_logits, data.test_y, 1),
             "test_top3": topk_accuracy(test_logits, data.test_y, 3),
             "val_accuracy": best, "epochs": epochs, "train_time_s": round(clock.elapsed, 1)}
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_name(path.name + ".part")
-        torch.save({"state_dict": {k: v.cpu() for k, v in model.state_dict().items()}, **info}, partial)
-        partial.replace(path)
-    except OSError as exc:
-        print(f"sparsenorm: could not cache the image classifier in {path.parent}: {exc}", file=sys.stderr)
+    cache_model(path, model, info, "image classifier")
     return model, {**info, "architecture": architecture, "train_images": n_train, "cached": False}

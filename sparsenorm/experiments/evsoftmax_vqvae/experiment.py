@@ -144,8 +144,10 @@ class VQVAEExperiment:
                              codebook=s.codebook, restart_dead=s.restart_dead, restart_every=s.restart_every,
                              init=s.codebook_init)
         n_train = len(data.train_y) if s.vq_train_images is None else min(s.vq_train_images, len(data.train_y))
+        restart = f"-restart{s.restart_every}" if s.restart_dead else ""
+        kmeans = "-kmeans" if s.codebook_init == "kmeans" else ""
         key = (f"vqvae-{data.fingerprint()}-seed{seed}-h{s.vq_hidden}-k{s.codes}-{s.codebook}"
-               f"{f'-restart{s.restart_every}' if s.restart_dead else ''}{'-kmeans' if s.codebook_init == 'kmeans' else ''}-e{s.vq_epochs}-lr{s.vq_lr:g}-b{s.vq_batch}-beta{s.beta:g}"
+               f"{restart}{kmeans}-e{s.vq_epochs}-lr{s.vq_lr:g}-b{s.vq_batch}-beta{s.beta:g}"
                f"-n{n_train}"
                f"{f'-steps{s.max_steps}' if s.max_steps else ''}.pt")
         path = out / "models" / key

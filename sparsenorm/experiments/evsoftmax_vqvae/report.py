@@ -131,12 +131,15 @@ def _restarts(counts) -> str:
 
 def _results_section(summary: Dict[str, Any], settings, context, table3, fit, vq_rows) -> List[str]:
     """Stage 1 (the VQ-VAE), Table 3, and how well each prior fits the test codes."""
+    kmeans = (", codebook started at the k-means centres of the first batch" if settings.codebook_init == "kmeans"
+              else "")
+    restarts = ((f", dead-code restarts every {settings.restart_every} steps" if settings.restart_every
+                 else ", dead-code restarts after each epoch") if settings.restart_dead else "")
     return [
         "## Stage 1: the VQ-VAE (trained once per seed, shared by every prior)", "",
         f"Width {settings.vq_hidden}, β = {settings.beta:g}, codebook updates by "
         f"{'the codebook loss (the paper)' if settings.codebook == 'loss' else 'EMA'}"
-        f"{', codebook started at the k-means centres of the first batch' if settings.codebook_init == 'kmeans' else ''}"
-        f"{(f', dead-code restarts every {settings.restart_every} steps' if settings.restart_every else ', dead-code restarts after each epoch') if settings.restart_dead else ''}, Adam {settings.vq_lr:g}, "
+        f"{kmeans}{restarts}, Adam {settings.vq_lr:g}, "
         f"{settings.vq_epochs} epoch(s). Codes used and perplexity (exp of the entropy of the code histogram) on the "
         "test grids; the last column is the classifier's accuracy on VQ-VAE reconstructions of test images, the "
         "ceiling for samples.", "",

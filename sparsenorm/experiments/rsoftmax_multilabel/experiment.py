@@ -18,8 +18,8 @@ from . import claims as verdicts
 from .data import average_label_sweep, document_length_sweep, load_real_data, make_synthetic
 from .methods import RSoftmaxOptions, methods_for
 from .paper import GATE
-from .paper import (BATCH_SIZE, CLASS_COUNTS, COUNT_DECODES, COUNT_HEADS, DEFAULT_NORMALIZERS, FIXED_DOCUMENT_LENGTH, HIDDEN,
-                    LEARNING_RATE, RATE_GRADS)
+from .paper import (BATCH_SIZE, CLASS_COUNTS, COUNT_DECODES, COUNT_HEADS, DEFAULT_NORMALIZERS, FIXED_DOCUMENT_LENGTH,
+                    HIDDEN, LEARNING_RATE, RATE_GRADS)
 from .report import body, figures
 from .train import make_split, run_datasets
 
@@ -92,8 +92,8 @@ class MultilabelExperiment:
                     "CPU-s (69 min on 2 cores with 2 workers), yeast 331 CPU-s.")
     decisive_note = ("Decisive mode: 6 seeds, 100 epochs (full: 150), 3 points per sweep (full: 5) for 10, 20 and 30 "
                      "classes (15 synthetic settings) and yeast: about 50 min on 2 cores (estimated from full mode's "
-                     "measured 7,415 CPU-s for 27 settings x 3 seeds x 150 epochs and 331 CPU-s for yeast). Leaves out: "
-                     "the sweeps' middle points and the last 50 epochs.")
+                     "measured 7,415 CPU-s for 27 settings x 3 seeds x 150 epochs and 331 CPU-s for yeast). Leaves "
+                     "out: the sweeps' middle points and the last 50 epochs.")
     quick_note = ("Quick mode trains 5 epochs instead of 150, with 2 seeds and 3 points per sweep: the models are not "
                   "converged, so its verdicts are indicative only.")
     # Job.params carries the data set; these only choose which jobs exist or how they are run.
@@ -124,8 +124,10 @@ class MultilabelExperiment:
         return replace(
             base, epochs=config.epochs or base.epochs, seeds=config.seeds or base.seeds, max_steps=config.max_steps,
             normalizers=tuple(config.normalizers) if config.normalizers else None,
-            count_head=extra.get("count_head", base.count_head), count_decode=extra.get("count_decode", base.count_decode),
-            rate_grad=extra.get("rate_grad", base.rate_grad), hourglass_q=float(extra.get("hourglass_q", base.hourglass_q)),
+            count_head=extra.get("count_head", base.count_head),
+            count_decode=extra.get("count_decode", base.count_decode),
+            rate_grad=extra.get("rate_grad", base.rate_grad),
+            hourglass_q=float(extra.get("hourglass_q", base.hourglass_q)),
             data=extra.get("data", base.data), class_counts=tuple(extra.get("class_counts", base.class_counts)),
             workers=int(extra.get("workers", base.workers)))
 
@@ -160,7 +162,8 @@ class MultilabelExperiment:
         """``{"records": [...]}``: one record per data set of the job (see :func:`dataset_records`)."""
         p = job.params
         if p["dataset"] == "synthetic":
-            datasets = [make_synthetic(p["n_classes"], g["n_labels"], g["length"], seed=job.seed) for g in p["settings"]]
+            datasets = [make_synthetic(p["n_classes"], g["n_labels"], g["length"], seed=job.seed)
+                        for g in p["settings"]]
             splits = [make_split(d, device) for d in datasets]
             sweeps = [g["sweep"] for g in p["settings"]]
         else:

@@ -54,7 +54,8 @@ class Method:
     def variants(self) -> List[str]:
         """Names of the predictions it yields (softmax: one per threshold)."""
         if self.key == "softmax":
-            return [softmax_variant(m) for m in THRESHOLD_MULTIPLES] + [fixed_softmax_variant(p) for p in FIXED_THRESHOLDS]
+            return ([softmax_variant(m) for m in THRESHOLD_MULTIPLES]
+                    + [fixed_softmax_variant(p) for p in FIXED_THRESHOLDS])
         return [self.key]
 
 
@@ -294,7 +295,8 @@ def training_loss(method: Method, model: nn.Module, x: Tensor, y: Tensor, *, hou
 
 @torch.no_grad()
 def predict(method: Method, model: MultilabelNet, x: Tensor, *, hourglass_q: float = 1.0,
-            rsoftmax: RSoftmaxOptions = RSoftmaxOptions()) -> Tuple[Dict[str, np.ndarray], np.ndarray, Optional[np.ndarray]]:
+            rsoftmax: RSoftmaxOptions = RSoftmaxOptions()
+            ) -> Tuple[Dict[str, np.ndarray], np.ndarray, Optional[np.ndarray]]:
     """0/1 predicted label sets per variant, the label scores (for top-k ranking) and r-softmax's predicted counts."""
     h, logits = model(x)
     scores = logits.cpu().numpy()

@@ -35,7 +35,8 @@ def plot_sweep(records: List[Dict], axis: str, variants: List[str], class_counts
         key = "n_labels_param" if axis == "labels" else "length_param"
         xs = sorted({r["data"][key] for r in recs})
         for variant in shown:
-            values = [[r["methods"][variant]["example_f1"] for r in recs if r["data"][key] == x and variant in r["methods"]]
+            values = [[r["methods"][variant]["example_f1"] for r in recs
+                       if r["data"][key] == x and variant in r["methods"]]
                       for x in xs]
             means = [np.mean(v) if v else math.nan for v in values]
             if all(math.isnan(m) for m in means):
@@ -62,13 +63,14 @@ def plot_curves(records: List[Dict], variants: List[str], name: str, path: Path)
     plt = headless_pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
     for variant in variants:
-        curves = [r["methods"][variant]["curve"] for r in real
-                  if variant in r["methods"] and "curve" in r["methods"][variant] and "chosen" not in r["methods"][variant]]
+        curves = [r["methods"][variant]["curve"] for r in real if variant in r["methods"]
+                  and "curve" in r["methods"][variant] and "chosen" not in r["methods"][variant]]
         if not curves:
             continue
         length = min(len(c) for c in curves)
         mean = np.mean([c[:length] for c in curves], axis=0)
-        ax.plot(np.arange(1, length + 1), mean, label=variant, **{k: v for k, v in _style(variant).items() if k != "marker"})
+        ax.plot(np.arange(1, length + 1), mean, label=variant,
+                **{k: v for k, v in _style(variant).items() if k != "marker"})
     ax.set_xlabel("epoch")
     ax.set_ylabel("example-based F1 (test)")
     ax.set_title(f"{name}: learning curves (mean over seeds)")
@@ -117,7 +119,8 @@ def _setup(summary: Dict[str, Any], settings) -> List[str]:
         "",
         f"r-softmax: label-count head **{settings.count_head}**"
         + (" (both a linear head and a one-hidden-layer MLP head are trained; the one with the better selection F1 "
-           "is kept per data set and seed: " + ", ".join(f"{k} {n}×" for k, n in summary["chosen"].get("r_softmax", {}).items())
+           "is kept per data set and seed: "
+           + ", ".join(f"{k} {n}×" for k, n in summary["chosen"].get("r_softmax", {}).items())
            + ")" if settings.count_head == "auto" else "")
         + f"; count decoded by **{settings.count_decode}**; Eq. 4's gradient **{settings.rate_grad}** the quantile "
         "threshold (the authors' code detaches it). Sparsehourglass at "
@@ -136,15 +139,16 @@ def _real_section(summary: Dict[str, Any], settings, context: Dict[str, Any], fi
         if real:
             lines += [f"Data: {real['n_train']} train / {real['n_eval']} test, {real['n_features']} features, "
                       f"{real['n_labels']} labels; {context['real_split']}; epoch and p0 chosen on "
-                      f"{settings.real_validation_fraction:.0%} of the training part held out (seeded). Mean ± std over "
-                      "seeds of the test scores at the selected epoch. The paper has no yeast result: its Table 1 "
+                      f"{settings.real_validation_fraction:.0%} of the training part held out (seeded). Mean ± std "
+                      "over seeds of the test scores at the selected epoch. The paper has no yeast result: its Table 1 "
                       "numbers are for VOC and COCO (pre-trained ResNets), shown to compare rankings, not values.", ""]
         rows = []
         for v in summary["variants"]:
             s = summary["real"].get(v)
             if not s:
                 continue
-            rows.append([v] + [_pm(s.get(f)) for f in F1S] + [_pm(s.get("known_count_topk_f1")), _pm(s.get("count_accuracy")),
+            rows.append([v] + [_pm(s.get(f)) for f in F1S] + [_pm(s.get("known_count_topk_f1")),
+                                                              _pm(s.get("count_accuracy")),
                         f"{s['mean_set_size']['mean']:.2f} (true {s['true_mean_set_size']['mean']:.2f})",
                         _paper(v, 0), _paper(v, 1)])
         lines += [markdown_table(["method"] + [F1_NAMES[f] for f in F1S] + ["known-count top-k F1", "count accuracy",
@@ -159,11 +163,12 @@ def _synthetic_section(summary: Dict[str, Any], settings, figs: Dict[str, Path],
     lines: List[str] = []
     if summary["synthetic"]:
         lines += ["## Synthetic data: Fig. 2-style", "",
-                  "scikit-learn `make_multilabel_classification`, 5,000 examples, 128 features, 80/20 train/validation, "
-                  f"classes {', '.join(map(str, settings.class_counts))}, every example with at least one label; features "
-                  f"z-scored. (a) average labels swept at document length {FIXED_DOCUMENT_LENGTH:,} "
-                  f"({sweeps['labels']}); (b) document length swept ({sweeps['length']}) with average labels = half the "
-                  "classes. Best validation F1 over epochs, as in the paper (also for p0).", ""]
+                  "scikit-learn `make_multilabel_classification`, 5,000 examples, 128 features, 80/20 "
+                  f"train/validation, classes {', '.join(map(str, settings.class_counts))}, every example with at "
+                  "least one label; features z-scored. (a) average labels swept at document length "
+                  f"{FIXED_DOCUMENT_LENGTH:,} ({sweeps['labels']}); (b) document length swept ({sweeps['length']}) "
+                  "with average labels = half the classes. Best validation F1 over epochs, as in the paper (also for "
+                  "p0).", ""]
         lines += [f"![F1 vs {k}]({figs[k].name})\n" for k in ("labels", "length") if k in figs]
         for f1 in F1S:
             header, rows = setting_table(summary, f1)
@@ -183,11 +188,12 @@ def _differences(summary: Dict[str, Any]) -> List[str]:
         "real-data numbers are not comparable in value.",
         "- The paper does not state the sweep values, hidden width, batch size, feature scaling or seeds; ours are "
         "listed above.",
-        f"- Sparsemax+hinge is Laha et al.'s pairwise hinge at alpha = 1. Margin of the \"on par\" claims (non-inferiority): "
-        f"{APPROX_TOLERANCE:.2f} F1.",
+        "- Sparsemax+hinge is Laha et al.'s pairwise hinge at alpha = 1. Margin of the \"on par\" claims "
+        f"(non-inferiority): {APPROX_TOLERANCE:.2f} F1.",
         "- r-softmax: the sparsity rate comes from a label-count head on the hidden features trained with the count "
         "cross-entropy next to Eq. 4 (our reading of the paper's one-sentence \"additional layer\").",
-        "- ev-softmax (not in either paper): trained through Eq. 10 with cross-entropy to y/|y|, predicting its support.",
+        "- ev-softmax (not in either paper): trained through Eq. 10 with cross-entropy to y/|y|, predicting its "
+        "support.",
         "",
         "Mean seconds per training run: " + ", ".join(f"{k} {v:.1f}" for k, v in summary["seconds_per_run"].items())
         + ". A class count's synthetic settings are trained side by side (stacked networks, each on its own "
