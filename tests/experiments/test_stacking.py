@@ -10,8 +10,10 @@ m / sqrt(v) is scale-free, so a relative gradient error of d moves it by <= 2d),
 theirs, so after T = 6 steps they agree to ~T x 2 x 64 u ~ 1e-13. We allow rtol = atol = 1e-11: 100x
 that bound, still ~10^8 times below what a real coupling bug gives (a mean over copies instead of a
 sum, one copy's batch or optimizer state leaking into another: differences of 1e-3 or more, which
-the last tests show). A copy whose inputs do not change must not change at all: batched kernels
-compute each batch entry from its own operands only, so that test is exact.
+the last tests show). A copy whose inputs do not change is held to the same tolerance, not to bit
+equality: a batched kernel computes each batch entry from its own operands, but BLAS may block an
+entry's sums differently with the operands' memory alignment, which other tests' allocations change
+(copy 0 moved by 2.8e-17 after test_ssvae.py ran first in the same process).
 """
 from __future__ import annotations
 
@@ -119,14 +121,15 @@ def test_stacked_seeds_follow_their_separate_trajectories(norm_name, kind, clip)
 
 
 def test_copies_are_independent():
-    """Changing copy 1's data changes copy 1's trajectory only; the others' do not move by one bit."""
+    """Changing copy 1's data changes copy 1's trajectory only; the others' move by rounding at most."""
     loss = _loss("sparsemax")
     base, other = _data(), _data(seed=8, shift=1.0)
     losses_a, params_a = _stacked(SEEDS, [base, base, base], loss, "adam", None)
     losses_b, params_b = _stacked(SEEDS, [base, other, base], loss, "adam", None)
     for s in (0, 2):
-        assert torch.equal(losses_a[s], losses_b[s])
-        assert all(torch.equal(params_a[s][k], params_b[s][k]) for k in params_a[s])
+        torch.testing.assert_close(losses_a[s], losses_b[s], rtol=RTOL, atol=ATOL)
+        for k in params_a[s]:
+            torch.testing.assert_close(params_a[s][k], params_b[s][k], rtol=RTOL, atol=ATOL)
     assert (losses_a[1] - losses_b[1]).abs().max() > 1e-3
 
 
