@@ -63,7 +63,7 @@ def _pad(hist: Tensor, width: int) -> Tensor:
     return torch.nn.functional.pad(hist, (0, width - hist.shape[1]))
 
 
-@dataclass
+@dataclass(eq=False)  # identity: nested blocks are told apart (field equality would compare tensors)
 class AttentionStats:
     """What one :func:`record` collected: ``layers[name]`` is a :class:`LayerStats`."""
 

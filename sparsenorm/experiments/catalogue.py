@@ -30,11 +30,15 @@ CLAIMS: Tuple[PaperClaim, ...] = (
     *SM_THEORY, *_paper("multilabel").SPARSEMAX_PAPER_CLAIMS, *SM_NOT_RUN,
 )
 
-BY_KEY: Dict[str, PaperClaim] = {c.key: c for c in CLAIMS}
-if len(BY_KEY) != len(CLAIMS):
+OWN_CLAIMS: Tuple[PaperClaim, ...] = (*_paper("llm").OWN_CLAIMS,)
+"""The claims of sparsenorm's own experiments (no paper's), listed in the index under their own heading."""
+
+BY_KEY: Dict[str, PaperClaim] = {c.key: c for c in CLAIMS + OWN_CLAIMS}
+if len(BY_KEY) != len(CLAIMS) + len(OWN_CLAIMS):
     raise RuntimeError("duplicate claim keys in the catalogue")
 
 
 def write_paper_index(root: Path) -> Path:
-    """Write ``root/README.md``, the index of every claim of :data:`CLAIMS` (see :mod:`._shared.paper_index`)."""
-    return paper_index.write_paper_index(root, CLAIMS)
+    """Write ``root/README.md``, the index of every claim of :data:`CLAIMS` and :data:`OWN_CLAIMS` (see
+    :mod:`._shared.paper_index`)."""
+    return paper_index.write_paper_index(root, CLAIMS, OWN_CLAIMS)

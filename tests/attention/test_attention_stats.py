@@ -7,6 +7,7 @@ from torch import nn
 
 import sparsenorm.attention as attention
 from sparsenorm.attention import MultiheadAttention, record, sparse_attention
+from sparsenorm.attention import stats as stats_module
 from sparsenorm.kernels import attention_dispatch as attention_ops
 
 
@@ -70,3 +71,17 @@ def test_no_weight_tensor_is_kept_alive_and_nothing_is_recorded_outside():
     sparse_attention(q, k, v)
     assert torch.equal(stats.layers["sparse_attention"].queries, before)
     assert not attention.stats.recording()
+
+
+def test_nested_blocks_each_collect_and_close():
+    """An inner block closes without disturbing the outer one (both see the calls inside both)."""
+    gen = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(1, 2, 5, 4, generator=gen) for _ in range(3))
+    with record() as outer:
+        sparse_attention(q, k, v)
+        with record() as inner:
+            sparse_attention(q, k, v)
+        sparse_attention(q, k, v)
+    assert not stats_module.recording()
+    assert int(inner.layers["sparse_attention"].queries.sum()) == 2 * 5
+    assert int(outer.layers["sparse_attention"].queries.sum()) == 3 * 2 * 5

@@ -125,12 +125,14 @@ def index_rows(root: Path, claims: Sequence[PaperClaim]
     return rows, counts(verdicts), runs
 
 
-def write_paper_index(root: Path, claims: Sequence[PaperClaim]) -> Path:
-    """Write ``root/README.md``, the index of ``claims`` (see the module docstring); return its path."""
+def write_paper_index(root: Path, claims: Sequence[PaperClaim], own_claims: Sequence[PaperClaim] = ()) -> Path:
+    """Write ``root/README.md``, the index of the papers' ``claims`` and, under their own heading, the claims of
+    sparsenorm's own experiments ``own_claims`` (see the module docstring); return its path."""
     root = Path(root)
     if not root.is_dir():
         raise FileNotFoundError(f"--index {root}: not a folder")
     rows, tally, runs = index_rows(root, claims)
+    own_rows, own_tally, _ = index_rows(root, own_claims)
     per_paper: Dict[str, int] = {}
     for entry in claims:
         per_paper[entry.paper] = per_paper.get(entry.paper, 0) + 1
@@ -162,6 +164,19 @@ def write_paper_index(root: Path, claims: Sequence[PaperClaim]) -> Path:
                         "paper's regime", "verdict", "report"], rows),
         "",
     ]
+    if own_claims:
+        lines += [
+            "## sparsenorm's own experiments (not claims of the papers)",
+            "",
+            f"**{len(own_claims)} claims** of experiments no paper ran (catalogue: `OWN_CLAIMS` in the experiment's "
+            "`paper.py`), judged by the same rule, in its words (*reproduced*: the stated hypothesis holds); "
+            "*expected* is what the issue that asked for the experiment had seen, if anything. Verdicts: "
+            + ", ".join(f"{n} {v}" for v, n in sorted(own_tally.items(), key=lambda kv: -kv[1])) + ".",
+            "",
+            markdown_table(["id", "source", "where", "claim", "expected", "ours (evidence)", "paired units", "mode",
+                            "regime", "verdict", "report"], own_rows),
+            "",
+        ]
     new = [[f"[{run['folder']}]({run['folder']}/report.md)", _cell(c["claim"]), _cell(_short(c["evidence"]))]
            for run in runs for c in run["claims"] if not c.get("key") and c["verdict"] == NEW]
     if new:
