@@ -12,7 +12,7 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
 fi
 stamp=.venv/.sparsenorm-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-    .venv/bin/pip install --quiet -e ".[test,experiments,fast,hf,mt,gpu,docs]"
+    .venv/bin/pip install --quiet -e ".[test,experiments,fast,hf,mt,gpu,docs,llm]"
     touch "$stamp"
 fi
 # Build the C++ CPU kernels once into the cache (a no-op when built; on failure one warning line,

