@@ -11,7 +11,7 @@ from sparsenorm.experiments import committed
 from sparsenorm.experiments._shared import paper_claims, paper_index, verdict
 
 ROOT = Path(__file__).resolve().parents[2]
-KEY = re.compile(r'"((?:ev|r|sm)\.[a-z0-9_]+\.[a-z0-9_]+)"')
+KEY = re.compile(r'"((?:ev|r|sm|own)\.[a-z0-9_]+\.[a-z0-9_]+)"')
 
 
 def _keys_emitted(package: str) -> set:
@@ -21,9 +21,9 @@ def _keys_emitted(package: str) -> set:
 
 def test_every_experiment_claim_is_catalogued_and_every_catalogued_run_claim_is_emitted():
     emitted = set().union(*(_keys_emitted(p) for p in EXPERIMENTS.values()))
-    run_claims = {c.key for c in paper_claims.CLAIMS if c.experiment}
+    run_claims = {c.key for c in paper_claims.CLAIMS + paper_claims.OWN_CLAIMS if c.experiment}
     assert emitted == run_claims
-    for c in paper_claims.CLAIMS:  # each claim is run by an experiment, checked by tests, or says why not
+    for c in paper_claims.CLAIMS + paper_claims.OWN_CLAIMS:  # each claim is run by an experiment, checked by tests, or says why not
         assert sum(map(bool, (c.experiment, c.tests, c.measured, c.not_run))) == 1, c.key
         assert c.experiment is None or c.experiment in EXPERIMENTS
 
@@ -62,6 +62,10 @@ def test_index_prefers_the_most_decisive_run_and_lists_unrun_claims(tmp_path):
     waiting = next(line for line in text.splitlines() if line.startswith("| ev.ssvae.beats_monte_carlo "))
     assert "**no committed run**" in waiting and "reproduce ssvae --decisive" in waiting
     assert "| extra |" in text  # a new comparison, in its own table
+    # sparsenorm's own experiments: their claims under their own heading, after the papers' table
+    own = text.index("## sparsenorm's own experiments")
+    assert text.index("| ev.cvae.five_modes ") < own < text.index("| own.llm.posthoc_on_par ")
+    assert f"**{len(paper_claims.OWN_CLAIMS)} claims** of experiments no paper ran" in text
     # A decisive run resting on more paired units than the full run is the stronger evidence; on equal units
     # the full run is kept, and a quick run never outranks either, whatever its count.
     _results(tmp_path / "decisive" / "cvae", "decisive", [claim(verdict.REPRODUCED, 10)])

@@ -19,7 +19,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from . import regime
 from .common import markdown_table
-from .paper_claims import CLAIMS, PaperClaim
+from .paper_claims import CLAIMS, OWN_CLAIMS, PaperClaim
 from .verdict import NEW, NOT_RUN, NOT_TESTABLE, counts, label_mode, rule_paragraph
 
 MODE_RANK = {"full": 0, "decisive": 1, "quick": 2}
@@ -90,11 +90,13 @@ def _best_judgement(entry: PaperClaim, runs: List[Dict[str, Any]]) -> Optional[T
     return found[0] if found else None
 
 
-def index_rows(root: Path) -> Tuple[List[List[str]], Dict[str, int], List[Dict[str, Any]]]:
-    """One row per catalogued claim; the verdict counts; the runs read."""
+def index_rows(root: Path, catalogue: Tuple[PaperClaim, ...] = CLAIMS
+               ) -> Tuple[List[List[str]], Dict[str, int], List[Dict[str, Any]]]:
+    """One row per claim of ``catalogue`` (the papers', or :data:`.paper_claims.OWN_CLAIMS`); the verdict counts;
+    the runs read."""
     runs = load_runs(root)
     rows, verdicts = [], []
-    for entry in CLAIMS:
+    for entry in catalogue:
         gate = "–"
         judged = _best_judgement(entry, runs)
         if judged is not None:
@@ -128,6 +130,7 @@ def write_paper_index(root: Path) -> Path:
     if not root.is_dir():
         raise FileNotFoundError(f"--index {root}: not a folder")
     rows, tally, runs = index_rows(root)
+    own_rows, own_tally, _ = index_rows(root, OWN_CLAIMS)
     per_paper: Dict[str, int] = {}
     for entry in CLAIMS:
         per_paper[entry.paper] = per_paper.get(entry.paper, 0) + 1
@@ -156,6 +159,17 @@ def write_paper_index(root: Path) -> Path:
         "",
         markdown_table(["id", "paper", "where", "claim", "paper's value", "ours (evidence)", "paired units", "mode",
                         "paper's regime", "verdict", "report"], rows),
+        "",
+    ]
+    lines += [
+        "## sparsenorm's own experiments (not claims of the papers)",
+        "",
+        f"**{len(OWN_CLAIMS)} claims** of experiments no paper ran (catalogue: `OWN_CLAIMS` in the same file), judged by "
+        "the same rule; *expected* is what the issue that asked for the experiment had seen, if anything. Verdicts: "
+        + ", ".join(f"{n} {v}" for v, n in sorted(own_tally.items(), key=lambda kv: -kv[1])) + ".",
+        "",
+        markdown_table(["id", "source", "where", "claim", "expected", "ours (evidence)", "paired units", "mode",
+                        "regime", "verdict", "report"], own_rows),
         "",
     ]
     new = [[f"[{run['folder']}]({run['folder']}/report.md)", _cell(c["claim"]), _cell(_short(c["evidence"]))]

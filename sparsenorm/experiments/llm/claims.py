@@ -147,11 +147,11 @@ def judge_claims(summary: Dict[str, Any]) -> List[Claim]:
     coverage = summary["per_chunk"].get("next_token", {})
     # (ev-softmax's own support is about half the vocabulary: it and its truncations keep the true token at nearly
     # every position, so a paired coverage test has no nonzero pairs; the report shows its row.)
-    for label, words in (("entmax15", "1.5-entmax"), ("sparsemax", "sparsemax")):
+    for label, words, key in (("entmax15", "1.5-entmax", "own.llm.coverage_entmax15"),
+                              ("sparsemax", "sparsemax", "own.llm.coverage_sparsemax")):
         text = (f"{words} on the LM head (next-token distribution) keeps the true next token in "
                 f"its support more often than top-p (primary), top-k and min-p truncations of softmax at the same mean "
                 f"support (calibrated on separate chunks)")
-        key = f"own.llm.coverage_{label}"
         if label not in coverage:
             claims.append(Claim(text, NOT_TESTABLE, f"needs the next-token job with {label}", key=key))
             continue
