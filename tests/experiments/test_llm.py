@@ -118,6 +118,12 @@ def test_model_dir_without_config_is_refused(tmp_path):
         llm_model.weights_dir(tmp_path)
 
 
+def test_gguf_conversion_without_its_extra_names_it(tmp_path, monkeypatch):
+    monkeypatch.setitem(__import__("sys").modules, "gguf", None)  # `import gguf` raises ImportError
+    with pytest.raises(UserFacingError, match=r"needs gguf \(pip install 'sparsenorm\[llm\]'\)"):
+        llm_model.convert_gguf(tmp_path, "model.gguf", tmp_path / "out")
+
+
 # ---------------------------------------------------------------- evaluation on the tiny model
 
 @pytest.fixture(scope="module")

@@ -59,6 +59,7 @@ def test_the_claims_index_without_the_experiments_extra_exits_with_one_line_nami
     ("finetune", EXPERIMENT_EXTRAS, "experiments,hf"),
     ("multilabel", "scikit-learn", "experiments"),
     ("finetune", "transformers", "hf"),
+    ("llm", "transformers", "hf"),
     ("mt", "sacrebleu", "mt"),
 ])
 def test_an_experiment_without_its_extra_exits_with_one_line_naming_it(experiment, blocked, extra):
