@@ -120,7 +120,7 @@ def _next_token_table(summary) -> List[str]:
 
 def _figures(out: Path, summary) -> Dict[str, Path]:
     plt = headless_pyplot()
-    from matplotlib.ticker import NullFormatter
+    from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
 
     att = summary["attention"]
     sweep = summary.get("sweep", {})
@@ -129,11 +129,13 @@ def _figures(out: Path, summary) -> Dict[str, Path]:
     ax = axes[0]
     for label, a in att.items():
         ax.scatter(a["kept"], a["perplexity"], s=40)
-        ax.annotate(WORDS.get(label, label), (a["kept"], a["perplexity"]), fontsize=8, xytext=(4, 3),
-                    textcoords="offset points")
+        ax.annotate(WORDS.get(label, label), (a["kept"], a["perplexity"]), fontsize=8,
+                    xytext=(-24, -14) if label == "softmax" else (4, 3), textcoords="offset points")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+    ax.yaxis.set_major_formatter(ScalarFormatter())
     ax.yaxis.set_minor_formatter(NullFormatter())
     ax.set_xlabel("attention weights kept (all layers)")
     ax.set_ylabel("perplexity")
@@ -160,15 +162,17 @@ def _figures(out: Path, summary) -> Dict[str, Path]:
 
     labels = [label for label in att if label != "softmax" and att[label]["kept_layer_head"]]
     if labels:
-        fig, axes = plt.subplots(1, len(labels), figsize=(2.6 * len(labels), 4.8), squeeze=False)
+        matrices = {label: np.array(att[label]["kept_layer_head"], dtype=float) for label in labels}
+        norm = _log_norm(np.concatenate([m.ravel() for m in matrices.values()]))  # one scale for every panel
+        fig, axes = plt.subplots(1, len(labels), figsize=(2.4 * len(labels) + 1.2, 4.8), squeeze=False,
+                                 sharey=True, constrained_layout=True)
         for ax, label in zip(axes[0], labels):
-            matrix = np.array(att[label]["kept_layer_head"], dtype=float)
-            image = ax.imshow(matrix, aspect="auto", cmap="magma", norm=_log_norm(matrix))
+            image = ax.imshow(matrices[label], aspect="auto", cmap="magma", norm=norm)
             ax.set_title(WORDS.get(label, label), fontsize=9)
             ax.set_xlabel("head")
-            ax.set_ylabel("layer")
-            fig.colorbar(image, ax=ax, fraction=0.08)
-        fig.suptitle("Fraction of attention weights kept, per layer and head")
+        axes[0][0].set_ylabel("layer")
+        fig.colorbar(image, ax=list(axes[0]), label="fraction kept (log scale)")
+        fig.suptitle("Fraction of attention weights kept, per layer and head (every layer sparse)")
         figures["kept_per_head"] = save_figure(fig, out / "kept_per_layer_head.png")
     return figures
 
@@ -179,7 +183,7 @@ def _log_norm(matrix: np.ndarray):
     positive = matrix[matrix > 0]
     if positive.size == 0:
         return None
-    return LogNorm(vmin=max(positive.min(), 1e-4), vmax=max(matrix.max(), positive.min() * 1.01))
+    return LogNorm(vmin=max(positive.min(), 1e-4), vmax=max(1.0, positive.min() * 1.01))
 
 
 def write_report(out: Path, summary: Dict[str, Any], records: List[Dict[str, Any]], settings, context) -> Report:
