@@ -151,5 +151,5 @@ def test_readme_experiment_table_counts_match_the_generated_claims_index():
                               (part.split(" ", 1) for part in match.group(2).split(", "))})
             assert sum(counts.values()) == int(match.group(1)), line
             readme[cells[0].strip("`")] = counts
-    assert set(readme) == set(index) == {"cvae", "multilabel", "ssvae", "mt", "vqvae", "finetune"}
+    assert set(readme) == set(index) == {"cvae", "multilabel", "ssvae", "mt", "vqvae", "finetune", "llm"}
     assert readme == index

@@ -165,7 +165,7 @@ def write_paper_index(root: Path) -> Path:
         "## sparsenorm's own experiments (not claims of the papers)",
         "",
         f"**{len(OWN_CLAIMS)} claims** of experiments no paper ran (catalogue: `OWN_CLAIMS` in the same file), judged by "
-        "the same rule; *expected* is what the issue that asked for the experiment had seen, if anything. Verdicts: "
+        "the same rule, in its words (*reproduced*: the stated hypothesis holds); *expected* is what the issue that asked for the experiment had seen, if anything. Verdicts: "
         + ", ".join(f"{n} {v}" for v, n in sorted(own_tally.items(), key=lambda kv: -kv[1])) + ".",
         "",
         markdown_table(["id", "source", "where", "claim", "expected", "ours (evidence)", "paired units", "mode",
