@@ -11,10 +11,16 @@ def test_decisive_mode_has_enough_seeds_and_states_what_it_leaves_out(name, tmp_
     experiment = load(name).EXPERIMENT
     decisive = experiment.settings(RunConfig(out=tmp_path, decisive=True))
     quick = experiment.settings(RunConfig(out=tmp_path, quick=True))
-    assert decisive.seeds >= verdict.min_pairs() > quick.seeds  # quick cannot decide; decisive can
+    # the paired units are seeds, or for an experiment without randomness (llm) its ``paired_units`` (chunks of text)
+    units = lambda settings: getattr(settings, "paired_units", settings.seeds)  # noqa: E731
+    assert units(decisive) >= verdict.min_pairs() > units(quick)  # quick cannot decide; decisive can
     assert "Leaves out" in experiment.decisive_note and "min on 2 cores" in experiment.decisive_note
     # the note names the mode itself (the report prints it as is: no "Decisive mode. Decisive mode:")
     assert experiment.decisive_note.startswith("Decisive mode: ")
+    if hasattr(decisive, "paired_units"):  # no seeds to set: asking for more than one is refused, naming the option
+        with pytest.raises(UserFacingError, match="--seeds"):
+            experiment.settings(RunConfig(out=tmp_path, decisive=True, seeds=7))
+        return
     # Seeds are a setting of every mode.
     assert experiment.settings(RunConfig(out=tmp_path, decisive=True, seeds=7)).seeds == 7
     assert experiment.settings(RunConfig(out=tmp_path, seeds=7)).seeds == 7

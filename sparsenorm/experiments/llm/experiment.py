@@ -40,6 +40,11 @@ class Settings:
     seeds: int = 1
     """Nothing is random (no training, greedy decoding): one run; the paired units are the chunks."""
 
+    @property
+    def paired_units(self) -> int:
+        """What every claim pairs: the evaluation chunks."""
+        return self.chunks
+
 
 def _positive(text: str) -> int:
     import argparse
@@ -60,15 +65,17 @@ class LLMExperiment:
                    f"experiment): {MODEL_NAME} without training, on held-out chunks of Jane Austen's novels")
     paper = PAPER
     default_normalizers = ["softmax", "posthoc_evidential", "entmax_bisect", "entmax15", "sparsemax", "ev_softmax"]
-    full_runtime = ("Full mode (48 chunks of 512 tokens, 32-token greedy continuations, the per-layer sweep on 8 chunks) "
-                    "takes about 2 h on 2 CPU cores (estimated from decisive mode's measured time, scaled by tokens).")
+    full_runtime = ("Full mode (48 chunks of 512 tokens, 32-token greedy continuations, the per-layer sweep on 8 chunks of "
+                    "512 tokens) is estimated at about 7,000 CPU-s, 1 h on 2 idle cores (decisive mode's measured 1160 "
+                    "CPU-s scaled by chunks and tokens); not run.")
     decisive_note = ("Decisive mode: 16 evaluation chunks of 384 tokens (the paired units; 6 are the fewest with which "
                      "the rule can decide) and 4 calibration chunks, 24-token greedy continuations after 192 tokens, the "
-                     "per-layer sweep on 3 chunks of 256 tokens. Leaves out: longer contexts (the model was trained to "
+                     "per-layer sweep on 3 chunks of 256 tokens: 1160 CPU-s in its jobs (measured), about 10 min on 2 cores "
+                     "(estimated from that; it took 38 min on the 2 shared cores under a load of about 6). Leaves out: longer contexts (the model was trained to "
                      "8k tokens), other models, sampling quality judged by people.")
-    quick_note = ("Quick mode scores 6 chunks of 192 tokens (2 calibration chunks), 12-token greedy continuations, and "
-                  "the per-layer sweep on 1 chunk of 128 tokens: enough for the rule to reach a verdict in principle, "
-                  "but short contexts, where little attention can be dropped.")
+    quick_note = ("Quick mode scores 5 chunks of 192 tokens (2 calibration chunks), 12-token greedy continuations, and "
+                  "the per-layer sweep on 1 chunk of 128 tokens: fewer chunks than the 6 with which the rule can decide, "
+                  "and short contexts.")
     fingerprint_exclude = ("attention", "sweep", "output")  # each job carries its variant
 
     def add_arguments(self, parser) -> None:
@@ -80,6 +87,9 @@ class LLMExperiment:
     def settings(self, config: RunConfig) -> Settings:
         base = {"quick": QUICK, "decisive": DECISIVE, "full": FULL}[config.mode]
         extra = config.extra
+        if config.seeds not in (None, 1):
+            raise UserFacingError(f"llm has no seeds (no training, greedy decoding: nothing is random), got --seeds "
+                                  f"{config.seeds}; its paired units are chunks of text: ask for more with --chunks")
         attention, output = list(ATTENTION), list(OUTPUT)
         if config.normalizers:
             wanted = set(config.normalizers) | {"softmax"}

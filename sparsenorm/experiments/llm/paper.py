@@ -41,7 +41,7 @@ NLL_MARGIN = 0.1
 in the claim: a tenth of a nat is about the gap between neighbouring sizes of a model family."""
 
 # the run modes: chunks of held-out text (the paired units), their length in tokens, greedy continuations
-QUICK = dict(chunks=6, calibration_chunks=2, chunk_tokens=192, prompt_tokens=96, new_tokens=12, sweep_chunks=1,
+QUICK = dict(chunks=5, calibration_chunks=2, chunk_tokens=192, prompt_tokens=96, new_tokens=12, sweep_chunks=1,
              sweep_tokens=128)
 DECISIVE = dict(chunks=16, calibration_chunks=4, chunk_tokens=384, prompt_tokens=192, new_tokens=24, sweep_chunks=3,
                 sweep_tokens=256)
