@@ -44,6 +44,9 @@ class Settings:
     model: str
     data: str
     max_steps: Optional[int] = None
+    grid_seeds: Optional[int] = None
+    """Seeds on which every learning rate (and final r) runs; the other seeds run only the setting chosen on the
+    validation split from these (:meth:`FinetuneExperiment.more_jobs`). None: every setting on every seed."""
     eval_batch_size: int = 64
     swap_normalizers: List[str] = field(default_factory=lambda: list(SWAP_NORMALIZERS))
 
@@ -80,7 +83,7 @@ class FinetuneExperiment:
                   "evidential and the swaps come from the softmax run) for 1 epoch on 800 training sentences of at "
                   "most 48 tokens at one learning rate (1e-4), and scores 300 validation / 600 test sentences; it "
                   "leaves out sparsehourglass and 1.5-entmax fine-tuning, the learning-rate and r grids and seeds.")
-    fingerprint_exclude = ("normalizers",)  # each job carries its normalizer
+    fingerprint_exclude = ("normalizers", "grid_seeds")  # each job carries its normalizer and seed
 
     def add_arguments(self, parser) -> None:
         parser.add_argument("--model-dir", type=Path,
@@ -109,6 +112,7 @@ class FinetuneExperiment:
             train_size=extra.get("train_size") or base["train_size"], validation_size=base["validation_size"],
             test_size=base["test_size"], model=str(model_dir) if model_dir else "all-MiniLM-L6-v2",
             data=str(config.data_dir) if config.data_dir else "rotten_tomatoes", max_steps=config.max_steps,
+            grid_seeds=base.get("grid_seeds"),
         )
 
     def run_options(self, settings: Settings, device: torch.device) -> RunOptions:
@@ -137,13 +141,25 @@ class FinetuneExperiment:
         trained = [n for n in settings.normalizers if n != "posthoc_evidential"]
         if "posthoc_evidential" in settings.normalizers and "softmax" not in trained:
             trained.insert(0, "softmax")  # post-hoc evidential evaluates the softmax-fine-tuned model
+        seeds = settings.seeds if len(settings.learning_rates) == 1 else _grid_seeds(settings)
+        return [_job(name, lr, r, seed) for name in trained for lr in settings.learning_rates
+                for r in (settings.r_finals if name == "r_softmax" else [None]) for seed in range(seeds)]
+
+    def more_jobs(self, settings: Settings, config: RunConfig, records: List[Dict[str, Any]]) -> List[Job]:
+        """The seeds beyond the grid's, at the learning rate chosen per (normalizer, final r) on the validation
+        split from the grid seeds (the rule of :func:`.claims.choose`), once all of that setting's grid jobs are
+        done."""
+        grid = _grid_seeds(settings)
+        if len(settings.learning_rates) == 1 or grid >= settings.seeds:
+            return []
+        from .claims import choose
+
         jobs = []
-        for name in trained:
-            for lr in settings.learning_rates:
-                for r in (settings.r_finals if name == "r_softmax" else [None]):
-                    for seed in range(settings.seeds):
-                        key = f"{name}-lr{lr:g}" + (f"-r{r:g}" if r is not None else "") + f"-seed{seed}"
-                        jobs.append(Job(key, seed, {"normalizer": name, "lr": lr, "r_final": r}))
+        for (name, r), configs in choose_groups(records).items():
+            if len(configs) < len(settings.learning_rates) or any(c["seeds"] < grid for c in configs):
+                continue  # the grid of this setting is not finished (an interrupted run, --report-only)
+            lr = choose(configs)["lr"]
+            jobs += [_job(name, lr, r, seed) for seed in range(grid, settings.seeds)]
         return jobs
 
     def run_job(self, job: Job, context: Dict[str, Any], settings: Settings, device: torch.device) -> Dict[str, Any]:
@@ -193,6 +209,24 @@ class FinetuneExperiment:
         from .report import write_report
 
         return write_report(out, summary, records, settings, context)
+
+
+def _grid_seeds(settings: Settings) -> int:
+    return settings.seeds if settings.grid_seeds is None else min(settings.grid_seeds, settings.seeds)
+
+
+def _job(name: str, lr: float, r: Optional[float], seed: int) -> Job:
+    key = f"{name}-lr{lr:g}" + (f"-r{r:g}" if r is not None else "") + f"-seed{seed}"
+    return Job(key, seed, {"normalizer": name, "lr": lr, "r_final": r})
+
+
+def choose_groups(records: List[Dict[str, Any]]) -> Dict[tuple, List[Dict[str, Any]]]:
+    """The aggregated settings (:func:`.claims.aggregate`'s ``configs``) per (normalizer, final r): the learning
+    rates among which one is chosen."""
+    groups: Dict[tuple, List[Dict[str, Any]]] = {}
+    for c in aggregate(records)["configs"]:
+        groups.setdefault((c["normalizer"], c["r_final"]), []).append(c)
+    return groups
 
 
 def _without_layers(result: Dict[str, Any]) -> Dict[str, Any]:
