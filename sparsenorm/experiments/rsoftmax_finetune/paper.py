@@ -26,12 +26,12 @@ PAPER_BEST_R_SST2 = 0.2
 # the run modes' settings (quick / decisive / full)
 QUICK = dict(epochs=1, learning_rates=[1e-4], r_finals=[0.2], max_length=48, batch_size=16,
              train_size=800, validation_size=300, test_size=600)
-DECISIVE = dict(epochs=1, learning_rates=[2e-5, 5e-5, 1e-4], r_finals=[0.2, 0.5], max_length=128, batch_size=32,
+DECISIVE = dict(epochs=2, learning_rates=[5e-5, 1e-4], r_finals=[0.2, 0.5], max_length=128, batch_size=32,
                 train_size=None, validation_size=None, test_size=None, seeds=6, grid_seeds=1)
 """All 8.4k training sentences; the learning rate chosen per normalizer (and final r) on the validation split from
 seed 0's grid, the other 5 seeds at the chosen rate (``FinetuneExperiment.more_jobs``)."""
 DECISIVE_NORMALIZERS = ["softmax", "sparsemax", "sparsehourglass", "r_softmax", "ev_softmax", "posthoc_evidential"]
-FULL = dict(seeds=6, epochs=3, learning_rates=list(PAPER_LEARNING_RATES), r_finals=list(PAPER_R_FINALS), max_length=128,
+FULL = dict(seeds=6, grid_seeds=1, epochs=3, learning_rates=list(PAPER_LEARNING_RATES), r_finals=list(PAPER_R_FINALS), max_length=128,
             batch_size=32, train_size=None, validation_size=None, test_size=None)
 
 # ------------------------------------------------------------------------------------------ the regime gate
