@@ -215,6 +215,39 @@ def test_tiny_run_writes_results_report_and_figures(tmp_path, tiny_model, tiny_t
     assert "paper SST-2 (BERT)" in report and "92.32" in report and "Swapped in without fine-tuning" in report
 
 
+def test_decisive_grid_runs_on_the_grid_seeds_and_the_chosen_rate_on_the_others(tmp_path, tiny_model, tiny_tsv,
+                                                                                  monkeypatch):
+    """Decisive mode: every learning rate on the grid seed, then the other seeds at the rate chosen per (normalizer,
+    final r) on that seed's validation accuracy only; --report-only finds the same jobs in the cache."""
+    exp = FinetuneExperiment()
+    monkeypatch.setattr(exp, "run_options", lambda settings, device: runner.RunOptions(threads=1, workers=1))
+    lrs = [1e-4, 3e-2]
+
+    def config(**kw):
+        return RunConfig(out=tmp_path / "ft", decisive=True, seeds=3, device="cpu", data_dir=tiny_tsv, max_steps=2,
+                         normalizers=["softmax", "r_softmax"],
+                         extra={"model_dir": tiny_model, "r_finals": [0.1, 0.5], "max_length": 24,
+                                "learning_rates": lrs}, **kw)
+
+    out = runner.run_experiment(exp, config())
+    results = json.loads((out / "results.json").read_text())["results"]
+    records = results["records"]
+    assert results["settings"]["grid_seeds"] == 1 and not results["jobs"]["missing"]
+    for name, r in (("softmax", None), ("r_softmax", 0.1), ("r_softmax", 0.5)):
+        mine = [rec for rec in records if rec["normalizer"] == name and rec["r_final"] == r]
+        grid = {rec["lr"]: rec["validation"]["accuracy"] for rec in mine if rec["seed"] == 0}
+        assert set(grid) == set(lrs)
+        chosen = max(lrs, key=lambda lr: (grid[lr], -lrs.index(lr)))  # the first of equals
+        assert sorted((rec["seed"], rec["lr"]) for rec in mine if rec["seed"] > 0) == [(1, chosen), (2, chosen)]
+        if name == "softmax":
+            row = results["summary"]["normalizers"]["softmax"]
+            assert row["lr"] == chosen and sorted(row["accuracy_by_seed"]) == ["0", "1", "2"]
+    assert len(records) == 3 * 2 + 3 * 2  # the grid on seed 0, two more seeds per setting
+    again = runner.run_experiment(exp, config(report_only=True))
+    rerun = json.loads((again / "results.json").read_text())["results"]
+    assert not rerun["jobs"]["run_now"] and sorted(rerun["jobs"]["jobs"]) == sorted(results["jobs"]["jobs"])
+
+
 def test_claims_follow_the_paired_tests():
     def row(acc, seeds=8, **kw):  # per-seed accuracies scattered around ``acc`` (the same pattern for every row)
         by_seed = {s: acc + 0.002 * (s - seeds / 2) for s in range(seeds)}

@@ -80,7 +80,9 @@ class Experiment(Protocol):
     # ``stack_key(job) -> Hashable | None`` (jobs with equal keys, other than None, may train together:
     # the same setting, other seeds) and ``run_stack(jobs, context, settings, device) -> [record per job]``
     # (seeds each job itself; each record must equal what ``run_job`` returns for that job, up to float
-    # rounding, since the cache does not tell them apart).
+    # rounding, since the cache does not tell them apart). ``more_jobs(settings, config, records) -> [Job]``:
+    # jobs that depend on finished ones (e.g. the other seeds of the setting chosen on a validation split),
+    # asked for after each round with the records so far, until it names no job not yet known.
 
     def add_arguments(self, parser) -> None:
         """Add the experiment's own CLI options; their values arrive in ``config.extra``."""
@@ -234,7 +236,8 @@ def _execute(experiment: Experiment, pending: List[Job], context: Any, settings:
 def _run_jobs(experiment: Experiment, jobs: List[Job], config: RunConfig, settings, context, device: torch.device,
               options: RunOptions, out: Path) -> Tuple[Dict[str, Dict[str, Any]], List[str]]:
     """The record of every job: from the cache in ``out`` where its fingerprint matches, else run now (and
-    cached as it finishes); with ``--report-only`` the cached ones only. Returns the records and the reused keys."""
+    cached as it finishes); with ``--report-only`` the cached ones only. Returns the records and the reused keys;
+    ``jobs`` is extended in place by the experiment's ``more_jobs`` rounds, if it has them."""
     cache = JobCache(out)
     exclude = ("seeds", *getattr(experiment, "fingerprint_exclude", ()))
     stamps = {job.key: fingerprint(settings, job, config, exclude) for job in jobs}
@@ -255,7 +258,29 @@ def _run_jobs(experiment: Experiment, jobs: List[Job], config: RunConfig, settin
             raise UserFacingError(f"--report-only: no finished job of this configuration in {cache.folder}")
     else:
         _execute(experiment, pending, context, settings, device, options, on_done)
-    return records, reused
+    # Rounds of jobs chosen from finished ones (``more_jobs``); with --report-only, the cached ones of each round.
+    while hasattr(experiment, "more_jobs"):
+        known = {job.key for job in jobs}
+        ordered = [records[job.key] for job in jobs if job.key in records]
+        extra = [job for job in experiment.more_jobs(settings, config, ordered) if job.key not in known]
+        if not extra:
+            break
+        jobs.extend(extra)
+        stamps.update({job.key: fingerprint(settings, job, config, exclude) for job in extra})
+        pending = []
+        for job in extra:
+            cached = cache.load(job, stamps[job.key])
+            if cached is None:
+                pending.append(job)
+            else:
+                records[job.key] = cached
+                reused.append(job.key)
+        if config.report_only:
+            if len(pending) == len(extra):
+                break  # none of this round finished: later rounds cannot be chosen from it
+        else:
+            _execute(experiment, pending, context, settings, device, options, on_done)
+    return records, sorted(reused)
 
 
 def run_experiment(experiment: Experiment, config: RunConfig) -> Path:
@@ -278,6 +303,7 @@ def run_experiment(experiment: Experiment, config: RunConfig) -> Path:
         if len(set(keys)) != len(keys):
             raise ValueError(f"{experiment.name}: job keys must be unique, got {keys}")
         records, reused = _run_jobs(experiment, jobs, config, settings, context, device, options, out)
+        keys = [job.key for job in jobs]  # with the rounds of ``more_jobs``
         jobs_s = clock.elapsed - prepare_s
     finally:
         torch.set_num_threads(threads)

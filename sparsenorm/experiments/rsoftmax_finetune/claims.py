@@ -181,7 +181,8 @@ def aggregate(records: List[Dict[str, Any]]) -> Dict[str, Any]:
         test = _mean_eval([r["test"] for r in recs], [r["seed"] for r in recs])
         configs.append({
             "normalizer": name, "lr": lr, "r_final": r_final, "seeds": len(recs),
-            "validation_accuracy": float(np.mean([r["validation"]["accuracy"] for r in recs])), **test,
+            "validation_accuracy": float(np.mean([r["validation"]["accuracy"] for r in recs])),
+            "validation_by_seed": {int(r["seed"]): float(r["validation"]["accuracy"]) for r in recs}, **test,
             "train_seconds": float(np.mean([r["train"]["seconds"] for r in recs])),
             "train_cpu_seconds": float(np.mean([r["train"]["cpu_seconds"] for r in recs])),
             "job_seconds": float(np.mean([r["job_seconds"] for r in recs])),
@@ -193,10 +194,10 @@ def aggregate(records: List[Dict[str, Any]]) -> Dict[str, Any]:
         })
     normalizers: Dict[str, Dict[str, Any]] = OrderedDict()
     for name in dict.fromkeys(c["normalizer"] for c in configs):
-        normalizers[name] = _best([c for c in configs if c["normalizer"] == name])
+        normalizers[name] = choose([c for c in configs if c["normalizer"] == name])
     r_curve = []
     for r_final in sorted({c["r_final"] for c in configs if c["normalizer"] == "r_softmax"}):
-        best = _best([c for c in configs if c["normalizer"] == "r_softmax" and c["r_final"] == r_final])
+        best = choose([c for c in configs if c["normalizer"] == "r_softmax" and c["r_final"] == r_final])
         r_curve.append({k: best[k] for k in ("r_final", "lr", "accuracy", "accuracy_std", "validation_accuracy",
                                              "zero_fraction", "attended", "keys", "accuracy_by_seed")})
     swapped: Dict[str, Any] = OrderedDict()
@@ -219,6 +220,15 @@ def aggregate(records: List[Dict[str, Any]]) -> Dict[str, Any]:
     return {"configs": configs, "normalizers": normalizers, "r_curve": r_curve, "swapped": swapped, "cost": cost}
 
 
-def _best(configs: List[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
-    """The setting with the highest mean validation accuracy (the first of equals)."""
-    return max(configs, key=lambda c: c["validation_accuracy"]) if configs else None
+def choose(configs: List[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+    """The setting with the highest mean validation accuracy over the seeds every candidate ran (the first of
+    equals): in decisive mode the grid seeds, since the chosen setting alone then runs the other seeds."""
+    if not configs:
+        return None
+    common = set.intersection(*(set(c.get("validation_by_seed", {})) for c in configs))
+
+    def score(c: Dict[str, Any]) -> float:
+        by_seed = c.get("validation_by_seed")
+        return float(np.mean([by_seed[s] for s in common])) if common and by_seed else c["validation_accuracy"]
+
+    return max(configs, key=score)

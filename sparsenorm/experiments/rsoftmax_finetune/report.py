@@ -43,7 +43,11 @@ def _setting_section(settings, context) -> List[str]:
         f"{settings.epochs} epoch(s), at most {settings.max_length} tokens; learning rates {settings.learning_rates}; "
         f"r-softmax's r rises linearly from 0 at the first step to the final r at the last "
         f"(final r in {settings.r_finals}) and stays there for evaluation. Per normalizer the setting with the best "
-        f"validation accuracy (mean over {settings.seeds} seed(s)) is selected; its test accuracy is reported.",
+        + (f"validation accuracy (mean over {settings.seeds} seed(s)) is selected; its test accuracy is reported."
+           if settings.grid_seeds is None or settings.grid_seeds >= settings.seeds or len(settings.learning_rates) == 1
+           else f"validation accuracy on the first {settings.grid_seeds} seed(s), where every learning rate ran, is "
+                f"selected (per normalizer and final r); the other seeds ran at that learning rate only, and the test "
+                f"accuracy reported is the mean over all {settings.seeds} seeds (the validation accuracy shown too)."),
         "- Sparsity is measured on the test sentences, in batches of sentences of equal token length (no padding: "
         "every query and key counted is a real token, [CLS] and [SEP] included): zero fraction = zero weights / all "
         "weights; attended = keys with nonzero weight per query, out of `keys` keys per query. Masked keys would "
