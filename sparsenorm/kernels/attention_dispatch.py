@@ -29,8 +29,10 @@ import os
 from typing import Callable, Dict, Optional
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
+from .._validation import compute_dtype
 from . import flex_attention
 from .attention_call import AttentionCall, AttentionKernel, kernel_mask
 from .dense_attention import dense_attention
@@ -42,10 +44,11 @@ BLOCKWISE_MIN_SCORES = 1 << 20
 """``backend="auto"`` takes a blockwise kernel once ``L * S`` reaches this (below it the dense
 path is as fast and its memory is small)."""
 
-BACKENDS = ("auto", "dense", "blockwise", "triton", "flex")
-"""Valid values of ``backend``: ``"auto"``, the dense path, and the memory-efficient kernel kinds."""
+BACKENDS = ("auto", "dense", "blockwise", "triton", "flex", "sdpa")
+"""Valid values of ``backend``: ``"auto"``, the dense path, and the memory-efficient kernel kinds
+(``"sdpa"``: torch's fused ``scaled_dot_product_attention``, for softmax itself)."""
 
-AUTO_ORDER = ("triton", "blockwise")
+AUTO_ORDER = ("sdpa", "triton", "blockwise")
 """The memory-efficient backends ``backend="auto"`` tries, in this order, before the dense path."""
 
 
@@ -87,7 +90,7 @@ def searched_block_q(keys: int) -> int:
 def _ev_softmax_blockwise(call: AttentionCall):
     q, k, v, keep, bias = call.expanded_inputs()
     out, support, count = ev_softmax_attention_blockwise(q, k, v, keep, bias, call.is_causal, call.scale,
-                                                         call.count_support)
+                                                         call.count_support, causal_offset=call.causal_offset)
     return out, support, count
 
 
@@ -123,7 +126,8 @@ def _ev_softmax_flash(call: AttentionCall):
     key_mask = kernel_mask(call, "keys")
     if key_mask is NotImplemented:
         return None
-    out, _, _ = ev_softmax_attention_flash_op(q, k, v, call.key_lengths, key_mask, call.is_causal, call.scale)
+    out, _, _ = ev_softmax_attention_flash_op(q, k, v, call.key_lengths, key_mask, call.is_causal, call.scale,
+                                              call.causal_offset)
     return out, None, None
 
 
@@ -156,7 +160,8 @@ def _searched_blockwise(call: AttentionCall):
     q, k, v, keep, key_lengths, unflatten = _batch_head_inputs(call)
     out, _, _ = projection_attention_op(q, k, v, keep, key_lengths, call.is_causal, call.scale,
                                         _searched_kind(call.alpha), searched_block_q(k.shape[-2]), BLOCK_K_SEARCHED,
-                                        float(call.alpha if call.alpha is not None else 1.5), BISECT_STEPS)
+                                        float(call.alpha if call.alpha is not None else 1.5), BISECT_STEPS,
+                                        call.causal_offset)
     return unflatten(out), None, None
 
 
@@ -169,8 +174,34 @@ def _ev_softmax_flex(call: AttentionCall):
             t.requires_grad for t in (call.q, call.k, call.v)):
         return None
     q, k, v, keep, key_lengths, unflatten = _batch_head_inputs(call)
-    out = flex_attention.ev_softmax_flex_attention(q, k, v, keep, key_lengths, call.is_causal, call.scale)
+    out = flex_attention.ev_softmax_flex_attention(q, k, v, keep, key_lengths, call.is_causal, call.scale,
+                                                   call.causal_offset)
     return unflatten(out), None, None
+
+
+def _softmax_sdpa(call: AttentionCall):
+    """softmax attention by torch's fused ``F.scaled_dot_product_attention`` (its flash kernel on CPU
+    and CUDA): 4-D inputs with one batch size (GQA by ``enable_gqa``), no float mask, no support
+    counting. No mask is built for a causal mask SDPA's ``is_causal`` states (top-left, or one
+    query); key padding and the causal mask otherwise go as one boolean mask. A query with no valid
+    key attends to every key inside SDPA (so no NaN reaches the backward) and is given zeros here."""
+    q, k, v = call.q, call.k, call.v
+    if call.bias is not None or call.count_support or any(t.dim() != 4 for t in (q, k, v)):
+        return None
+    if not (q.shape[0] == k.shape[0] == v.shape[0]):
+        return None
+    L, S = call.scores_shape[-2], call.scores_shape[-1]
+    cdt = compute_dtype(q)
+    q, k, v = q.to(cdt), k.to(cdt), v.to(cdt)
+    gqa = k.shape[1] != q.shape[1]
+    sees_all = not call.is_causal or call.causal_offset >= S - 1  # every query sees every key
+    if call.keep is None and call.key_lengths is None and (sees_all or call.causal_offset == 0):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=not sees_all, scale=call.scale,
+                                              enable_gqa=gqa), None, None
+    mask = kernel_mask(call, "dense")
+    empty = ~mask.any(-1, keepdim=True)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask | empty, scale=call.scale, enable_gqa=gqa)
+    return out.masked_fill(empty, 0.0), None, None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -179,6 +210,7 @@ def _ev_softmax_flex(call: AttentionCall):
 KERNELS: Dict[str, Dict[str, AttentionKernel]] = {
     "known": {"triton": _ev_softmax_flash, "blockwise": _ev_softmax_blockwise, "flex": _ev_softmax_flex},
     "searched": {"blockwise": _searched_blockwise},
+    "softmax": {"sdpa": _softmax_sdpa},
 }
 """``KERNELS[attention_threshold][backend]``: the memory-efficient kernels by the registry's
 capability (``Normalizer.attention_threshold``) and backend name (one of :data:`BACKENDS`)."""

@@ -49,20 +49,22 @@ def _rows_cols(t: Optional[Tensor], i0: int, i1: int, j0: int, j1: int) -> Optio
 
 
 def _valid_block(keep: Optional[Tensor], causal: bool, i0: int, i1: int, j0: int, j1: int,
-                 device) -> Optional[Tensor]:
+                 device, causal_offset: int = 0) -> Optional[Tensor]:
     valid = _rows_cols(keep, i0, i1, j0, j1)
-    if causal and j1 - 1 > i0:  # some key of the block lies after some query of the block
-        tri = torch.arange(j0, j1, device=device) <= torch.arange(i0, i1, device=device).unsqueeze(-1)
+    if causal and j1 - 1 > i0 + causal_offset:  # some key of the block lies after some query's last key
+        rows = torch.arange(i0, i1, device=device).unsqueeze(-1) + causal_offset
+        tri = torch.arange(j0, j1, device=device) <= rows
         valid = tri if valid is None else valid & tri
     return valid
 
 
 def threshold(q: Tensor, k: Tensor, keep: Optional[Tensor], bias: Optional[Tensor], causal: bool,
-              scale: float, block_k: int = BLOCK_K) -> Tuple[Tensor, Tensor]:
+              scale: float, block_k: int = BLOCK_K, causal_offset: int = 0) -> Tuple[Tensor, Tensor]:
     """``(threshold, count)``: each query's mean valid score ``(..., L, 1)`` and its number of valid keys.
 
     ``q`` (..., L, E), ``k`` (..., S, E); ``keep`` a boolean mask broadcastable to (..., L, S) or
-    None; ``bias`` a finite float mask likewise; ``causal`` = SDPA's top-left ``is_causal``.
+    None; ``bias`` a finite float mask likewise; ``causal``: query ``i`` sees keys
+    ``j <= i + causal_offset`` (0: SDPA's top-left ``is_causal``; ``S - L``: bottom-right).
     """
     L, S = q.shape[-2], k.shape[-2]
     dt = q.dtype
@@ -73,11 +75,14 @@ def threshold(q: Tensor, k: Tensor, keep: Optional[Tensor], bias: Optional[Tenso
         else:  # key padding: zero the padded keys, count the valid ones
             w = keep.to(dt).transpose(-2, -1)  # (..., S, 1)
             keys, ones = k * w, w
-        if causal:  # prefix sums; query i sees keys 0..min(i, S-1)
-            idx = torch.arange(L, device=q.device).clamp_max(S - 1)
+        if causal:  # prefix sums; query i sees keys 0..min(i + offset, S-1) (none where i + offset < 0)
+            last = torch.arange(L, device=q.device) + causal_offset
+            idx = last.clamp(0, S - 1)
             ksum = keys.cumsum(-2)[..., idx, :]
             count = (torch.arange(1, S + 1, device=q.device, dtype=dt).unsqueeze(-1) if ones is None
                      else ones.cumsum(-2))[..., idx, :]
+            if causal_offset < 0:
+                count = count * (last >= 0).to(dt).unsqueeze(-1)
         else:
             ksum = keys.sum(-2, keepdim=True)
             count = (torch.full((1, 1), float(S), dtype=dt, device=q.device) if ones is None
@@ -89,7 +94,7 @@ def threshold(q: Tensor, k: Tensor, keep: Optional[Tensor], bias: Optional[Tenso
     ksum = count = bsum = None
     for j0 in range(0, S, block_k):
         j1 = min(j0 + block_k, S)
-        valid = _valid_block(keep, causal, 0, L, j0, j1, q.device)
+        valid = _valid_block(keep, causal, 0, L, j0, j1, q.device, causal_offset)
         w = torch.ones((1, j1 - j0), dtype=dt, device=q.device) if valid is None else valid.to(dt)
         w = w.expand(*w.shape[:-2], L, j1 - j0)
         part = w @ k[..., j0:j1, :]
@@ -128,16 +133,16 @@ def _support_scores(q_blk: Tensor, k_blk: Tensor, bias_blk: Optional[Tensor], va
     return c
 
 
-def _forward_block(q_blk, k, v, keep, bias, causal, thr_blk, i0, i1, block_k, count_support):
+def _forward_block(q_blk, k, v, keep, bias, causal, thr_blk, i0, i1, block_k, count_support, causal_offset=0):
     """Online softmax over the key blocks for one query block: ``(m, l, o, support count)``, with
     ``m`` the running maximum of ``s - thr`` over the support."""
     S = k.shape[-2]
     m = l = o = n_support = None
     for j0 in range(0, S, block_k):
-        if causal and j0 > i1 - 1:
+        if causal and j0 > i1 - 1 + causal_offset:
             break
         j1 = min(j0 + block_k, S)
-        valid = _valid_block(keep, causal, i0, i1, j0, j1, q_blk.device)
+        valid = _valid_block(keep, causal, i0, i1, j0, j1, q_blk.device, causal_offset)
         c = _support_scores(q_blk, k[..., j0:j1, :], _rows_cols(bias, i0, i1, j0, j1), valid, thr_blk)
         if count_support:
             n = (c != float("-inf")).sum(-1, keepdim=True)
@@ -154,18 +159,23 @@ def _forward_block(q_blk, k, v, keep, bias, causal, thr_blk, i0, i1, block_k, co
             l = l.mul_(corr).add_(p.sum(-1, keepdim=True))
             o = o.mul_(corr).add_(pv)
         m = m_new
+    if m is None:  # no key block is visible to this query block (bottom-right causal, L > S)
+        shape = q_blk.shape[:-1] + (1,)
+        m, l = q_blk.new_full(shape, float("-inf")), q_blk.new_zeros(shape)
+        o = q_blk.new_zeros(q_blk.shape[:-1] + (v.shape[-1],))
+        n_support = q_blk.new_zeros(shape, dtype=torch.long) if count_support else None
     return m, l, o, n_support
 
 
-def _block_max(q_blk, k, v, keep, bias, causal, i0, i1, block_k):
+def _block_max(q_blk, k, v, keep, bias, causal, i0, i1, block_k, causal_offset=0):
     """Each row's maximum valid score (-inf if none), from the same block products as the passes."""
     S = k.shape[-2]
     m = None
     for j0 in range(0, S, block_k):
-        if causal and j0 > i1 - 1:
+        if causal and j0 > i1 - 1 + causal_offset:
             break
         j1 = min(j0 + block_k, S)
-        valid = _valid_block(keep, causal, i0, i1, j0, j1, q_blk.device)
+        valid = _valid_block(keep, causal, i0, i1, j0, j1, q_blk.device, causal_offset)
         s = score_block(q_blk, k[..., j0:j1, :])
         bias_blk = _rows_cols(bias, i0, i1, j0, j1)
         if bias_blk is not None:
@@ -179,29 +189,29 @@ def _block_max(q_blk, k, v, keep, bias, causal, i0, i1, block_k):
 
 def forward(q: Tensor, k: Tensor, v: Tensor, keep: Optional[Tensor], bias: Optional[Tensor], causal: bool,
             scale: float, count_support: bool, block_q: int = BLOCK_Q, block_k: int = BLOCK_K,
-            ) -> Tuple[Tensor, Tensor, Tensor, Optional[Tensor], Tensor]:
+            causal_offset: int = 0) -> Tuple[Tensor, Tensor, Tensor, Optional[Tensor], Tensor]:
     """``(out, lse, thr, support, count)`` of blockwise ev-softmax attention.
 
     ``q`` (..., L, E), ``k`` (..., S, E), ``v`` (..., S, Ev) with one batch shape (...); ``keep``
-    boolean (True = attend) and ``bias`` (finite) broadcastable to (..., L, S); ``causal`` SDPA's
-    top-left mask. ``lse`` and ``thr`` (..., L, 1) are what :func:`backward` needs (natural
-    units, scores of ``q * scale``); ``support`` (..., L) counts the attended keys when
+    boolean (True = attend) and ``bias`` (finite) broadcastable to (..., L, S); ``causal``: query
+    ``i`` sees keys ``j <= i + causal_offset`` (0: SDPA's top-left mask). ``lse`` and ``thr``
+    (..., L, 1) are what :func:`backward` needs (natural units, scores of ``q * scale``); ``support`` (..., L) counts the attended keys when
     ``count_support`` (else None); ``count`` (..., L) the valid keys. Rows with no valid key: 0.
     """
     L = q.shape[-2]
     qs = q * scale  # scores are qs @ k^T, in the forward and in the backward alike
-    thr, count = threshold(qs, k, keep, bias, causal, 1.0, block_k)
+    thr, count = threshold(qs, k, keep, bias, causal, 1.0, block_k, causal_offset)
     outs, lses, supports = [], [], []
     for i0 in range(0, L, block_q):
         i1 = min(i0 + block_q, L)
         q_blk, thr_blk = qs[..., i0:i1, :], thr[..., i0:i1, :]
         args = (q_blk, k, v, keep, bias, causal)
-        m, l, o, n = _forward_block(*args, thr_blk, i0, i1, block_k, count_support)
+        m, l, o, n = _forward_block(*args, thr_blk, i0, i1, block_k, count_support, causal_offset)
         stranded = (l == 0) & (count[..., i0:i1, :] > 0)  # rounding put the mean above the max
         if bool(stranded.any()):
-            thr_blk = torch.where(stranded, _block_max(*args, i0, i1, block_k), thr_blk)
+            thr_blk = torch.where(stranded, _block_max(*args, i0, i1, block_k, causal_offset), thr_blk)
             thr[..., i0:i1, :] = thr_blk
-            m, l, o, n = _forward_block(*args, thr_blk, i0, i1, block_k, count_support)
+            m, l, o, n = _forward_block(*args, thr_blk, i0, i1, block_k, count_support, causal_offset)
         empty = l == 0
         outs.append(torch.where(empty, 0.0, o / l.masked_fill(empty, 1.0)))
         # log-sum-exp of s - thr; +inf for rows with no key, so every recomputed weight is 0.
@@ -217,7 +227,7 @@ def forward(q: Tensor, k: Tensor, v: Tensor, keep: Optional[Tensor], bias: Optio
 
 def backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, thr: Tensor,
              keep: Optional[Tensor], bias: Optional[Tensor], causal: bool, scale: float,
-             block_q: int = BLOCK_Q, block_k: int = BLOCK_K) -> Tuple[Tensor, Tensor, Tensor]:
+             block_q: int = BLOCK_Q, block_k: int = BLOCK_K, causal_offset: int = 0) -> Tuple[Tensor, Tensor, Tensor]:
     """``(dq, dk, dv)`` (FlashAttention-2) from :func:`forward`'s ``out, lse, thr``; the threshold
     carries no gradient and ``bias`` none is computed for."""
     qs = q * scale
@@ -232,11 +242,11 @@ def backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse
         lse_blk, thr_blk = lse[..., i0:i1, :], thr[..., i0:i1, :]
         dq_blk = dq[..., i0:i1, :]
         for j0 in range(0, S, block_k):
-            if causal and j0 > i1 - 1:
+            if causal and j0 > i1 - 1 + causal_offset:
                 break
             j1 = min(j0 + block_k, S)
             k_blk, v_blk = k[..., j0:j1, :], v[..., j0:j1, :]
-            valid = _valid_block(keep, causal, i0, i1, j0, j1, qs.device)
+            valid = _valid_block(keep, causal, i0, i1, j0, j1, qs.device, causal_offset)
             p = _support_scores(q_blk, k_blk, _rows_cols(bias, i0, i1, j0, j1), valid, thr_blk)
             p = p.sub_(lse_blk).exp_()
             dv[..., j0:j1, :] += torch.matmul(p.transpose(-2, -1), do_blk)
