@@ -91,6 +91,8 @@ def key_padding_mask(batch_size: int, q_length: int, kv_length: int, q_offset=0,
     if attention_mask is None:
         return None
     keys = attention_mask[:, kv_offset:kv_offset + kv_length].to(torch.bool)
+    if torch.compiler.is_compiling():  # no host read in a graph: an all-True key mask is no mask
+        return keys
     return None if bool(keys.all()) else keys
 
 

@@ -83,6 +83,45 @@ def test_ev_softmax_blockwise_bottom_right(L, S, padded, path):
 
 
 @pytest.mark.parametrize("L,S", SHAPES)
+@pytest.mark.parametrize("padded", [False, True])
+def test_ev_softmax_decode_kernel(L, S, padded):
+    """The few-queries kernel (GQA heads stacked against their key/value head): bottom-right,
+    top-left and no causal mask, key padding or key lengths; values and gradients."""
+    q, k, v, key_mask = inputs(L, S, seed=L * 5 + S)
+    key_mask = key_mask if padded else torch.ones_like(key_mask)
+    assert_no_knife_edge(q, k, key_mask)
+    args = [t.clone().requires_grad_() for t in (q, k, v)]
+    ref_args = [t.clone().requires_grad_() for t in (q, k, v)]
+    got = sparse_attention(*args, "ev_softmax", attn_mask=key_mask if padded else None, is_causal=True,
+                           causal_alignment="bottom_right", backend="decode")
+    want = dense(*ref_args, key_mask, "ev_softmax")
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+    for a, b in zip(grads(got, args, 3), grads(want, ref_args, 3)):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    lengths = torch.tensor([S, max(S - 4, 0)])
+    for causal in (False, True):
+        got = sparse_attention(q, k, v, "ev_softmax", key_lengths=lengths, is_causal=causal, backend="decode")
+        want = sparse_attention(q, k, v, "ev_softmax", key_lengths=lengths, is_causal=causal, backend="dense")
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+
+
+def test_decode_kernel_counts_and_gradcheck():
+    """Support counts equal the dense path's (sparsenorm.attention.record), and float64 gradcheck."""
+    from sparsenorm.kernels.reference.evidential_attention import few_queries
+
+    q, k, v, key_mask = inputs(3, 11, seed=4)
+    out, support, valid = few_queries(q, k, v, key_mask.view(2, 11), True, 8, 0.3, count_support=True)
+    dense_w = sparse_attention(q, k, v, "ev_softmax", attn_mask=explicit_mask(3, 11, key_mask), scale=0.3,
+                               return_weights=True, backend="dense")[1]
+    assert torch.equal(support, (dense_w > 0).sum(-1))
+    assert torch.equal(valid, explicit_mask(3, 11, key_mask).expand(2, 4, 3, 11).sum(-1))
+    small = (q[:1, :, :2].clone().requires_grad_(), k[:1, :, :7].clone().requires_grad_(),
+             v[:1, :, :7].clone().requires_grad_())
+    fn = lambda q, k, v: few_queries(q, k, v, key_mask[:1, 0, 0, :7], True, 5, 0.5)[0]
+    assert torch.autograd.gradcheck(fn, small)
+
+
+@pytest.mark.parametrize("L,S", SHAPES)
 @pytest.mark.parametrize("normalizer", SEARCHED)
 def test_searched_blockwise_bottom_right(L, S, normalizer):
     q, k, v, key_mask = inputs(L, S, seed=L * 17 + S)

@@ -193,12 +193,17 @@ class Tiles {
     const int64_t ks = p_.keep.col_stride;
     scalar_t mx = -kInf;
     int64_t j = 0;
-    if (keep == nullptr) {  // the common case, in SIMD
+    if (keep == nullptr || ks == 1) {  // no mask, or a mask contiguous along the keys (padding): in SIMD
       const Vec vt(t), vtiny(tiny), vneg_inf(-kInf), zero(scalar_t(0)), one(scalar_t(1));
       Vec vmax(-kInf), vcount(scalar_t(0));
+      scalar_t there[W];
       for (; j + W <= end; j += W) {
         const Vec x = Vec::loadu(c + j) - vt;
-        const Vec kept = x > vtiny;
+        Vec kept = x > vtiny;
+        if (keep != nullptr) {
+          for (int64_t e = 0; e < W; ++e) there[e] = keep[j + e] ? scalar_t(1) : scalar_t(0);
+          kept = kept & (Vec::loadu(there) > zero);
+        }
         const Vec z = Vec::blendv(vneg_inf, x, kept);
         z.store(c + j);
         vmax = at::vec::maximum(vmax, z);

@@ -87,8 +87,8 @@ def threshold(q: Tensor, k: Tensor, keep: Optional[Tensor], bias: Optional[Tenso
             ksum = keys.sum(-2, keepdim=True)
             count = (torch.full((1, 1), float(S), dtype=dt, device=q.device) if ones is None
                      else ones.sum(-2, keepdim=True))
-        mean_k = ksum / count.clamp_min(1)
-        thr = (q * mean_k).sum(-1, keepdim=True) * scale
+        # q . (sum of the keys) / count: the division on the (..., L, 1) dot products, not on the keys
+        thr = (q * ksum).sum(-1, keepdim=True) * scale / count.clamp_min(1)
         return thr, count.expand_as(thr)
     # General mask or bias: mask-weighted key sums (M @ K), counts and bias sums, block by block.
     ksum = count = bsum = None
@@ -254,3 +254,55 @@ def backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse
             dq_blk += torch.matmul(ds, k_blk)
             dk[..., j0:j1, :] += torch.matmul(ds.transpose(-2, -1), q_blk)
     return dq.mul_(scale), dk, dv
+
+
+def few_queries(q: Tensor, k: Tensor, v: Tensor, key_mask: Optional[Tensor], causal: bool, causal_offset: int,
+                scale: float, count_support: bool = False) -> Tuple[Tensor, Optional[Tensor], Optional[Tensor]]:
+    """``(out, support, valid)``: ev-softmax attention for a few queries over many keys (decoding
+    with a key/value cache, a short chunk of prefill), differentiable through torch's autograd.
+
+    ``q`` (B, Hq, L, E), ``k`` (B, Hk, S, E), ``v`` (B, Hk, S, Ev) with ``Hk`` dividing ``Hq``;
+    ``key_mask`` (B, S) boolean (True = there) or None; ``causal``: query ``i`` sees keys
+    ``j <= i + causal_offset``. The ``G = Hq / Hk`` query heads of a key/value head are stacked as
+    ``G L`` rows against that head's keys, so grouped-query attention reads each key and value once
+    and copies neither (the dense and blockwise paths repeat them per query head). One pass over
+    the keys gives the scores ``s = (q scale) k^T``; the threshold is their mean over the valid keys
+    (Eq. 7: ``mean_j s_ij = q_i . mean_j k_j scale``, from the same pass), capped at the row's
+    largest valid score as the dense ev-softmax caps it; the weights are the softmax of the scores
+    on ``{j valid : s_ij >= threshold}``, zero elsewhere, and ``out = P V``. ``support`` / ``valid``
+    (B, Hq, L): the attended and the valid keys per query when ``count_support``. A query with no
+    valid key gives zeros (and zero gradient). The support indicator carries no gradient (Eq. 9).
+
+    On CPU the values off the support are multiplied by zero, not skipped: for a handful of query
+    rows ``P V`` is a matrix-vector product at memory speed, and gathering the support's rows of
+    ``V`` (about half of them, for ev-softmax's mean threshold) costs more than reading them all.
+    """
+    B, Hq, L, E = q.shape
+    Hk, S = k.shape[1], k.shape[2]
+    rows = (Hq // Hk) * L
+    s = torch.matmul((q * scale).reshape(B, Hk, rows, E), k.transpose(-2, -1))  # (B, Hk, G L, S)
+    valid = None if key_mask is None else key_mask.view(B, 1, 1, S)
+    if causal and causal_offset < S - 1:  # some query does not see every key; row g L + i is query i
+        last = torch.arange(L, device=q.device).repeat(Hq // Hk) + causal_offset
+        tri = torch.arange(S, device=q.device) <= last.unsqueeze(-1)
+        valid = tri if valid is None else valid & tri
+    neg_inf = float("-inf")
+    if valid is None:
+        thr = torch.minimum(s.mean(-1, keepdim=True), s.amax(-1, keepdim=True))
+        p = torch.softmax(s.masked_fill(s < thr, neg_inf), -1)
+        out, count, empty = torch.matmul(p, v), None, None
+    else:
+        count, absent = valid.sum(-1, keepdim=True), ~valid
+        mean = s.masked_fill(absent, 0.0).sum(-1, keepdim=True) / count.clamp_min(1)
+        s = s.masked_fill(absent, neg_inf)
+        thr = torch.minimum(mean, s.amax(-1, keepdim=True))
+        empty = count == 0  # no valid key: a uniform row inside (no NaN reaches the backward), zeros out
+        p = torch.softmax(s.masked_fill((s < thr) | empty, neg_inf).masked_fill(empty, 0.0), -1)
+        out = torch.matmul(p, v).masked_fill(empty, 0.0)
+    out = out.reshape(B, Hq, L, v.shape[-1])
+    if not count_support:
+        return out, None, None
+    n_support = (p > 0).sum(-1).reshape(B, Hq, L) if empty is None else ((p > 0) & ~empty).sum(-1).reshape(B, Hq, L)
+    n_valid = (torch.full((B, Hq, L), S, dtype=torch.long, device=q.device) if count is None
+               else count.expand(B, Hk, rows, 1).reshape(B, Hq, L))
+    return out, n_support, n_valid
