@@ -28,7 +28,7 @@ import os
 import random
 import statistics
 import time
-from typing import Dict, List
+from typing import Dict
 
 import torch
 

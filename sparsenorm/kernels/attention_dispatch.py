@@ -247,7 +247,7 @@ def _softmax_sdpa(call: AttentionCall):
         return None
     if not (q.shape[0] == k.shape[0] == v.shape[0]):
         return None
-    L, S = call.scores_shape[-2], call.scores_shape[-1]
+    S = call.scores_shape[-1]
     cdt = compute_dtype(q)
     q, k, v = q.to(cdt), k.to(cdt), v.to(cdt)
     gqa = k.shape[1] != q.shape[1]

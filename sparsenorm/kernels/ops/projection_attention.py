@@ -80,7 +80,8 @@ def _projection_attention_backward_fake(grad_out, query, key, value, keep, key_l
 
 
 def _setup(ctx, inputs, output) -> None:
-    query, key, value, keep, key_lengths, is_causal, scale, kind, block_q, block_k, alpha, n_iter, causal_offset = inputs
+    (query, key, value, keep, key_lengths, is_causal, scale, kind, block_q, block_k, alpha, n_iter,
+     causal_offset) = inputs
     _, shift, tau = output
     ctx.save_for_backward(query, key, value, keep, key_lengths, shift, tau)
     ctx.args = (is_causal, scale, kind)

@@ -52,9 +52,10 @@ plus the kept scores of one query block (at most ``CACHE_KEY_BLOCKS`` such block
 Layout: ``q`` (B, Hq, L, D), ``k`` (B, Hk, S, D), ``v`` (B, Hk, S, Dv), with ``Hk`` dividing ``Hq``
 (grouped-query attention: query head ``h`` reads key/value head ``h // (Hq // Hk)``). Masks: ``keep``
 boolean broadcastable to (B, Hq, L, S) (True = attend), ``key_lengths`` (B,) integer (keys
-``j >= key_lengths[b]`` are not there), ``causal`` (query ``i`` sees keys ``j <= i + causal_offset``;
-0: top-left as ``F.scaled_dot_product_attention``, ``S - L``: bottom-right), all combined. Not-there keys get exactly zero weight; a query
-with no key there gives a zero row and zero gradient.
+``j >= key_lengths[b]`` are not there), ``causal`` (query ``i`` sees keys
+``j <= i + causal_offset``; 0: top-left as ``F.scaled_dot_product_attention``, ``S - L``:
+bottom-right), all combined. Not-there keys get exactly zero weight; a query with no key there
+gives a zero row and zero gradient.
 
 Host reads: the sparsemax / 1.5-entmax search reads one boolean per pass and query block (are all
 rows done?), to stop early; every other step is sync-free.

@@ -195,8 +195,9 @@ def forward(q: Tensor, k: Tensor, v: Tensor, keep: Optional[Tensor], bias: Optio
     ``q`` (..., L, E), ``k`` (..., S, E), ``v`` (..., S, Ev) with one batch shape (...); ``keep``
     boolean (True = attend) and ``bias`` (finite) broadcastable to (..., L, S); ``causal``: query
     ``i`` sees keys ``j <= i + causal_offset`` (0: SDPA's top-left mask). ``lse`` and ``thr``
-    (..., L, 1) are what :func:`backward` needs (natural units, scores of ``q * scale``); ``support`` (..., L) counts the attended keys when
-    ``count_support`` (else None); ``count`` (..., L) the valid keys. Rows with no valid key: 0.
+    (..., L, 1) are what :func:`backward` needs (natural units, scores of ``q * scale``);
+    ``support`` (..., L) counts the attended keys when ``count_support`` (else None); ``count``
+    (..., L) the valid keys. Rows with no valid key: 0.
     """
     L = q.shape[-2]
     qs = q * scale  # scores are qs @ k^T, in the forward and in the backward alike
