@@ -184,7 +184,8 @@ def sparse_attention(
     ``torch.nn.attention.bias.causal_lower_right``): chunked prefill and decoding with a key/value
     cache, where the L queries are the last L positions of the S keys; every kernel takes it.
     Not-there keys get exactly zero weight for every normalizer and are left out of its threshold
-    (ev-softmax's mean is over the valid keys only, so padding does not change a sequence's weights). A query with no valid key gives a zero output row and zero gradient.
+    (ev-softmax's mean is over the valid keys only, so padding does not change a sequence's
+    weights). A query with no valid key gives a zero output row and zero gradient.
 
     ``normalizer``: a name from :mod:`sparsenorm.registry` (its evaluation form,
     ``Normalizer.for_mode(False)``; ``**params`` rebind its parameters, e.g. ``alpha=1.3``,
