@@ -257,6 +257,13 @@ def backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse
     return dq.mul_(scale), dk, dv
 
 
+def _off_support(s: Tensor, thr: Tensor) -> Tensor:
+    """``s - thr`` on the support ``s >= thr``, ``-inf`` off it (one subtraction and one in-place
+    threshold, as :func:`_support_scores`; softmax does not see the shift)."""
+    c = s - thr
+    return F.threshold_(c, -torch.finfo(c.dtype).smallest_normal, float("-inf"))
+
+
 def few_queries(q: Tensor, k: Tensor, v: Tensor, key_mask: Optional[Tensor], causal: bool, causal_offset: int,
                 scale: float, count_support: bool = False) -> Tuple[Tensor, Optional[Tensor], Optional[Tensor]]:
     """``(out, support, valid)``: ev-softmax attention for a few queries over many keys (decoding
@@ -287,23 +294,29 @@ def few_queries(q: Tensor, k: Tensor, v: Tensor, key_mask: Optional[Tensor], cau
         last = torch.arange(L, device=q.device).repeat(Hq // Hk) + causal_offset
         tri = torch.arange(S, device=q.device) <= last.unsqueeze(-1)
         valid = tri if valid is None else valid & tri
-    neg_inf = float("-inf")
     if valid is None:
         thr = torch.minimum(s.mean(-1, keepdim=True), s.amax(-1, keepdim=True))
-        p = torch.softmax(s.masked_fill(s < thr, neg_inf), -1)
+        p = torch.softmax(_off_support(s, thr), -1)
         out, count, empty = torch.matmul(p, v), None, None
     else:
-        count, absent = valid.sum(-1, keepdim=True), ~valid
-        mean = s.masked_fill(absent, 0.0).sum(-1, keepdim=True) / count.clamp_min(1)
-        s = s.masked_fill(absent, neg_inf)
+        # Few element-wise passes over the scores (each is a pass at memory speed here): the valid
+        # scores' sum as a matrix-vector product, the keys that are not there pushed to the
+        # dtype's lowest finite value by one broadcast add (finite, so that a row with no valid
+        # key gives no NaN, only a row whose output is zeroed), one fill off the support.
+        w = valid.to(s.dtype)
+        count = w.sum(-1, keepdim=True)
+        mean = torch.matmul(s, w.transpose(-2, -1)) / count.clamp_min(1) if w.shape[-2] == 1 else \
+            (s * w).sum(-1, keepdim=True) / count.clamp_min(1)
+        s = s + (w - 1).mul_(torch.finfo(s.dtype).max)  # + 0 where there, + finfo.min where not
         thr = torch.minimum(mean, s.amax(-1, keepdim=True))
-        empty = count == 0  # no valid key: a uniform row inside (no NaN reaches the backward), zeros out
-        p = torch.softmax(s.masked_fill((s < thr) | empty, neg_inf).masked_fill(empty, 0.0), -1)
+        p = torch.softmax(_off_support(s, thr), -1)
+        empty = count == 0  # no valid key: zeros
         out = torch.matmul(p, v).masked_fill(empty, 0.0)
     out = out.reshape(B, Hq, L, v.shape[-1])
     if not count_support:
         return out, None, None
-    n_support = (p > 0).sum(-1).reshape(B, Hq, L) if empty is None else ((p > 0) & ~empty).sum(-1).reshape(B, Hq, L)
+    n_support = (p > 0).sum(-1) if empty is None else ((p > 0) & ~empty).sum(-1)
     n_valid = (torch.full((B, Hq, L), S, dtype=torch.long, device=q.device) if count is None
-               else count.expand(B, Hk, rows, 1).reshape(B, Hq, L))
+               else count.to(torch.long).expand(B, Hk, rows, 1).reshape(B, Hq, L))
+    n_support = n_support.expand(B, Hk, rows).reshape(B, Hq, L)
     return out, n_support, n_valid
