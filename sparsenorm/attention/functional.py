@@ -92,13 +92,30 @@ def _check_inputs(query: Tensor, key: Tensor, value: Tensor, dropout_p: float, s
         check_param(scale, "scale")
 
 
+def broadcast_shapes(*shapes) -> Tuple[int, ...]:
+    """``torch.broadcast_shapes`` of plain shapes in a few Python steps (torch's goes through its
+    symbolic-shape reference, tens of microseconds a call: a share of a decoding step's attention);
+    torch's itself under ``torch.compile``. Raises ``RuntimeError`` where they do not broadcast."""
+    if torch.compiler.is_compiling():
+        return tuple(torch.broadcast_shapes(*shapes))
+    ndim = max(len(shape) for shape in shapes)
+    out = [1] * ndim
+    for shape in shapes:
+        for i, d in enumerate(shape, ndim - len(shape)):
+            if d != 1:
+                if out[i] != 1 and out[i] != d:
+                    raise RuntimeError(f"shapes {[tuple(x) for x in shapes]} do not broadcast")
+                out[i] = d
+    return tuple(out)
+
+
 def _scores_shape(query: Tensor, key: Tensor) -> Tuple[int, ...]:
     """(..., Hq, L, S): the leading dims of query and key broadcast (GQA heads count as Hq)."""
     k_lead = key.shape[:-2]
     if query.dim() >= 3 and key.dim() >= 3 and k_lead[-1] != query.shape[-3]:
         k_lead = k_lead[:-1] + (query.shape[-3],)
     try:
-        lead = torch.broadcast_shapes(query.shape[:-2], k_lead)
+        lead = broadcast_shapes(query.shape[:-2], k_lead)
     except RuntimeError:
         raise ValueError(f"query {tuple(query.shape)} and key {tuple(key.shape)} have leading dims that do not "
                          "broadcast") from None
@@ -109,7 +126,7 @@ def _check_mask(m: Optional[Tensor], scores_shape: Tuple[int, ...], device: torc
     if m is None:
         return
     try:
-        ok = torch.broadcast_shapes(m.shape, scores_shape) == tuple(scores_shape)
+        ok = broadcast_shapes(m.shape, scores_shape) == tuple(scores_shape)
     except RuntimeError:
         ok = False
     if not ok:
