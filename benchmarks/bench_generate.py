@@ -104,6 +104,27 @@ def run(model, impl, ids, mask, new_tokens, clock=time.perf_counter):
     return t1 - t0, (t2 - t1) / max(new_tokens, 1), torch.cat(tokens, 1)
 
 
+def paired_decode(model, impls, ids, mask, steps, clock):
+    """Per decoded token, every implementation in turn (alternating the order), each on its own
+    cache prefilled by itself: ``{impl: [seconds per step]}``. Adjacent steps share the machine's
+    load of the moment, so the per-step ratios are steadier than whole-round medians."""
+    state = {}
+    for impl in impls:
+        model.set_attn_implementation(impl)
+        token, cache = prefill(model, ids, mask)
+        state[impl] = (token, mask, cache)
+    times = {impl: [] for impl in impls}
+    for step in range(steps):
+        for impl in (impls if step % 2 == 0 else impls[::-1]):
+            model.set_attn_implementation(impl)
+            token, m, cache = state[impl]
+            t0 = clock()
+            token, m = decode_step(model, token, m, cache)
+            times[impl].append(clock() - t0)
+            state[impl] = (token, m, cache)
+    return times
+
+
 def profile(model, impl, ids, mask, out_dir, case):
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
@@ -138,11 +159,25 @@ def report(results: Dict) -> str:
     for case, rows in results["cases"].items():
         base = rows["sdpa"]
         for impl, r in rows.items():
+            if impl == "paired_decode_steps_s":
+                continue
             target = TARGET.get(impl)
             lines.append(f"| {case} | {impl} | {r['prefill_s']:.3f} | {r['prefill_s'] / base['prefill_s']:.2f} | "
                          f"{paired_ratio(r, base, 'prefill'):.2f} | {1000 * r['decode_s']:.1f} | "
                          f"{r['decode_s'] / base['decode_s']:.2f} | {paired_ratio(r, base, 'decode'):.2f} | "
                          f"{'' if target is None else f'<= {target}'} | {r.get('same_tokens_as_sdpa', '')} |")
+    steps = {case: rows["paired_decode_steps_s"] for case, rows in results["cases"].items()
+             if "paired_decode_steps_s" in rows}
+    if steps:
+        lines += ["", "Decoded tokens timed step by step, the implementations interleaved (each on its own cache):", "",
+                  "| case | implementation | per token (ms) | paired x sdpa | target |", "| --- | --- | --- | --- | --- |"]
+        for case, times in steps.items():
+            base = times["sdpa"]
+            for impl, t in times.items():
+                ratio = statistics.median(a / b for a, b in zip(t, base))
+                target = TARGET.get(impl)
+                lines.append(f"| {case} | {impl} | {1000 * statistics.median(t):.1f} | {ratio:.3f} | "
+                             f"{'' if target is None else f'<= {target}'} |")
     return "\n".join(lines)
 
 
@@ -161,6 +196,8 @@ def main(argv=None) -> None:
                    help="wall clock, or this thread's CPU time (with --threads 1: robust to other load)")
     p.add_argument("--json")
     p.add_argument("--profile", default=None, help="write torch.profiler tables to this folder")
+    p.add_argument("--paired-decode-steps", type=int, default=0,
+                   help="also time this many decoded tokens with the implementations interleaved step by step")
     p.add_argument("--report")
     args = p.parse_args(argv)
     if args.report:
@@ -193,6 +230,10 @@ def main(argv=None) -> None:
                     times[c][impl]["decode"].append(dec)
                     tokens[c][impl] = toks
                     print(f"round {r} {c} {impl}: prefill {pre:.3f} s, {1000 * dec:.1f} ms/token", flush=True)
+        paired = {}
+        if args.paired_decode_steps:
+            for c, (ids, mask) in cases.items():
+                paired[c] = paired_decode(model, impls, ids, mask, args.paired_decode_steps, clock)
         if args.profile:
             for c, (ids, mask) in cases.items():
                 for impl in impls:
@@ -211,6 +252,8 @@ def main(argv=None) -> None:
                 "prefill_all_s": t["prefill"], "decode_all_s": t["decode"],
                 "same_tokens_as_sdpa": bool(torch.equal(tokens[c][impl], tokens[c]["sdpa"])),
             }
+    for c, times in paired.items():
+        results["cases"][c]["paired_decode_steps_s"] = times
     print(report(results))
     if args.json:
         with open(args.json, "w") as f:
