@@ -9,13 +9,20 @@
 ``sdpa_attention_forward``) into ``AttentionInterface`` and a mask function into
 ``AttentionMaskInterface`` under the same name; without the second, transformers builds no mask
 for an unknown implementation and padding is silently attended. The mask function is
-transformers' ``sdpa_mask`` (boolean masks, True = attend; ``None`` where SDPA's ``is_causal``
-would do, which the attention function then applies).
+:func:`key_padding_mask`: for a plain causal mask (a decoder's self-attention, with or without a
+key/value cache) it hands the attention function only the (batch, S) key-padding mask, or
+``None`` without padding, as transformers' ``flash_attention_mask`` does for FlashAttention, and
+the causal part is the attention function's ``is_causal``, aligned bottom-right (the last query
+sees the last key); so padded prefill and batched ``generate()`` reach the memory-efficient
+kernels instead of a dense (B, 1, L, S) mask. Any other mask (bidirectional, sliding window,
+packed sequences, a static cache's layout) is transformers' ``sdpa_mask`` (boolean, True = attend).
 
-The attention function reads every mask transformers hands it: boolean, additive (``finfo.min``
-entries are "not there", see :mod:`sparsenorm.attention.masks`), ``None`` with ``module.is_causal``
-(causal mask built here, top-left as SDPA), T5's ``position_bias`` (added to the scores, with
-``scaling=1.0``), grouped-query key/value heads. Not-there keys get exactly zero weight and are left
+The attention function reads every mask transformers hands it: a (batch, S) boolean key-padding
+mask (the causal part from ``is_causal``), a 4-D boolean or additive mask (``finfo.min`` entries
+are "not there", see :mod:`sparsenorm.attention.masks`), ``None`` with ``module.is_causal`` (the
+causal mask, bottom-right: the L queries are the last L of the S positions, as in chunked prefill
+and cached decoding; top-left and bottom-right agree when L = S), T5's ``position_bias`` (added to
+the scores, with ``scaling=1.0``), grouped-query key/value heads. Not-there keys get exactly zero weight and are left
 out of ev-softmax's mean. Dropout applies only in ``module.training``. The weights are returned
 (for ``output_attentions=True``) when the call or the config asks for them; otherwise ev-softmax
 may run on the memory-efficient blockwise path.
@@ -44,7 +51,7 @@ from torch import Tensor, nn
 
 try:
     from transformers import AttentionInterface, LogitsProcessor, LogitsProcessorList
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    from transformers.masking_utils import AttentionMaskInterface, causal_mask_function, sdpa_mask
 except ImportError as err:  # pragma: no cover - exercised only without the extra
     raise ImportError(
         "sparsenorm.hf needs Hugging Face transformers: pip install 'sparsenorm[hf]'"
@@ -54,11 +61,39 @@ from . import registry
 from .attention.functional import resolve_normalizer, sparse_attention_from_parts
 from .attention.masks import merge, split_mask
 
-__all__ = ["PREFIX", "make_attention_function", "register", "REGISTERED", "SparseSampling",
+__all__ = ["PREFIX", "make_attention_function", "key_padding_mask", "register", "REGISTERED", "SparseSampling",
            "sampling_kwargs"]  # the public names
 
 PREFIX = "sparsenorm_"
 """The prefix of every ``attn_implementation`` name registered here without an explicit ``name``."""
+
+
+def key_padding_mask(batch_size: int, q_length: int, kv_length: int, q_offset=0, kv_offset=0,
+                     mask_function: Callable = causal_mask_function, attention_mask: Optional[Tensor] = None,
+                     **kwargs) -> Optional[Tensor]:
+    """The mask function registered for every sparsenorm implementation (``AttentionMaskInterface``).
+
+    For a plain causal mask whose queries are the last ``q_length`` of the ``kv_length`` key
+    positions (no cache, or a dynamic cache: chunked prefill, decoding): the (batch, kv_length)
+    boolean key-padding mask (True = attend), or ``None`` where nothing is padded; the attention
+    function adds the causal part, aligned bottom-right. Everything else (another mask function,
+    offsets that do not align the queries with the last keys, a padding mask shorter than the keys,
+    a caller that needs the mask materialised): transformers' ``sdpa_mask``, unchanged.
+    """
+    plain = (mask_function is causal_mask_function and kwargs.get("allow_is_causal_skip", True)
+             and isinstance(q_offset, int) and isinstance(kv_offset, int)
+             and q_offset + q_length == kv_offset + kv_length)
+    if plain and attention_mask is not None:
+        plain = attention_mask.dim() == 2 and attention_mask.shape[-1] >= kv_offset + kv_length
+    if not plain:
+        return sdpa_mask(batch_size, q_length, kv_length, q_offset=q_offset, kv_offset=kv_offset,
+                         mask_function=mask_function, attention_mask=attention_mask, **kwargs)
+    if attention_mask is None:
+        return None
+    keys = attention_mask[:, kv_offset:kv_offset + kv_length].to(torch.bool)
+    if torch.compiler.is_compiling():  # no host read in a graph: an all-True key mask is no mask
+        return keys
+    return None if bool(keys.all()) else keys
 
 
 def make_attention_function(normalizer: Union[str, Callable] = "ev_softmax", **params) -> Callable:
@@ -75,17 +110,22 @@ def make_attention_function(normalizer: Union[str, Callable] = "ev_softmax", **p
         dropout: float = 0.0, scaling: Optional[float] = None, is_causal: Optional[bool] = None,
         position_bias: Optional[Tensor] = None, key_lengths: Optional[Tensor] = None, **kwargs,
     ):
-        keep, bias = merge(split_mask(attention_mask, "attention_mask"), (None, position_bias))
+        key_padding = (attention_mask is not None and attention_mask.dim() == 2
+                       and attention_mask.dtype == torch.bool)
+        mask = attention_mask[:, None, None, :] if key_padding else attention_mask  # (B, 1, 1, S)
+        keep, bias = merge(split_mask(mask, "attention_mask"), (None, position_bias))
         if is_causal is None:
             is_causal = getattr(module, "is_causal", False)
-        # As SDPA in transformers: the causal flag stands in for a mask only when none was built.
-        causal = bool(is_causal) and attention_mask is None and query.shape[2] > 1
+        # As SDPA in transformers: the causal flag stands in for a mask only when none (or only the
+        # key padding) was built; bottom-right, so that a cache's last queries see every earlier key
+        # (one query then sees them all: no causal mask at all).
+        causal = bool(is_causal) and (attention_mask is None or key_padding) and query.shape[2] > 1
         want_weights = bool(kwargs.get("output_attentions") or getattr(getattr(module, "config", None),
                                                                         "output_attentions", False))
         result = sparse_attention_from_parts(
             forms[module.training], query, key, value, keep, bias, key_lengths=key_lengths, is_causal=causal,
             dropout_p=float(dropout) if module.training else 0.0, scale=scaling, return_weights=want_weights,
-            stats_module=module,
+            stats_module=module, causal_alignment="bottom_right",
         )
         out, weights = result if want_weights else (result, None)
         return out.transpose(1, 2).contiguous(), weights
@@ -103,7 +143,7 @@ def register(normalizer: Union[str, Callable] = "ev_softmax", name: Optional[str
     if not isinstance(name, str) or not name:
         raise ValueError(f"name must be a non-empty string, got {name!r}")
     AttentionInterface.register(name, make_attention_function(normalizer, **params))
-    AttentionMaskInterface.register(name, sdpa_mask)
+    AttentionMaskInterface.register(name, key_padding_mask)
     return name
 
 

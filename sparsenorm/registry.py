@@ -69,8 +69,9 @@ class Normalizer:
     ``"known"`` -- the threshold is known before the pass over the keys (ev-softmax: the mean score
     is ``q . mean(k)``);
     ``"searched"`` -- the threshold must be searched over key blocks (sparsemax, entmax: a
-    bisection on tau with running sums); None -- it needs the whole row at once (a quantile, a
-    sort, a sum over the row): attention builds the scores."""
+    bisection on tau with running sums); ``"softmax"`` -- the map is softmax itself, whose
+    attention is torch's fused ``scaled_dot_product_attention``; None -- it needs the whole row at
+    once (a quantile, a sort, a sum over the row): attention builds the scores."""
     alpha: Optional[float] = None
     """The entmax ``alpha`` of a ``"searched"`` map (sparsemax = 2, 1.5-entmax = 1.5, bisection: its
     ``alpha`` parameter), which is what a threshold search needs to know about it."""
@@ -130,6 +131,7 @@ def _build() -> Dict[str, Normalizer]:
             "softmax", "Softmax: dense, the baseline.",
             masked_softmax, masked_softmax, masked_log_softmax,
             F.cross_entropy, softmax_multilabel_loss, sparse=False, linear_loss="softmax",
+            attention_threshold="softmax",
         ),
         Normalizer(
             "ev_softmax", "Evidential softmax (Chen et al. 2021, Eq. 7); trained through Eq. 10.",

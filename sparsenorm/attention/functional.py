@@ -20,7 +20,12 @@ from ..kernels.attention_dispatch import BACKENDS, check_backend, run_attention_
 from . import stats
 from .masks import split_mask
 
-__all__ = ["sparse_attention", "resolve_normalizer", "ResolvedNormalizer", "sparse_attention_from_parts", "BACKENDS"]
+__all__ = ["sparse_attention", "resolve_normalizer", "ResolvedNormalizer", "sparse_attention_from_parts", "BACKENDS",
+           "CAUSAL_ALIGNMENTS"]
+
+CAUSAL_ALIGNMENTS = ("top_left", "bottom_right")
+"""Valid values of ``causal_alignment``: SDPA's ``is_causal`` (query ``i`` sees keys ``j <= i``) and
+FlashAttention's (>= 2.1; the last query sees the last key: ``j <= i + S - L``)."""
 
 
 @dataclass(frozen=True)
@@ -87,13 +92,30 @@ def _check_inputs(query: Tensor, key: Tensor, value: Tensor, dropout_p: float, s
         check_param(scale, "scale")
 
 
+def broadcast_shapes(*shapes) -> Tuple[int, ...]:
+    """``torch.broadcast_shapes`` of plain shapes in a few Python steps (torch's goes through its
+    symbolic-shape reference, tens of microseconds a call: a share of a decoding step's attention);
+    torch's itself under ``torch.compile``. Raises ``RuntimeError`` where they do not broadcast."""
+    if torch.compiler.is_compiling():
+        return tuple(torch.broadcast_shapes(*shapes))
+    ndim = max(len(shape) for shape in shapes)
+    out = [1] * ndim
+    for shape in shapes:
+        for i, d in enumerate(shape, ndim - len(shape)):
+            if d != 1:
+                if out[i] != 1 and out[i] != d:
+                    raise RuntimeError(f"shapes {[tuple(x) for x in shapes]} do not broadcast")
+                out[i] = d
+    return tuple(out)
+
+
 def _scores_shape(query: Tensor, key: Tensor) -> Tuple[int, ...]:
     """(..., Hq, L, S): the leading dims of query and key broadcast (GQA heads count as Hq)."""
     k_lead = key.shape[:-2]
     if query.dim() >= 3 and key.dim() >= 3 and k_lead[-1] != query.shape[-3]:
         k_lead = k_lead[:-1] + (query.shape[-3],)
     try:
-        lead = torch.broadcast_shapes(query.shape[:-2], k_lead)
+        lead = broadcast_shapes(query.shape[:-2], k_lead)
     except RuntimeError:
         raise ValueError(f"query {tuple(query.shape)} and key {tuple(key.shape)} have leading dims that do not "
                          "broadcast") from None
@@ -104,7 +126,7 @@ def _check_mask(m: Optional[Tensor], scores_shape: Tuple[int, ...], device: torc
     if m is None:
         return
     try:
-        ok = torch.broadcast_shapes(m.shape, scores_shape) == tuple(scores_shape)
+        ok = broadcast_shapes(m.shape, scores_shape) == tuple(scores_shape)
     except RuntimeError:
         ok = False
     if not ok:
@@ -155,6 +177,7 @@ def sparse_attention(
     query_lengths: Optional[Tensor] = None,
     backend: str = "auto",
     stats_module: Optional[nn.Module] = None,
+    causal_alignment: str = "top_left",
     **params,
 ) -> Union[Tensor, Tuple[Tensor, Tensor]]:
     """Scaled dot-product attention ``normalizer(q k^T * scale + mask) v``.
@@ -173,9 +196,13 @@ def sparse_attention(
     the queries: rows ``i >= query_lengths[b]`` of the output (and weights) are exactly zero, with
     zero gradient. ``is_causal``: query ``i`` sees keys
     ``j <= i`` (top-left, as SDPA); unlike SDPA it may be combined with ``attn_mask`` and
-    ``key_lengths``. Not-there keys get exactly zero weight for every normalizer and are left out
-    of its threshold (ev-softmax's mean is over the valid keys only, so padding does not change a
-    sequence's weights). A query with no valid key gives a zero output row and zero gradient.
+    ``key_lengths``. ``causal_alignment="bottom_right"`` aligns the last query with the last key
+    instead (query ``i`` sees keys ``j <= i + S - L``, as FlashAttention >= 2.1 and
+    ``torch.nn.attention.bias.causal_lower_right``): chunked prefill and decoding with a key/value
+    cache, where the L queries are the last L positions of the S keys; every kernel takes it.
+    Not-there keys get exactly zero weight for every normalizer and are left out of its threshold
+    (ev-softmax's mean is over the valid keys only, so padding does not change a sequence's
+    weights). A query with no valid key gives a zero output row and zero gradient.
 
     ``normalizer``: a name from :mod:`sparsenorm.registry` (its evaluation form,
     ``Normalizer.for_mode(False)``; ``**params`` rebind its parameters, e.g. ``alpha=1.3``,
@@ -205,7 +232,7 @@ def sparse_attention(
     return sparse_attention_from_parts(resolved, query, key, value, keep, bias, key_lengths=key_lengths,
                                        query_lengths=query_lengths, is_causal=is_causal, dropout_p=dropout_p,
                                        scale=scale, return_weights=return_weights, backend=backend,
-                                       stats_module=stats_module)
+                                       stats_module=stats_module, causal_alignment=causal_alignment)
 
 
 def sparse_attention_from_parts(
@@ -213,7 +240,7 @@ def sparse_attention_from_parts(
     bias: Optional[Tensor], *, key_lengths: Optional[Tensor] = None, query_lengths: Optional[Tensor] = None,
     is_causal: bool = False,
     dropout_p: float = 0.0, scale: Optional[float] = None, return_weights: bool = False, backend: str = "auto",
-    stats_module: Optional[nn.Module] = None,
+    stats_module: Optional[nn.Module] = None, causal_alignment: str = "top_left",
 ) -> Union[Tensor, Tuple[Tensor, Tensor]]:
     """:func:`sparse_attention` with a resolved normalizer and the mask already split into a
     boolean ``keep`` and a finite ``bias`` (:func:`sparsenorm.attention.masks.split_mask`);
@@ -223,11 +250,14 @@ def sparse_attention_from_parts(
     _check_mask(bias, scores_shape, query.device, "attn_mask")
     check_lengths(key_lengths, scores_shape, query.device, "key_lengths")
     check_lengths(query_lengths, scores_shape, query.device, "query_lengths")
+    if causal_alignment not in CAUSAL_ALIGNMENTS:
+        raise ValueError(f"causal_alignment must be one of {CAUSAL_ALIGNMENTS}, got {causal_alignment!r}")
+    offset = scores_shape[-1] - scores_shape[-2] if causal_alignment == "bottom_right" else 0
     recording = stats.recording()
     call = AttentionCall(
         query, key, value, keep, bias, key_lengths, bool(is_causal),
         query.shape[-1] ** -0.5 if scale is None else float(scale), scores_shape,
-        alpha=normalizer.alpha, count_support=recording, query_lengths=query_lengths,
+        alpha=normalizer.alpha, count_support=recording, query_lengths=query_lengths, causal_offset=offset,
     )
     out, weights, support, valid = run_attention_kernel(normalizer.fn, normalizer.threshold, call, dropout_p,
                                                         return_weights, backend)

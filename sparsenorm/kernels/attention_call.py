@@ -82,6 +82,10 @@ class AttentionCall:
     """(B,) integer or None: query rows ``i >= len`` are padding. Kernels need not look at it:
     :func:`sparsenorm.kernels.attention_dispatch.run_attention_kernel` zeroes those rows of every
     kernel's result."""
+    causal_offset: int = 0
+    """With ``is_causal``, query ``i`` sees the keys ``j <= i + causal_offset``: 0 is SDPA's top-left
+    alignment, ``S - L`` the bottom-right one (FlashAttention >= 2.1; the last query sees every key, as
+    chunked prefill and decoding with a key/value cache need). Every kernel takes it."""
 
     def expanded_inputs(self) -> Tuple[Tensor, Tensor, Tensor, Optional[Tensor], Optional[Tensor]]:
         """``(q, k, v, keep, bias)`` in the compute dtype with one batch shape (GQA heads repeated,
@@ -119,8 +123,8 @@ MASK_FORMS = ("dense", "expanded", "batch_heads", "flat_rows", "keys", "query_ro
 def kernel_mask(call: AttentionCall, form: str):
     """The call's masks in the form one kernel takes; None where nothing is masked.
 
-    * ``"dense"`` -- ``keep``, key lengths and the causal mask in one boolean mask broadcastable to
-      ``scores_shape`` (the dense path);
+    * ``"dense"`` -- ``keep``, key lengths and the causal mask (with ``causal_offset``) in one boolean
+      mask broadcastable to ``scores_shape`` (the dense path);
     * ``"expanded"`` -- ``keep`` and key lengths in one boolean mask of at least 2 dims, broadcastable
       to ``scores_shape``; causal left to the kernel (the blockwise ev-softmax op);
     * ``"batch_heads"`` -- ``keep`` alone as 4 dims (B, H, L, S) broadcastable; key lengths and causal
@@ -136,7 +140,8 @@ def kernel_mask(call: AttentionCall, form: str):
     ndim = len(call.scores_shape)
     if form == "dense":
         return combine_keep(call.keep, lengths_keep(call.key_lengths, S, ndim),
-                            causal_keep(L, S, device=call.q.device) if call.is_causal else None)
+                            causal_keep(L, S, device=call.q.device, offset=call.causal_offset)
+                            if call.is_causal else None)
     if form == "expanded":
         keep = combine_keep(call.keep, lengths_keep(call.key_lengths, S, ndim))
         return None if keep is None else _at_least_2d(keep)

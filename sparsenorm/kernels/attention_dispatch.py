@@ -29,29 +29,66 @@ import os
 from typing import Callable, Dict, Optional
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
-from . import flex_attention
-from .attention_call import AttentionCall, AttentionKernel, kernel_mask
+from .._validation import compute_dtype
+from . import cpu, flex_attention
+from .attention_call import AttentionCall, AttentionKernel, kernel_mask, lengths_keep
 from .dense_attention import dense_attention
 from .ops._common import triton_launchers
 from .ops.evidential_attention import ev_softmax_attention_blockwise, ev_softmax_attention_flash_op
 from .ops.projection_attention import projection_attention_op
+from .reference.evidential_attention import few_queries
 
 BLOCKWISE_MIN_SCORES = 1 << 20
 """``backend="auto"`` takes a blockwise kernel once ``L * S`` reaches this (below it the dense
 path is as fast and its memory is small)."""
 
-BACKENDS = ("auto", "dense", "blockwise", "triton", "flex")
-"""Valid values of ``backend``: ``"auto"``, the dense path, and the memory-efficient kernel kinds."""
+BACKENDS = ("auto", "dense", "blockwise", "triton", "flex", "sdpa", "decode")
+"""Valid values of ``backend``: ``"auto"``, the dense path, and the memory-efficient kernel kinds
+(``"sdpa"``: torch's fused ``scaled_dot_product_attention``, for softmax itself; ``"decode"``: a
+few queries over many keys, as in decoding with a key/value cache)."""
 
-AUTO_ORDER = ("triton", "blockwise")
+AUTO_ORDER = ("sdpa", "triton", "decode", "blockwise")
 """The memory-efficient backends ``backend="auto"`` tries, in this order, before the dense path."""
 
 
-def _auto_min_scores(backend: str) -> int:
+DECODE_MAX_QUERIES = 16
+"""The most queries the ``"decode"`` kernel takes (decoding: 1 per sequence; speculative or
+chunked steps: a few)."""
+
+
+KNOWN_BLOCKWISE_MIN_SCORES = 1 << 14
+"""``backend="auto"`` takes the blockwise ev-softmax kernel from this many scores on where its C++
+kernel runs (CPU). One thread, 9 query / 3 key-value heads, E = 64, causal, L = S = 64 / 128 /
+256 / 512: the dense path 0.53 / 1.64 / 6.03 / 31.7 ms, the blockwise C++ kernel (64 x 128 tiles)
+0.62 / 1.24 / 3.02 / 7.74 ms (SDPA: 0.15 / 0.57 / 2.10 / 8.06 ms; thread CPU time, loaded cores,
+/tmp micro-benchmark of 2026-11-27)."""
+
+CPU_BLOCKS_KNOWN = (64, 128)
+"""Query and key tile of the blockwise ev-softmax C++ kernel (CPU): one thread, L = S = 512, causal,
+9 heads, E = 64: 7.2 ms at 64 x 128 against 8.5 ms at the reference's 256 x 512 (5.6 ms against
+2.7 ms at 256); the pure-PyTorch reference keeps its larger blocks (fewer Python steps)."""
+
+
+def _auto_min_scores(backend: str, threshold: Optional[str] = None, call: Optional[AttentionCall] = None) -> int:
     """The least ``L * S`` at which ``backend="auto"`` takes ``backend``."""
-    return BLOCKWISE_MIN_SCORES if backend == "blockwise" else 0
+    if backend != "blockwise":
+        return 0
+    if threshold == "known" and call is not None and _cpp_known(call):
+        return min(BLOCKWISE_MIN_SCORES, KNOWN_BLOCKWISE_MIN_SCORES)
+    return BLOCKWISE_MIN_SCORES
+
+
+def _cpp_known(call: AttentionCall) -> bool:
+    """Whether the blockwise ev-softmax op runs its C++ kernel on this call's device."""
+    return _cpp_known_on(call.q.device.type)
+
+
+@torch._dynamo.assume_constant_result
+def _cpp_known_on(device_type: str) -> bool:
+    return device_type == "cpu" and cpu.EVIDENTIAL_ATTENTION.get() is not None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -86,9 +123,32 @@ def searched_block_q(keys: int) -> int:
 # ---------------------------------------------------------------------------------------------
 def _ev_softmax_blockwise(call: AttentionCall):
     q, k, v, keep, bias = call.expanded_inputs()
+    block_q, block_k = CPU_BLOCKS_KNOWN if _cpp_known(call) else (None, None)
     out, support, count = ev_softmax_attention_blockwise(q, k, v, keep, bias, call.is_causal, call.scale,
-                                                         call.count_support)
+                                                         call.count_support, block_q, block_k,
+                                                         causal_offset=call.causal_offset)
     return out, support, count
+
+
+def _ev_softmax_decode(call: AttentionCall):
+    """ev-softmax for a few queries (at most :data:`DECODE_MAX_QUERIES`) over the keys, the
+    grouped-query heads stacked against their key/value head (no copy of the keys or values; see
+    :func:`.reference.evidential_attention.few_queries`): 4-D inputs with one batch size, no float
+    mask, a mask that varies over keys only (padding), ``key_lengths``, causal at any alignment."""
+    q, k, v = call.q, call.k, call.v
+    if call.scores_shape[-2] > DECODE_MAX_QUERIES or call.bias is not None:
+        return None
+    if any(t.dim() != 4 for t in (q, k, v)) or not (q.shape[0] == k.shape[0] == v.shape[0]):
+        return None
+    key_mask = kernel_mask(call, "keys")
+    if key_mask is NotImplemented:
+        return None
+    if call.key_lengths is not None:
+        short = lengths_keep(call.key_lengths, call.scores_shape[-1], 2)
+        key_mask = short if key_mask is None else key_mask & short
+    cdt = compute_dtype(q)
+    return few_queries(q.to(cdt), k.to(cdt), v.to(cdt), key_mask, call.is_causal, call.causal_offset, call.scale,
+                       call.count_support)
 
 
 _FLASH_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -123,7 +183,8 @@ def _ev_softmax_flash(call: AttentionCall):
     key_mask = kernel_mask(call, "keys")
     if key_mask is NotImplemented:
         return None
-    out, _, _ = ev_softmax_attention_flash_op(q, k, v, call.key_lengths, key_mask, call.is_causal, call.scale)
+    out, _, _ = ev_softmax_attention_flash_op(q, k, v, call.key_lengths, key_mask, call.is_causal, call.scale,
+                                              call.causal_offset)
     return out, None, None
 
 
@@ -156,7 +217,8 @@ def _searched_blockwise(call: AttentionCall):
     q, k, v, keep, key_lengths, unflatten = _batch_head_inputs(call)
     out, _, _ = projection_attention_op(q, k, v, keep, key_lengths, call.is_causal, call.scale,
                                         _searched_kind(call.alpha), searched_block_q(k.shape[-2]), BLOCK_K_SEARCHED,
-                                        float(call.alpha if call.alpha is not None else 1.5), BISECT_STEPS)
+                                        float(call.alpha if call.alpha is not None else 1.5), BISECT_STEPS,
+                                        call.causal_offset)
     return unflatten(out), None, None
 
 
@@ -169,16 +231,45 @@ def _ev_softmax_flex(call: AttentionCall):
             t.requires_grad for t in (call.q, call.k, call.v)):
         return None
     q, k, v, keep, key_lengths, unflatten = _batch_head_inputs(call)
-    out = flex_attention.ev_softmax_flex_attention(q, k, v, keep, key_lengths, call.is_causal, call.scale)
+    out = flex_attention.ev_softmax_flex_attention(q, k, v, keep, key_lengths, call.is_causal, call.scale,
+                                                   call.causal_offset)
     return unflatten(out), None, None
+
+
+def _softmax_sdpa(call: AttentionCall):
+    """softmax attention by torch's fused ``F.scaled_dot_product_attention`` (its flash kernel on CPU
+    and CUDA): 4-D inputs with one batch size (GQA by ``enable_gqa``), no float mask, no support
+    counting. No mask is built for a causal mask SDPA's ``is_causal`` states (top-left, or one
+    query); key padding and the causal mask otherwise go as one boolean mask. A query with no valid
+    key attends to every key inside SDPA (so no NaN reaches the backward) and is given zeros here."""
+    q, k, v = call.q, call.k, call.v
+    if call.bias is not None or call.count_support or any(t.dim() != 4 for t in (q, k, v)):
+        return None
+    if not (q.shape[0] == k.shape[0] == v.shape[0]):
+        return None
+    S = call.scores_shape[-1]
+    cdt = compute_dtype(q)
+    q, k, v = q.to(cdt), k.to(cdt), v.to(cdt)
+    gqa = k.shape[1] != q.shape[1]
+    sees_all = not call.is_causal or call.causal_offset >= S - 1  # every query sees every key
+    if call.keep is None and call.key_lengths is None and (sees_all or call.causal_offset == 0):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=not sees_all, scale=call.scale,
+                                              enable_gqa=gqa), None, None
+    mask = kernel_mask(call, "dense")
+    mask = mask.reshape((1,) * max(0, 2 - mask.dim()) + tuple(mask.shape))  # SDPA takes a mask of 2 dims or more
+    empty = ~mask.any(-1, keepdim=True)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask | empty, scale=call.scale, enable_gqa=gqa)
+    return out.masked_fill(empty, 0.0), None, None
 
 
 # ---------------------------------------------------------------------------------------------
 # The table and the choice
 # ---------------------------------------------------------------------------------------------
 KERNELS: Dict[str, Dict[str, AttentionKernel]] = {
-    "known": {"triton": _ev_softmax_flash, "blockwise": _ev_softmax_blockwise, "flex": _ev_softmax_flex},
+    "known": {"triton": _ev_softmax_flash, "blockwise": _ev_softmax_blockwise, "flex": _ev_softmax_flex,
+              "decode": _ev_softmax_decode},
     "searched": {"blockwise": _searched_blockwise},
+    "softmax": {"sdpa": _softmax_sdpa},
 }
 """``KERNELS[attention_threshold][backend]``: the memory-efficient kernels by the registry's
 capability (``Normalizer.attention_threshold``) and backend name (one of :data:`BACKENDS`)."""
@@ -227,7 +318,7 @@ def _run(fn, threshold, call, dropout_p, return_weights, backend):
         n_scores = call.scores_shape[-2] * call.scores_shape[-1]
         for name in AUTO_ORDER if efficient else ():
             kernel = kernels.get(name)
-            if kernel is not None and n_scores >= max(_auto_min_scores(name), 1):
+            if kernel is not None and n_scores >= max(_auto_min_scores(name, threshold, call), 1):
                 result = kernel(call)
                 if result is not None:
                     return (result[0], None, *result[1:])

@@ -61,13 +61,12 @@ def _compiled_flex():
     return torch.compile(flex_attention, dynamic=False)
 
 
-def _causal(b, h, q_idx, kv_idx):
-    return kv_idx <= q_idx
-
-
 @lru_cache(maxsize=32)
-def _causal_block_mask(L: int, S: int, device: torch.device):
-    return create_block_mask(_causal, None, None, L, S, device=device)
+def _causal_block_mask(L: int, S: int, device: torch.device, offset: int = 0):
+    def causal(b, h, q_idx, kv_idx):
+        return kv_idx <= q_idx + offset
+
+    return create_block_mask(causal, None, None, L, S, device=device)
 
 
 def off_support_drop(dtype: torch.dtype) -> float:
@@ -86,7 +85,7 @@ def _valid_keys(keep: Optional[Tensor], key_lengths: Optional[Tensor], S: int) -
 
 def ev_softmax_flex_attention(
     query: Tensor, key: Tensor, value: Tensor, keep: Optional[Tensor] = None, key_lengths: Optional[Tensor] = None,
-    is_causal: bool = False, scale: Optional[float] = None,
+    is_causal: bool = False, scale: Optional[float] = None, causal_offset: int = 0,
 ) -> Tensor:
     """ev-softmax attention (Eq. 7 over the valid keys) by ``flex_attention``; ``backend="flex"``.
 
@@ -94,7 +93,8 @@ def ev_softmax_flex_attention(
     ``Hk`` dividing ``Hq`` (grouped-query attention) -> (B, Hq, L, Ev). ``scale`` defaults to
     ``1/sqrt(E)``. Masks, optional and combined: ``keep`` boolean broadcastable to (B, Hq, L, S),
     True = attend; ``key_lengths`` (B,) int, keys ``j >= key_lengths[b]`` are not there;
-    ``is_causal``, query ``i`` sees keys ``j <= i`` (top-left, as SDPA). Not-there keys get exactly
+    ``is_causal``, query ``i`` sees keys ``j <= i + causal_offset`` (0: top-left, as SDPA; ``S - L``:
+    bottom-right, as FlashAttention >= 2.1). Not-there keys get exactly
     zero weight and are left out of the mean; a query with no valid key gives a zero row. Equals
     ``sparse_attention(..., normalizer="ev_softmax")`` (see the module notes for rounding).
 
@@ -121,7 +121,7 @@ def ev_softmax_flex_attention(
     with torch.no_grad():  # the threshold carries no gradient (Eq. 9)
         keys = key.to(cdt).repeat_interleave(Hq // Hk, dim=1) if Hk != Hq else key.to(cdt)
         valid4 = None if valid is None else valid.reshape((1,) * (4 - valid.dim()) + valid.shape)
-        thr, _ = threshold(query.to(cdt), keys, valid4, None, bool(is_causal), scale)
+        thr, _ = threshold(query.to(cdt), keys, valid4, None, bool(is_causal), scale, causal_offset=causal_offset)
         thr = thr.squeeze(-1).expand(B, Hq, L).contiguous()
     drop = off_support_drop(cdt)
 
@@ -134,12 +134,12 @@ def ev_softmax_flex_attention(
 
         def mask_mod(b, h, q_idx, kv_idx):
             ok = valid_full[b, h, q_idx, kv_idx]
-            return ok & (kv_idx <= q_idx) if is_causal else ok
+            return ok & (kv_idx <= q_idx + causal_offset) if is_causal else ok
 
         block_mask = create_block_mask(mask_mod, B, Hq, L, S, device=query.device)
     elif is_causal:  # the causal structure alone: one mask for every batch and head, built once per shape
         build = _causal_block_mask.__wrapped__ if torch.compiler.is_compiling() else _causal_block_mask
-        block_mask = build(L, S, query.device)
+        block_mask = build(L, S, query.device, int(causal_offset))
     attend = _compiled_flex() if query.is_cuda and not torch.compiler.is_compiling() else flex_attention
     return attend(query, key, value, score_mod=score_mod, block_mask=block_mask, scale=scale,
                   enable_gqa=Hk != Hq)

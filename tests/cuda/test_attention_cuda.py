@@ -33,7 +33,7 @@ def grid_normal(shape, gen, std=0.7, limit=2.0) -> torch.Tensor:
         -limit * QK_GRID, limit * QK_GRID) / QK_GRID
 
 
-def valid_keys(B, L, S, key_lengths, key_mask, causal, device) -> torch.Tensor:
+def valid_keys(B, L, S, key_lengths, key_mask, causal, device, causal_offset=0) -> torch.Tensor:
     """(B, 1, L, S) bool: the keys each query may see."""
     keep = torch.ones(B, 1, L, S, dtype=torch.bool, device=device)
     if key_lengths is not None:
@@ -41,7 +41,7 @@ def valid_keys(B, L, S, key_lengths, key_mask, causal, device) -> torch.Tensor:
     if key_mask is not None:
         keep &= key_mask.view(B, 1, 1, S)
     if causal:
-        keep &= torch.arange(S, device=device) <= torch.arange(L, device=device).view(L, 1)
+        keep &= torch.arange(S, device=device) <= torch.arange(L, device=device).view(L, 1) + causal_offset
     return keep
 
 
@@ -96,7 +96,7 @@ class Oracle:
 
 
 def run_case(device, launchers, dtype, B=1, Hq=2, Hk=1, L=40, S=40, D=32, causal=False, key_lengths=None,
-             key_mask=None, scale=None, seed=0):
+             key_mask=None, scale=None, seed=0, causal_offset=0):
     """Run the forward and backward launchers and check them against the oracle; returns the output."""
     from sparsenorm.kernels.triton import attention as attn
 
@@ -107,20 +107,21 @@ def run_case(device, launchers, dtype, B=1, Hq=2, Hk=1, L=40, S=40, D=32, causal
     q, k, v, do = (t.to(dtype).to(device) for t in (q64, k64, v64, do64))
     lens = None if key_lengths is None else torch.tensor(key_lengths, device=device)
     kmask = None if key_mask is None else key_mask.to(device)
-    out, lse2, thr2 = attn.flash_ev_softmax_attention_forward(q, k, v, lens, causal, scale, kmask)
-    dq, dk, dv = attn.flash_ev_softmax_attention_backward(do, q, k, v, out, lse2, thr2, lens, causal, scale, kmask)
+    out, lse2, thr2 = attn.flash_ev_softmax_attention_forward(q, k, v, lens, causal, scale, kmask, causal_offset)
+    dq, dk, dv = attn.flash_ev_softmax_attention_backward(do, q, k, v, out, lse2, thr2, lens, causal, scale, kmask,
+                                                          causal_offset)
 
     sm_scale = D ** -0.5 if scale is None else scale
     qk_scale = torch.tensor(sm_scale * LOG2E, dtype=torch.float32)  # as the launcher passes it
     q64, k64, v64, do64 = (t.to(dtype).double().to(device) for t in (q, k, v, do))
     group = Hq // Hk
     exact = q64 @ k64.repeat_interleave(group, 1).transpose(-1, -2)  # exact in float32 too (grid)
-    valid = valid_keys(B, L, S, lens, kmask, causal, device)
+    valid = valid_keys(B, L, S, lens, kmask, causal, device, causal_offset)
     support = valid & ((exact.float() * qk_scale.to(device)) >= thr2.unsqueeze(-1))
     oracle = Oracle(q64, k64, v64, support, sm_scale, dtype)
     assert out.dtype == dtype and out.shape == (B, Hq, L, D)
     what = f"{dtype} B={B} Hq={Hq} Hk={Hk} L={L} S={S} D={D} causal={causal} lens={key_lengths} " \
-           f"keymask={key_mask is not None}"
+           f"keymask={key_mask is not None} causal_offset={causal_offset}"
     assert_within(out, oracle.out, oracle.out_bound, "output " + what)
     # Every row with a valid key keeps at least its maximum score (ev-softmax's mean <= max).
     has_valid = valid.any(-1).expand(B, Hq, L)
@@ -151,6 +152,15 @@ CASES = [
 ]
 CPU_MAX_LENGTH = 64  # the interpreter's limit for these tests
 
+BOTTOM_RIGHT = [
+    # bottom-right causal (causal_offset = S - L): cached decoding, chunked prefill, L > S
+    (torch.float16, dict(B=2, L=1, S=57, D=32), [57, 50], "left"),
+    (torch.bfloat16, dict(B=2, Hq=4, Hk=2, L=24, S=60, D=64), None, "left"),
+    (torch.float32, dict(L=40, S=25, D=16), None, None),
+    (torch.bfloat16, dict(B=2, Hq=8, Hk=2, L=200, S=3000, D=64), [3000, 2500], "left"),
+    (torch.float16, dict(B=4, Hq=9, Hk=3, L=1, S=4096, D=64), None, "left"),
+]
+
 
 def key_mask_for(pattern: Optional[str], B: int, S: int, seed: int) -> Optional[torch.Tensor]:
     if pattern is None:
@@ -159,6 +169,18 @@ def key_mask_for(pattern: Optional[str], B: int, S: int, seed: int) -> Optional[
         return torch.arange(S) >= torch.tensor([(7 * b) % max(S, 1) for b in range(B)]).view(B, 1)
     gen = torch.Generator().manual_seed(seed)
     return torch.rand(B, S, generator=gen) < 0.7
+
+
+@pytest.mark.parametrize("dtype,shape,lens,pattern", BOTTOM_RIGHT,
+                         ids=[f"{str(c[0])[6:]}-L{c[1]['L']}-S{c[1]['S']}" for c in BOTTOM_RIGHT])
+def test_flash_attention_bottom_right_causal(device, launchers, dtype, shape, lens, pattern):
+    if device == "cpu" and max(shape["L"], shape["S"]) > CPU_MAX_LENGTH:
+        pytest.skip("long sequences run on the GPU only")
+    B, L, S = shape.get("B", 1), shape["L"], shape["S"]
+    out = run_case(device, launchers, dtype, causal=True, key_lengths=lens, causal_offset=S - L,
+                   key_mask=key_mask_for(pattern, B, S, seed=2), **shape)
+    if L > S:  # the first L - S queries see no key
+        assert (out[:, :, :L - S] == 0).all()
 
 
 @pytest.mark.parametrize("dtype,shape,causal,lens,pattern", CASES,

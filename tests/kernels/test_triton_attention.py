@@ -26,30 +26,30 @@ in_process = pytest.mark.skipif(not IN_PROCESS, reason="run in a subprocess with
 TOL = {torch.float32: 2e-5, torch.float16: 4e-3, torch.bfloat16: 4e-2}
 
 
-def keep_mask(B, L, S, key_lengths, causal, key_mask=None):
+def keep_mask(B, L, S, key_lengths, causal, key_mask=None, causal_offset=0):
     keep = torch.ones(B, 1, L, S, dtype=torch.bool)
     if key_lengths is not None:
         keep &= torch.arange(S) < key_lengths.cpu().view(B, 1, 1, 1)
     if key_mask is not None:
         keep &= key_mask.cpu().view(B, 1, 1, S)
     if causal:
-        keep &= torch.arange(S) <= torch.arange(L).view(L, 1)
+        keep &= torch.arange(S) <= torch.arange(L).view(L, 1) + causal_offset
     return keep
 
 
-def oracle(q, k, v, key_lengths, causal, scale, key_mask=None):
+def oracle(q, k, v, key_lengths, causal, scale, key_mask=None, causal_offset=0):
     """Dense float64 ev-softmax attention through sparsenorm.ev_softmax (mean over valid keys)."""
     group = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
     s = q @ k.transpose(-1, -2) * scale
-    keep = keep_mask(q.shape[0], q.shape[2], k.shape[2], key_lengths, causal, key_mask)
+    keep = keep_mask(q.shape[0], q.shape[2], k.shape[2], key_lengths, causal, key_mask, causal_offset)
     empty = ~keep.any(-1, keepdim=True)
     w = sparsenorm.ev_softmax(s.masked_fill(empty, 0.0), dim=-1, mask=keep | empty).masked_fill(empty, 0.0)
     return w @ v
 
 
 def run_case(dtype, causal, key_lengths, B=1, Hq=2, Hk=1, L=40, S=40, D=32, scale=None, seed=0, inputs=None,
-             left_pad=None):
+             left_pad=None, causal_offset=0):
     """``left_pad``: per batch element, how many leading keys a boolean key mask drops."""
     g = torch.Generator().manual_seed(seed)
     if inputs is None:
@@ -60,11 +60,12 @@ def run_case(dtype, causal, key_lengths, B=1, Hq=2, Hk=1, L=40, S=40, D=32, scal
     key_mask = None
     if left_pad is not None:
         key_mask = (torch.arange(S) >= torch.tensor(left_pad).view(-1, 1)).to(DEVICE)
-    out = flash_ev_softmax_attention(q, k, v, key_lengths=lens, is_causal=causal, scale=scale, key_mask=key_mask)
+    out = flash_ev_softmax_attention(q, k, v, key_lengths=lens, is_causal=causal, scale=scale, key_mask=key_mask,
+                                     causal_offset=causal_offset)
     grad = torch.randn(out.shape, generator=g)
     out.backward(grad.to(dtype).to(DEVICE))
     q64, k64, v64 = (t.detach().cpu().double().requires_grad_() for t in (q, k, v))
-    ref = oracle(q64, k64, v64, lens, causal, D ** -0.5 if scale is None else scale, key_mask)
+    ref = oracle(q64, k64, v64, lens, causal, D ** -0.5 if scale is None else scale, key_mask, causal_offset)
     ref.backward(grad.to(dtype).double())
     tol = TOL[dtype]
     assert out.dtype == dtype and out.shape == ref.shape
@@ -97,6 +98,19 @@ def test_key_mask_left_padding_and_lengths(causal):
     """A boolean key mask (left padding, as in batched generation) combined with key lengths; a
     batch element whose mask drops every key it may see gives zeros."""
     run_case(torch.float16, causal, [28, 40], B=2, Hq=2, Hk=1, L=32, S=40, D=32, left_pad=[5, 17])
+
+
+@in_process
+@pytest.mark.parametrize("L,S", [(20, 56), (1, 40), (1, 7), (40, 25)])
+def test_bottom_right_causal_alignment(L, S):
+    """``causal_offset = S - L`` (bottom-right, FlashAttention >= 2.1): chunked prefill (L < S, the
+    queries' key range starting mid-block), cached decode (L = 1) and L > S (the first L - S queries
+    see no key: zeros), with left padding, key lengths and GQA; values and gradients against the
+    float64 oracle with the same mask written out."""
+    out, (q, k, v) = run_case(torch.float32, True, [S, S - 2], B=2, Hq=4, Hk=2, L=L, S=S, D=32, left_pad=[0, 3],
+                              causal_offset=S - L, seed=L + S)
+    if L > S:
+        assert (out[:, :, :L - S] == 0).all() and (q.grad[:, :, :L - S] == 0).all()
 
 
 @in_process
@@ -185,3 +199,26 @@ def test_sparse_attention_flash_route_equals_the_pytorch_path(causal):
         # per query, or per head: not a key mask
         with pytest.raises(ValueError, match="backend='triton' does not apply"):
             sparse_attention(q.to(DEVICE), k.to(DEVICE), v.to(DEVICE), attn_mask=other.to(DEVICE), backend="triton")
+
+
+@in_process
+def test_sparse_attention_flash_route_bottom_right():
+    """``sparse_attention(backend="triton", causal_alignment="bottom_right")`` with a left-padding key
+    mask (what sparsenorm.hf hands it in chunked prefill) equals the dense path, gradients too."""
+    from sparsenorm.attention import sparse_attention
+
+    g = torch.Generator().manual_seed(5)
+    B, Hq, Hk, L, S, E = 2, 4, 2, 6, 21, 16
+    q, k, v = (torch.randn(B, h, n, E, generator=g) for h, n in ((Hq, L), (Hk, S), (Hk, S)))
+    keep = (torch.arange(S) >= torch.tensor([0, 4]).view(B, 1)).view(B, 1, 1, S)
+    grad = torch.randn(B, Hq, L, E, generator=g)
+    args = [t.to(DEVICE).requires_grad_() for t in (q, k, v)]
+    out = sparse_attention(*args, attn_mask=keep.to(DEVICE), is_causal=True, causal_alignment="bottom_right",
+                           backend="triton")
+    got = torch.autograd.grad(out, args, grad.to(DEVICE))
+    ref_args = [t.clone().requires_grad_() for t in (q, k, v)]
+    ref = sparse_attention(*ref_args, attn_mask=keep, is_causal=True, causal_alignment="bottom_right",
+                           backend="dense")
+    torch.testing.assert_close(out.cpu(), ref, atol=2e-5, rtol=2e-5)
+    for a, b in zip(got, torch.autograd.grad(ref, ref_args, grad)):
+        torch.testing.assert_close(a.cpu(), b, atol=2e-5, rtol=2e-5)

@@ -148,7 +148,7 @@ def test_for_mode_is_the_post_hoc_switch():
 def test_attention_capabilities_describe_the_maps():
     """``"known"``: the support is the entries at or above the row mean, a linear function of the
     keys; ``"searched"``: the map is alpha-entmax with the entry's ``alpha`` (what a threshold
-    search over key blocks computes)."""
+    search over key blocks computes); ``"softmax"``: the map is softmax."""
     import sparsenorm
 
     x = torch.randn(5, 9, dtype=torch.float64)
@@ -163,6 +163,8 @@ def test_attention_capabilities_describe_the_maps():
         elif entry.attention_threshold == "searched":
             torch.testing.assert_close(entry.forward(x, dim=-1), sparsenorm.entmax_bisect(x, alpha=entry.alpha, dim=-1,
                                                                                            n_iter=200), msg=name)
+        elif entry.attention_threshold == "softmax":  # its attention is torch's fused SDPA
+            torch.testing.assert_close(entry.forward(x, dim=-1), torch.softmax(x, -1), msg=name)
         else:
             assert entry.attention_threshold is None and entry.alpha is None, name
     assert registry.get("entmax_bisect", alpha=1.3).alpha == 1.3

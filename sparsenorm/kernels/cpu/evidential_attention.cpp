@@ -126,6 +126,7 @@ struct Problem {
   Strided<bool> keep;
   Strided<scalar_t> bias;
   bool causal;
+  int64_t causal_offset;  // under causal, query i sees keys j <= i + causal_offset (0: top-left)
   int64_t block_q, block_k;
 };
 
@@ -137,15 +138,15 @@ class Tiles {
   explicit Tiles(const Problem<scalar_t>& p) : p_(p), scores_(p.block_q * p.block_k) {}
 
  protected:
-  // Key columns [j0, j0 + width) of the tile that some row of [i0, i1) may see (causal: j <= i).
+  // Key columns [j0, j0 + width) of the tile that some row of [i0, i1) may see (causal: j <= i + offset).
   int64_t visible_width(int64_t i1, int64_t j0) const {
     const int64_t width = std::min(p_.block_k, p_.S - j0);
-    return p_.causal ? std::min(width, i1 - j0) : width;
+    return p_.causal ? std::max<int64_t>(0, std::min(width, i1 + p_.causal_offset - j0)) : width;
   }
 
   // The end of query i's causally visible columns in the tile starting at key j0.
   int64_t causal_end(int64_t i, int64_t j0, int64_t width) const {
-    return p_.causal ? std::max<int64_t>(0, std::min(width, i - j0 + 1)) : width;
+    return p_.causal ? std::max<int64_t>(0, std::min(width, i + p_.causal_offset - j0 + 1)) : width;
   }
 
   const bool* keep_row(int64_t n, int64_t i, int64_t j0) const {
@@ -171,7 +172,7 @@ class Tiles {
   template <typename Fn>
   void for_each_key_tile(int64_t n, int64_t i0, int64_t i1, Fn&& fn) {
     for (int64_t j0 = 0; j0 < p_.S; j0 += p_.block_k) {
-      if (p_.causal && j0 > i1 - 1) break;
+      if (p_.causal && j0 > i1 - 1 + p_.causal_offset) break;
       const int64_t width = visible_width(i1, j0);
       tile_scores(n, i0, i1, j0, width);
       fn(j0, width);
@@ -192,12 +193,17 @@ class Tiles {
     const int64_t ks = p_.keep.col_stride;
     scalar_t mx = -kInf;
     int64_t j = 0;
-    if (keep == nullptr) {  // the common case, in SIMD
+    if (keep == nullptr || ks == 1) {  // no mask, or a mask contiguous along the keys (padding): in SIMD
       const Vec vt(t), vtiny(tiny), vneg_inf(-kInf), zero(scalar_t(0)), one(scalar_t(1));
       Vec vmax(-kInf), vcount(scalar_t(0));
+      scalar_t there[W];
       for (; j + W <= end; j += W) {
         const Vec x = Vec::loadu(c + j) - vt;
-        const Vec kept = x > vtiny;
+        Vec kept = x > vtiny;
+        if (keep != nullptr) {
+          for (int64_t e = 0; e < W; ++e) there[e] = keep[j + e] ? scalar_t(1) : scalar_t(0);
+          kept = kept & (Vec::loadu(there) > zero);
+        }
         const Vec z = Vec::blendv(vneg_inf, x, kept);
         z.store(c + j);
         vmax = at::vec::maximum(vmax, z);
@@ -432,12 +438,13 @@ template <typename scalar_t>
 Problem<scalar_t> problem(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                           const c10::optional<at::Tensor>& keep, const c10::optional<at::Tensor>& keep_offsets,
                           const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& bias_offsets,
-                          bool causal, int64_t block_q, int64_t block_k) {
+                          bool causal, int64_t causal_offset, int64_t block_q, int64_t block_k) {
   const int64_t N = q.size(0), L = q.size(1), E = q.size(2), S = k.size(1), Ev = v.size(2);
   check_mask(keep, keep_offsets, N, at::kBool, "keep");
   check_mask(bias, bias_offsets, N, q.scalar_type(), "bias");
   return {q.const_data_ptr<scalar_t>(), k.const_data_ptr<scalar_t>(), v.const_data_ptr<scalar_t>(), L, S, E, Ev,
-          strided<bool>(keep, keep_offsets), strided<scalar_t>(bias, bias_offsets), causal, std::min(block_q, L),
+          strided<bool>(keep, keep_offsets), strided<scalar_t>(bias, bias_offsets), causal, causal_offset,
+          std::min(block_q, L),
           std::min(block_k, S)};
 }
 
@@ -473,7 +480,7 @@ std::vector<at::Tensor> ev_softmax_attention_forward(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& thr, const at::Tensor& count,
     const c10::optional<at::Tensor>& keep, const c10::optional<at::Tensor>& keep_offsets,
     const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& bias_offsets, bool causal,
-    bool count_support, int64_t block_q, int64_t block_k) {
+    int64_t causal_offset, bool count_support, int64_t block_q, int64_t block_k) {
   check_inputs(q, k, v, block_q, block_k, {thr, count});
   const int64_t N = q.size(0), L = q.size(1), Ev = v.size(2);
   at::Tensor out = at::empty({N, L, Ev}, q.options());
@@ -481,8 +488,8 @@ std::vector<at::Tensor> ev_softmax_attention_forward(
   at::Tensor thr_out = thr.clone();
   at::Tensor support = at::empty({count_support ? N * L : 0}, q.options().dtype(at::kLong));
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "ev_softmax_attention_forward", [&] {
-    const Problem<scalar_t> p = problem<scalar_t>(q, k, v, keep, keep_offsets, bias, bias_offsets, causal, block_q,
-                                                  block_k);
+    const Problem<scalar_t> p = problem<scalar_t>(q, k, v, keep, keep_offsets, bias, bias_offsets, causal,
+                                                  causal_offset, block_q, block_k);
     const Forward<scalar_t> f{count.const_data_ptr<scalar_t>(), out.mutable_data_ptr<scalar_t>(),
                               lse.mutable_data_ptr<scalar_t>(), thr_out.mutable_data_ptr<scalar_t>(),
                               count_support ? support.mutable_data_ptr<int64_t>() : nullptr};
@@ -505,12 +512,13 @@ std::vector<at::Tensor> ev_softmax_attention_backward(
     const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
     const at::Tensor& lse, const at::Tensor& thr, const c10::optional<at::Tensor>& keep,
     const c10::optional<at::Tensor>& keep_offsets, const c10::optional<at::Tensor>& bias,
-    const c10::optional<at::Tensor>& bias_offsets, bool causal, int64_t block_q, int64_t block_k) {
+    const c10::optional<at::Tensor>& bias_offsets, bool causal, int64_t causal_offset, int64_t block_q,
+    int64_t block_k) {
   check_inputs(q, k, v, block_q, block_k, {grad_out, out, lse, thr});
   at::Tensor dq = at::zeros_like(q), dk = at::zeros_like(k), dv = at::zeros_like(v);
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "ev_softmax_attention_backward", [&] {
-    const Problem<scalar_t> p = problem<scalar_t>(q, k, v, keep, keep_offsets, bias, bias_offsets, causal, block_q,
-                                                  block_k);
+    const Problem<scalar_t> p = problem<scalar_t>(q, k, v, keep, keep_offsets, bias, bias_offsets, causal,
+                                                  causal_offset, block_q, block_k);
     const Backward<scalar_t> b{grad_out.const_data_ptr<scalar_t>(), out.const_data_ptr<scalar_t>(),
                                lse.const_data_ptr<scalar_t>(), thr.const_data_ptr<scalar_t>(),
                                dq.mutable_data_ptr<scalar_t>(), dk.mutable_data_ptr<scalar_t>(),

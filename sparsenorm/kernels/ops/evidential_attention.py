@@ -29,16 +29,17 @@ from ._common import triton_launchers
 @torch.library.custom_op("sparsenorm::ev_softmax_attention_blockwise", mutates_args=())
 def ev_softmax_attention_blockwise_op(
     q: Tensor, k: Tensor, v: Tensor, keep: Optional[Tensor], bias: Optional[Tensor], is_causal: bool,
-    scale: float, count_support: bool, block_q: int, block_k: int,
+    scale: float, count_support: bool, block_q: int, block_k: int, causal_offset: int = 0,
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """``(out, lse, thr, support, count)``; see :func:`.reference.evidential_attention.forward`
-    (``support`` is empty unless ``count_support``)."""
-    return _blockwise_reference(q, k, v, keep, bias, is_causal, scale, count_support, block_q, block_k)
+    (``support`` is empty unless ``count_support``; with ``is_causal`` query ``i`` sees keys
+    ``j <= i + causal_offset``)."""
+    return _blockwise_reference(q, k, v, keep, bias, is_causal, scale, count_support, block_q, block_k, causal_offset)
 
 
-def _blockwise_reference(q, k, v, keep, bias, is_causal, scale, count_support, block_q, block_k):
+def _blockwise_reference(q, k, v, keep, bias, is_causal, scale, count_support, block_q, block_k, causal_offset=0):
     out, lse, thr, support, count = ref_attention.forward(q, k, v, keep, bias, is_causal, scale, count_support,
-                                                          block_q, block_k)
+                                                          block_q, block_k, causal_offset)
     if support is None:
         support = torch.empty((0,), dtype=torch.long, device=q.device)
     return out, lse, thr, support, count.contiguous()
@@ -79,7 +80,7 @@ def _kernel_inputs(qs: Tensor, k: Tensor, v: Tensor, keep: Optional[Tensor], bia
 
 
 @ev_softmax_attention_blockwise_op.register_kernel("cpu")
-def _blockwise_cpu(q, k, v, keep, bias, is_causal, scale, count_support, block_q, block_k):
+def _blockwise_cpu(q, k, v, keep, bias, is_causal, scale, count_support, block_q, block_k, causal_offset=0):
     """The fused C++ forward (``kernels/cpu/evidential_attention.cpp``) where it is built and allowed
     (see :mod:`.cpu`) and :func:`_fused_cpu_applies`; else the reference.
 
@@ -94,21 +95,22 @@ def _blockwise_cpu(q, k, v, keep, bias, is_causal, scale, count_support, block_q
     (:func:`_blockwise_backward_cpu`) reads."""
     ext = cpu.EVIDENTIAL_ATTENTION.kernel_for(q)
     if ext is None or not _fused_cpu_applies(q, k, v, keep, bias):
-        return _blockwise_reference(q, k, v, keep, bias, is_causal, scale, count_support, block_q, block_k)
+        return _blockwise_reference(q, k, v, keep, bias, is_causal, scale, count_support, block_q, block_k,
+                                    causal_offset)
     rows, Ev = q.shape[:-1], v.shape[-1]
     qs = q * scale  # the scores are qs @ k^T, as in the reference (and its backward)
-    thr, count = ref_attention.threshold(qs, k, keep, bias, is_causal, 1.0, block_k)
+    thr, count = ref_attention.threshold(qs, k, keep, bias, is_causal, 1.0, block_k, causal_offset)
     qs, k, v, *masks = _kernel_inputs(qs, k, v, keep, bias)
     count = count.expand_as(thr).reshape(-1, rows[-1]).contiguous()
     out, lse, thr, support = ext.ev_softmax_attention_forward(
-        qs, k, v, thr.reshape(-1, rows[-1]).contiguous(), count, *masks, bool(is_causal), bool(count_support),
-        int(block_q), int(block_k))
+        qs, k, v, thr.reshape(-1, rows[-1]).contiguous(), count, *masks, bool(is_causal), int(causal_offset),
+        bool(count_support), int(block_q), int(block_k))
     return (out.reshape(rows + (Ev,)), lse.reshape(rows + (1,)), thr.reshape(rows + (1,)),
             support.reshape(rows) if count_support else support, count.reshape(rows))
 
 
 @ev_softmax_attention_blockwise_op.register_fake
-def _blockwise_fake(q, k, v, keep, bias, is_causal, scale, count_support, block_q, block_k):
+def _blockwise_fake(q, k, v, keep, bias, is_causal, scale, count_support, block_q, block_k, causal_offset=0):
     rows = q.shape[:-1]
     support = q.new_empty(rows if count_support else (0,), dtype=torch.long)
     return (q.new_empty(rows + (v.shape[-1],)), q.new_empty(rows + (1,)), q.new_empty(rows + (1,)), support,
@@ -119,14 +121,16 @@ def _blockwise_fake(q, k, v, keep, bias, is_causal, scale, count_support, block_
 def ev_softmax_attention_blockwise_backward(
     grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, thr: Tensor,
     keep: Optional[Tensor], bias: Optional[Tensor], is_causal: bool, scale: float, block_q: int, block_k: int,
+    causal_offset: int = 0,
 ) -> Tuple[Tensor, Tensor, Tensor]:
     """``(dq, dk, dv)`` of the blockwise op from its saved outputs (closed form, FlashAttention-2)."""
     return ref_attention.backward(grad_out.contiguous(), q, k, v, out, lse, thr, keep, bias, is_causal, scale,
-                                  block_q, block_k)
+                                  block_q, block_k, causal_offset)
 
 
 @ev_softmax_attention_blockwise_backward.register_kernel("cpu")
-def _blockwise_backward_cpu(grad_out, q, k, v, out, lse, thr, keep, bias, is_causal, scale, block_q, block_k):
+def _blockwise_backward_cpu(grad_out, q, k, v, out, lse, thr, keep, bias, is_causal, scale, block_q, block_k,
+                            causal_offset=0):
     """The fused C++ backward where the forward's kernel applies (and ``grad_out`` has q's dtype), else
     the reference. FlashAttention-2 from the saved ``out, lse, thr``: ``P = exp(c - lse)`` on the
     support (Eq. 7's, from the saved threshold), ``dV = P^T dO``, ``dS = P * (dO V^T - delta)`` with
@@ -135,35 +139,36 @@ def _blockwise_backward_cpu(grad_out, q, k, v, out, lse, thr, keep, bias, is_cau
     ext = cpu.EVIDENTIAL_ATTENTION.kernel_for(q)
     if ext is None or not _fused_cpu_applies(q, k, v, keep, bias) or grad_out.dtype != q.dtype:
         return ref_attention.backward(grad_out.contiguous(), q, k, v, out, lse, thr, keep, bias, is_causal, scale,
-                                      block_q, block_k)
+                                      block_q, block_k, causal_offset)
     rows, Ev = q.shape[:-1], v.shape[-1]
     per_row = lambda t, last: t.expand(*rows, last).reshape(-1, rows[-1], last).contiguous()
     qs, k_flat, v_flat, *masks = _kernel_inputs(q * scale, k, v, keep, bias)
     dq, dk, dv = ext.ev_softmax_attention_backward(
         per_row(grad_out, Ev), qs, k_flat, v_flat, per_row(out, Ev), per_row(lse, 1).squeeze(-1),
-        per_row(thr, 1).squeeze(-1), *masks, bool(is_causal), int(block_q), int(block_k))
+        per_row(thr, 1).squeeze(-1), *masks, bool(is_causal), int(causal_offset), int(block_q), int(block_k))
     return dq.mul_(scale).reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape)
 
 
 @ev_softmax_attention_blockwise_backward.register_fake
-def _blockwise_backward_fake(grad_out, q, k, v, out, lse, thr, keep, bias, is_causal, scale, block_q, block_k):
+def _blockwise_backward_fake(grad_out, q, k, v, out, lse, thr, keep, bias, is_causal, scale, block_q, block_k,
+                             causal_offset=0):
     return (torch.empty_like(q, memory_format=torch.contiguous_format),
             torch.empty_like(k, memory_format=torch.contiguous_format),
             torch.empty_like(v, memory_format=torch.contiguous_format))
 
 
 def _blockwise_setup(ctx, inputs, output) -> None:
-    q, k, v, keep, bias, is_causal, scale, _, block_q, block_k = inputs
+    q, k, v, keep, bias, is_causal, scale, _, block_q, block_k, causal_offset = inputs
     out, lse, thr, support, count = output
     ctx.save_for_backward(q, k, v, out, lse, thr, keep, bias)
-    ctx.args = (is_causal, scale, block_q, block_k)
+    ctx.args = (is_causal, scale, block_q, block_k, causal_offset)
     ctx.mark_non_differentiable(lse, thr, support, count)
 
 
 def _blockwise_autograd(ctx, grad_out, *_):
     q, k, v, out, lse, thr, keep, bias = ctx.saved_tensors
     dq, dk, dv = ev_softmax_attention_blockwise_backward(grad_out, q, k, v, out, lse, thr, keep, bias, *ctx.args)
-    return dq, dk, dv, None, None, None, None, None, None, None
+    return dq, dk, dv, None, None, None, None, None, None, None, None
 
 
 ev_softmax_attention_blockwise_op.register_autograd(_blockwise_autograd, setup_context=_blockwise_setup)
@@ -172,14 +177,15 @@ ev_softmax_attention_blockwise_op.register_autograd(_blockwise_autograd, setup_c
 def ev_softmax_attention_blockwise(
     q: Tensor, k: Tensor, v: Tensor, keep: Optional[Tensor] = None, bias: Optional[Tensor] = None,
     is_causal: bool = False, scale: Optional[float] = None, count_support: bool = False,
-    block_q: Optional[int] = None, block_k: Optional[int] = None,
+    block_q: Optional[int] = None, block_k: Optional[int] = None, causal_offset: int = 0,
 ) -> Tuple[Tensor, Optional[Tensor], Tensor]:
     """ev-softmax attention without the L x S matrix: ``(out, support, valid_count)``, differentiable
     in ``q, k, v``.
 
     ``q`` (..., L, E), ``k`` (..., S, E), ``v`` (..., S, Ev) with one batch shape (...) (expand
     them first); ``keep`` boolean (True = attend) and ``bias`` (finite, no gradient) broadcastable
-    to (..., L, S); ``is_causal`` SDPA's top-left causal mask, combined with ``keep``. ``support``
+    to (..., L, S); ``is_causal``: query ``i`` sees keys ``j <= i + causal_offset`` (0: SDPA's
+    top-left causal mask; ``S - L``: bottom-right), combined with ``keep``. ``support``
     (..., L) is the number of attended keys per query when ``count_support``, else None. Rows with
     no valid key give 0 and zero gradient. :func:`sparsenorm.attention.sparse_attention` validates
     arguments and picks this path; call this directly only with checked inputs.
@@ -190,7 +196,7 @@ def ev_softmax_attention_blockwise(
     block_q = ref_attention.BLOCK_Q if block_q is None else block_q
     block_k = ref_attention.BLOCK_K if block_k is None else block_k
     out, _, _, support, count = ev_softmax_attention_blockwise_op(
-        q, k, v, keep, bias, bool(is_causal), scale, count_support, block_q, block_k)
+        q, k, v, keep, bias, bool(is_causal), scale, count_support, block_q, block_k, int(causal_offset))
     return out, (support if count_support else None), count
 
 
@@ -200,14 +206,15 @@ def ev_softmax_attention_blockwise(
 @torch.library.custom_op("sparsenorm::ev_softmax_attention_flash", mutates_args=())
 def ev_softmax_attention_flash_op(
     q: Tensor, k: Tensor, v: Tensor, key_lengths: Optional[Tensor], key_mask: Optional[Tensor], is_causal: bool,
-    scale: float,
+    scale: float, causal_offset: int = 0,
 ) -> Tuple[Tensor, Tensor, Tensor]:
     """``(out, lse2, thr2)`` of :func:`.triton.attention.flash_ev_softmax_attention_forward`."""
-    return triton_launchers().flash_ev_softmax_attention_forward(q, k, v, key_lengths, is_causal, scale, key_mask)
+    return triton_launchers().flash_ev_softmax_attention_forward(q, k, v, key_lengths, is_causal, scale, key_mask,
+                                                                 causal_offset)
 
 
 @ev_softmax_attention_flash_op.register_fake
-def _flash_fake(q, k, v, key_lengths, key_mask, is_causal, scale):
+def _flash_fake(q, k, v, key_lengths, key_mask, is_causal, scale, causal_offset=0):
     stats = q.new_empty(q.shape[:-1], dtype=torch.float32)
     return torch.empty_like(q, memory_format=torch.contiguous_format), stats, torch.empty_like(stats)
 
@@ -215,25 +222,26 @@ def _flash_fake(q, k, v, key_lengths, key_mask, is_causal, scale):
 @torch.library.custom_op("sparsenorm::ev_softmax_attention_flash_backward", mutates_args=())
 def ev_softmax_attention_flash_backward(
     grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse2: Tensor, thr2: Tensor,
-    key_lengths: Optional[Tensor], key_mask: Optional[Tensor], is_causal: bool, scale: float,
+    key_lengths: Optional[Tensor], key_mask: Optional[Tensor], is_causal: bool, scale: float, causal_offset: int = 0,
 ) -> Tuple[Tensor, Tensor, Tensor]:
     """``(dq, dk, dv)`` of the flash op from its saved outputs (Triton, FlashAttention-2)."""
     return triton_launchers().flash_ev_softmax_attention_backward(grad_out, q, k, v, out, lse2, thr2, key_lengths,
-                                                                  is_causal, scale, key_mask)
+                                                                  is_causal, scale, key_mask, causal_offset)
 
 
 @ev_softmax_attention_flash_backward.register_fake
-def _flash_backward_fake(grad_out, q, k, v, out, lse2, thr2, key_lengths, key_mask, is_causal, scale):
+def _flash_backward_fake(grad_out, q, k, v, out, lse2, thr2, key_lengths, key_mask, is_causal, scale,
+                         causal_offset=0):
     return (torch.empty_like(q, memory_format=torch.contiguous_format),
             torch.empty_like(k, memory_format=torch.contiguous_format),
             torch.empty_like(v, memory_format=torch.contiguous_format))
 
 
 def _flash_setup(ctx, inputs, output) -> None:
-    q, k, v, key_lengths, key_mask, is_causal, scale = inputs
+    q, k, v, key_lengths, key_mask, is_causal, scale, causal_offset = inputs
     out, lse2, thr2 = output
     ctx.save_for_backward(q, k, v, out, lse2, thr2, key_lengths, key_mask)
-    ctx.args = (is_causal, scale)
+    ctx.args = (is_causal, scale, causal_offset)
     ctx.mark_non_differentiable(lse2, thr2)
 
 
@@ -241,7 +249,7 @@ def _flash_autograd(ctx, grad_out, *_):
     q, k, v, out, lse2, thr2, key_lengths, key_mask = ctx.saved_tensors
     dq, dk, dv = ev_softmax_attention_flash_backward(grad_out, q, k, v, out, lse2, thr2, key_lengths, key_mask,
                                                      *ctx.args)
-    return dq, dk, dv, None, None, None, None
+    return dq, dk, dv, None, None, None, None, None
 
 
 ev_softmax_attention_flash_op.register_autograd(_flash_autograd, setup_context=_flash_setup)
@@ -249,7 +257,7 @@ ev_softmax_attention_flash_op.register_autograd(_flash_autograd, setup_context=_
 
 def flash_ev_softmax_attention(
     q: Tensor, k: Tensor, v: Tensor, key_lengths: Optional[Tensor] = None, is_causal: bool = False,
-    scale: Optional[float] = None, key_mask: Optional[Tensor] = None,
+    scale: Optional[float] = None, key_mask: Optional[Tensor] = None, causal_offset: int = 0,
 ) -> Tensor:
     """Exact ev-softmax attention ``ev_softmax(q k^T * scale) v`` (Eq. 7 per query) by the Triton
     flash kernel, differentiable in ``q, k, v`` (the op ``sparsenorm::ev_softmax_attention_flash``).
@@ -257,7 +265,8 @@ def flash_ev_softmax_attention(
     ``q`` (B, Hq, L, D), ``k`` and ``v`` (B, Hk, S, D) with ``Hk`` dividing ``Hq`` (GQA), one dtype
     (float16/bfloat16/float32), ``D <= 128``; ``key_lengths`` (B,) int: keys ``j >= len`` are not
     there (clamped to ``[0, S]``); ``key_mask`` (B, S) bool: False = not there (any padding side);
-    ``is_causal``: top-left causal mask, as SDPA; all three combine. ``scale`` defaults to
+    ``is_causal``: query ``i`` sees keys ``j <= i + causal_offset`` (0: top-left, as SDPA; ``S - L``:
+    bottom-right, as FlashAttention >= 2.1); all three combine. ``scale`` defaults to
     ``1/sqrt(D)``. The threshold of query ``i`` is ``q_i . mean(valid keys) * scale`` (carries no
     gradient); a query with no valid key gives zeros. Returns (B, Hq, L, D) in q's dtype. Needs
     triton (CUDA tensors, or CPU tensors under ``TRITON_INTERPRET=1``); argument errors name the
@@ -268,7 +277,7 @@ def flash_ev_softmax_attention(
     if triton_launchers() is None:
         raise RuntimeError("flash_ev_softmax_attention needs triton: pip install 'sparsenorm[gpu]'")
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
-    return ev_softmax_attention_flash_op(q, k, v, key_lengths, key_mask, bool(is_causal), scale)[0]
+    return ev_softmax_attention_flash_op(q, k, v, key_lengths, key_mask, bool(is_causal), scale, int(causal_offset))[0]
 
 
 __all__ = ["ev_softmax_attention_blockwise_op", "ev_softmax_attention_blockwise_backward",

@@ -28,19 +28,21 @@ BLOCK_K = ref.BLOCK_K
 @torch.library.custom_op("sparsenorm::projection_attention", mutates_args=())
 def projection_attention_op(query: Tensor, key: Tensor, value: Tensor, keep: Optional[Tensor],
                             key_lengths: Optional[Tensor], is_causal: bool, scale: float, kind: str,
-                            block_q: int, block_k: int, alpha: float, n_iter: int) -> Tuple[Tensor, Tensor, Tensor]:
+                            block_q: int, block_k: int, alpha: float, n_iter: int,
+                            causal_offset: int = 0) -> Tuple[Tensor, Tensor, Tensor]:
     """``(out, shift, tau)``; see :func:`projection_attention` and the reference module."""
-    return ref.forward(query, key, value, keep, key_lengths, is_causal, scale, kind, block_q, block_k, alpha, n_iter)
+    return ref.forward(query, key, value, keep, key_lengths, is_causal, scale, kind, block_q, block_k, alpha, n_iter,
+                       causal_offset=causal_offset)
 
 
 @projection_attention_op.register_kernel("cpu")
 def _projection_attention_cpu(query, key, value, keep, key_lengths, is_causal, scale, kind, block_q, block_k, alpha,
-                              n_iter):
+                              n_iter, causal_offset=0):
     # The blockwise loop of the reference, with each kept query block's threshold found by the C++
     # row solver (the one sparsemax/entmax15 use) instead of the search's passes over the block.
     solver = _cpu_kept_thresholds if cpu.PROJECTION.get() is not None else None  # None: not built, or not allowed now
     return ref.forward(query, key, value, keep, key_lengths, is_causal, scale, kind, block_q, block_k, alpha, n_iter,
-                       kept_thresholds=solver)
+                       kept_thresholds=solver, causal_offset=causal_offset)
 
 
 def _cpu_kept_thresholds(z: Tensor, kind: str) -> Optional[Tensor]:
@@ -54,7 +56,7 @@ def _cpu_kept_thresholds(z: Tensor, kind: str) -> Optional[Tensor]:
 
 @projection_attention_op.register_fake
 def _projection_attention_fake(query, key, value, keep, key_lengths, is_causal, scale, kind, block_q, block_k, alpha,
-                               n_iter):
+                               n_iter, causal_offset=0):
     B, Hq, L, _ = query.shape
     row = query.new_empty((B, Hq, L), dtype=compute_dtype(query))
     return query.new_empty((B, Hq, L, value.shape[-1])), row, row.clone()
@@ -64,24 +66,26 @@ def _projection_attention_fake(query, key, value, keep, key_lengths, is_causal, 
 def projection_attention_backward_op(grad_out: Tensor, query: Tensor, key: Tensor, value: Tensor,
                                      keep: Optional[Tensor], key_lengths: Optional[Tensor], is_causal: bool,
                                      scale: float, kind: str, shift: Tensor, tau: Tensor, block_q: int,
-                                     block_k: int, alpha: float, n_iter: int) -> Tuple[Tensor, Tensor, Tensor]:
+                                     block_k: int, alpha: float, n_iter: int,
+                                     causal_offset: int = 0) -> Tuple[Tensor, Tensor, Tensor]:
     """``(d query, d key, d value)`` from the forward's saved ``shift`` and ``tau``."""
     return ref.backward(grad_out, query, key, value, keep, key_lengths, is_causal, scale, kind, shift, tau,
-                        block_q, block_k, alpha, n_iter)
+                        block_q, block_k, alpha, n_iter, causal_offset)
 
 
 @projection_attention_backward_op.register_fake
 def _projection_attention_backward_fake(grad_out, query, key, value, keep, key_lengths, is_causal, scale, kind,
-                                        shift, tau, block_q, block_k, alpha, n_iter):
+                                        shift, tau, block_q, block_k, alpha, n_iter, causal_offset=0):
     return torch.empty_like(query), torch.empty_like(key), torch.empty_like(value)
 
 
 def _setup(ctx, inputs, output) -> None:
-    query, key, value, keep, key_lengths, is_causal, scale, kind, block_q, block_k, alpha, n_iter = inputs
+    (query, key, value, keep, key_lengths, is_causal, scale, kind, block_q, block_k, alpha, n_iter,
+     causal_offset) = inputs
     _, shift, tau = output
     ctx.save_for_backward(query, key, value, keep, key_lengths, shift, tau)
     ctx.args = (is_causal, scale, kind)
-    ctx.options = (block_q, block_k, alpha, n_iter)  # after shift and tau in the backward op
+    ctx.options = (block_q, block_k, alpha, n_iter, causal_offset)  # after shift and tau in the backward op
     ctx.mark_non_differentiable(shift, tau)
 
 
@@ -89,7 +93,7 @@ def _backward(ctx, grad_out, _grad_shift, _grad_tau):
     query, key, value, keep, key_lengths, shift, tau = ctx.saved_tensors
     dq, dk, dv = projection_attention_backward_op(grad_out.contiguous(), query, key, value, keep, key_lengths,
                                                   *ctx.args, shift, tau, *ctx.options)
-    return dq, dk, dv, None, None, None, None, None, None, None, None, None
+    return dq, dk, dv, None, None, None, None, None, None, None, None, None, None
 
 
 projection_attention_op.register_autograd(_backward, setup_context=_setup)
@@ -152,7 +156,7 @@ def _check_options(kind: str, block_q: int, block_k: int, alpha: float, n_iter: 
 def projection_attention(
     query: Tensor, key: Tensor, value: Tensor, kind: str = "sparsemax", keep: Optional[Tensor] = None,
     key_lengths: Optional[Tensor] = None, is_causal: bool = False, scale: Optional[float] = None,
-    alpha: float = 1.5, n_iter: int = 50, block_q: int = BLOCK_Q, block_k: int = BLOCK_K,
+    alpha: float = 1.5, n_iter: int = 50, block_q: int = BLOCK_Q, block_k: int = BLOCK_K, causal_offset: int = 0,
 ) -> Tensor:
     """sparsemax (``kind='sparsemax'``), 1.5-entmax (``'entmax15'``) or alpha-entmax by bisection
     (``'entmax_bisect'``) attention in O(L) extra memory.
@@ -163,7 +167,8 @@ def projection_attention(
     dividing ``Hq`` (grouped-query attention) -> (B, Hq, L, Ev). ``scale`` defaults to
     ``1/sqrt(E)``. Masks, all optional and combined: ``keep`` boolean broadcastable to
     (B, Hq, L, S), True = attend; ``key_lengths`` (B,) int, keys ``j >= key_lengths[b]`` are not
-    there; ``is_causal``, query ``i`` sees keys ``j <= i`` (top-left, as SDPA). Not-there keys get
+    there; ``is_causal``, query ``i`` sees keys ``j <= i + causal_offset`` (0: top-left, as SDPA;
+    ``S - L``: bottom-right, as FlashAttention >= 2.1). Not-there keys get
     exactly zero weight; a query with no key there gives a zero output row and zero gradient.
     float16/bfloat16 inputs are computed in float32. Differentiable in ``query``, ``key`` and
     ``value`` (closed form, blockwise, O(L) extra memory); not twice.
@@ -178,7 +183,7 @@ def projection_attention(
     scale = query.shape[-1] ** -0.5 if scale is None else scale
     check_param(scale, "scale")
     out, _, _ = projection_attention_op(query, key, value, keep, key_lengths, bool(is_causal), float(scale), kind,
-                                        block_q, block_k, float(alpha), int(n_iter))
+                                        block_q, block_k, float(alpha), int(n_iter), int(causal_offset))
     return out
 
 

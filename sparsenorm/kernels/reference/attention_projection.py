@@ -52,9 +52,10 @@ plus the kept scores of one query block (at most ``CACHE_KEY_BLOCKS`` such block
 Layout: ``q`` (B, Hq, L, D), ``k`` (B, Hk, S, D), ``v`` (B, Hk, S, Dv), with ``Hk`` dividing ``Hq``
 (grouped-query attention: query head ``h`` reads key/value head ``h // (Hq // Hk)``). Masks: ``keep``
 boolean broadcastable to (B, Hq, L, S) (True = attend), ``key_lengths`` (B,) integer (keys
-``j >= key_lengths[b]`` are not there), ``causal`` (query ``i`` sees keys ``j <= i``, top-left as
-``F.scaled_dot_product_attention``), all combined. Not-there keys get exactly zero weight; a query
-with no key there gives a zero row and zero gradient.
+``j >= key_lengths[b]`` are not there), ``causal`` (query ``i`` sees keys
+``j <= i + causal_offset``; 0: top-left as ``F.scaled_dot_product_attention``, ``S - L``:
+bottom-right), all combined. Not-there keys get exactly zero weight; a query with no key there
+gives a zero row and zero gradient.
 
 Host reads: the sparsemax / 1.5-entmax search reads one boolean per pass and query block (are all
 rows done?), to stop early; every other step is sync-free.
@@ -93,14 +94,14 @@ class _Grouped:
     values (B, Hk, 1, S, .), the keep mask broadcastable to (B, Hk, G, L, S), lengths (B, 1, 1, 1, 1)."""
 
     def __init__(self, q: Tensor, k: Tensor, v: Tensor, keep: Optional[Tensor], key_lengths: Optional[Tensor],
-                 causal: bool, scale: float):
+                 causal: bool, scale: float, causal_offset: int = 0):
         hq, hk = q.shape[1], k.shape[1]
         self.groups = hq // hk
         self.q = q.unflatten(1, (hk, self.groups))
         self.k, self.v = k.unsqueeze(2), v.unsqueeze(2)
         self.keep = None if keep is None else _group_mask(keep, hq, hk)
         self.lengths = None if key_lengths is None else key_lengths.view(-1, 1, 1, 1, 1)
-        self.causal, self.scale = causal, scale
+        self.causal, self.scale, self.causal_offset = causal, scale, causal_offset
         self.L, self.S = q.shape[2], k.shape[2]
 
     def query_blocks(self, block_q: int) -> Iterator[Tuple[int, int]]:
@@ -110,7 +111,7 @@ class _Grouped:
     def key_blocks(self, i0: int, i1: int, block_k: int) -> Iterator[Tuple[int, int]]:
         """The key blocks that some query in ``[i0, i1)`` may see (under causal, not those after it)."""
         for j0 in range(0, self.S, block_k):
-            if self.causal and j0 > i1 - 1:
+            if self.causal and j0 > i1 - 1 + self.causal_offset:
                 return
             yield j0, min(j0 + block_k, self.S)
 
@@ -131,8 +132,9 @@ class _Grouped:
         if self.lengths is not None:
             short = torch.arange(j0, j1, device=device) < self.lengths
             valid = short if valid is None else valid & short
-        if self.causal and j1 - 1 > i0:  # some key of the block lies after some query of the block
-            tri = torch.arange(j0, j1, device=device) <= torch.arange(i0, i1, device=device).unsqueeze(-1)
+        if self.causal and j1 - 1 > i0 + self.causal_offset:  # some key of the block lies after a query's last
+            rows = torch.arange(i0, i1, device=device).unsqueeze(-1) + self.causal_offset
+            tri = torch.arange(j0, j1, device=device) <= rows
             valid = tri if valid is None else valid & tri
         return valid
 
@@ -305,7 +307,7 @@ def _search_threshold(g: _Grouped, mapping: Mapping, scores: _BlockScores) -> Te
 def forward(q: Tensor, k: Tensor, v: Tensor, keep: Optional[Tensor], key_lengths: Optional[Tensor], causal: bool,
             scale: float, kind: str, block_q: int = BLOCK_Q, block_k: int = BLOCK_K, alpha: float = 1.5,
             n_iter: int = 50, kept_thresholds: Optional[Callable[[Tensor, str], Optional[Tensor]]] = None,
-            ) -> Tuple[Tensor, Tensor, Tensor]:
+            causal_offset: int = 0) -> Tuple[Tensor, Tensor, Tensor]:
     """``(out, shift, tau)``: the attention output (B, Hq, L, Dv) in ``q``'s dtype and each row's
     maximum score and threshold relative to it (B, Hq, L), in the compute dtype, for the backward.
     ``alpha`` and ``n_iter`` are used by ``kind='entmax_bisect'`` only.
@@ -317,7 +319,7 @@ def forward(q: Tensor, k: Tensor, v: Tensor, keep: Optional[Tensor], key_lengths
     row at a time, instead of a pass over the whole block per search step."""
     cdt = compute_dtype(q)
     mapping = Mapping(kind, alpha, n_iter)
-    g = _Grouped(q.to(cdt), k.to(cdt), v.to(cdt), keep, key_lengths, causal, scale)
+    g = _Grouped(q.to(cdt), k.to(cdt), v.to(cdt), keep, key_lengths, causal, scale, causal_offset)
     B, Hq, L, _ = q.shape
     out = q.new_zeros((B, Hq, L, v.shape[-1]), dtype=cdt).unflatten(1, g.q.shape[1:3])
     shift = q.new_zeros((B, Hq, L, 1), dtype=cdt).unflatten(1, g.q.shape[1:3])
@@ -346,14 +348,15 @@ def forward(q: Tensor, k: Tensor, v: Tensor, keep: Optional[Tensor], key_lengths
 
 def backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, keep: Optional[Tensor], key_lengths: Optional[Tensor],
              causal: bool, scale: float, kind: str, shift: Tensor, tau: Tensor, block_q: int = BLOCK_Q,
-             block_k: int = BLOCK_K, alpha: float = 1.5, n_iter: int = 50) -> Tuple[Tensor, Tensor, Tensor]:
+             block_k: int = BLOCK_K, alpha: float = 1.5, n_iter: int = 50,
+             causal_offset: int = 0) -> Tuple[Tensor, Tensor, Tensor]:
     """``(dq, dk, dv)`` from the forward's ``shift`` and ``tau`` (closed form, see the module notes).
 
     For alpha-entmax the weights are the bisection's normalized by their sum (recomputed in the
     first pass); ``w = p^(2 - alpha)`` and ``c`` are then those of the normalized weights."""
     cdt = compute_dtype(q)
     mapping = Mapping(kind, alpha, n_iter)
-    g = _Grouped(q.to(cdt), k.to(cdt), v.to(cdt), keep, key_lengths, causal, scale)
+    g = _Grouped(q.to(cdt), k.to(cdt), v.to(cdt), keep, key_lengths, causal, scale, causal_offset)
     hk, groups = g.q.shape[1:3]
     do = grad_out.to(cdt).unflatten(1, (hk, groups))
     shift = shift.to(cdt).unflatten(1, (hk, groups)).unsqueeze(-1)

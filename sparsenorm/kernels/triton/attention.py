@@ -23,8 +23,9 @@ or their prefix means under a causal mask), and the attention is softmax restric
 Masks: ``key_lengths`` (B,) gives each batch element's number of valid keys (keys ``j >= len``
 are not there; lengths are clamped to ``[0, S]``); ``key_mask`` (B, S) bool marks the keys that
 are there (left padding, any pattern over keys; a key mask costs one byte load per key block, and
-key lengths also shorten the loops); ``is_causal``: query ``i`` sees keys ``j <= i``
-(top-left, as ``F.scaled_dot_product_attention``), combined with ``key_lengths``. A query with no
+key lengths also shorten the loops); ``is_causal``: query ``i`` sees keys ``j <= i + causal_offset``
+(0: top-left, as ``F.scaled_dot_product_attention``; ``S - L``: bottom-right, as FlashAttention
+>= 2.1 and decoding with a cache), combined with ``key_lengths``. A query with no
 valid key gives a zero output row and zero gradient. Layout ``(B, H, L, D)`` as SDPA; GQA when
 ``Hk`` divides ``Hq`` (query head ``h`` reads key/value head ``h // (Hq // Hk)``). Head dims up to
 128 (not necessarily a power of two). float16/bfloat16 (float32 too, with IEEE float32 products),
@@ -71,16 +72,16 @@ def _key_ok(keymask, offs_n, klen, HAS_KEYMASK: tl.constexpr):
 
 
 @triton.jit
-def _valid(offs_m, offs_n, key_ok, seq_q, CAUSAL: tl.constexpr):
+def _valid(offs_m, offs_n, key_ok, seq_q, coff, CAUSAL: tl.constexpr):
     valid = key_ok[None, :] & (offs_m[:, None] < seq_q)
-    if CAUSAL:
-        valid = valid & (offs_n[None, :] <= offs_m[:, None])
+    if CAUSAL:  # query i sees keys j <= i + coff (coff = 0: top-left; S - L: bottom-right)
+        valid = valid & (offs_n[None, :] <= offs_m[:, None] + coff)
     return valid
 
 
 @triton.jit
 def _fwd_pass(acc, l_i, m_i, m_all, q, thr, only, k_base, v_base, keymask, stride_kn, stride_vn,
-              offs_m, offs_d, klen, seq_q, hi, qk_scale, head_dim,
+              offs_m, offs_d, klen, seq_q, hi, qk_scale, head_dim, coff,
               CAUSAL: tl.constexpr, HAS_KEYMASK: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr,
               PRECISION: tl.constexpr):
     """One pass over the key blocks ``[0, hi)``: the online softmax over the scores at or above
@@ -92,7 +93,7 @@ def _fwd_pass(acc, l_i, m_i, m_all, q, thr, only, k_base, v_base, keymask, strid
         k = tl.load(k_base + offs_n[:, None] * stride_kn + offs_d[None, :], mask=kv_ok, other=0.0)
         if UPCAST:
             k = k.to(tl.float32)
-        valid = _valid(offs_m, offs_n, _key_ok(keymask, offs_n, klen, HAS_KEYMASK), seq_q, CAUSAL)
+        valid = _valid(offs_m, offs_n, _key_ok(keymask, offs_n, klen, HAS_KEYMASK), seq_q, coff, CAUSAL)
         s = tl.where(valid, _scores(q, k, qk_scale, PRECISION), float("-inf"))
         m_all = tl.maximum(m_all, tl.max(s, 1))
         on = valid & (s >= thr[:, None]) & only[:, None]
@@ -117,7 +118,7 @@ def _attn_fwd_kernel(
     Q, K, V, KMEAN, COUNTS, LENS, KEYMASK, OUT, LSE, THR,
     stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
     stride_ob, stride_oh, stride_om, stride_mb, stride_mh, stride_mr, stride_cb,
-    n_heads, group, seq_q, seq_k, head_dim, qk_scale,
+    n_heads, group, seq_q, seq_k, head_dim, qk_scale, coff,
     HAS_LENS: tl.constexpr, HAS_KEYMASK: tl.constexpr, CAUSAL: tl.constexpr, UPCAST: tl.constexpr,
     PRECISION: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
@@ -139,13 +140,15 @@ def _attn_fwd_kernel(
         klen = seq_k
     # Threshold: q . (mean of the valid keys) * scale, in log2 units; the means and counts of the
     # valid keys are precomputed per batch element (prefix means and counts under a causal mask).
-    if CAUSAL:
-        row = tl.minimum(offs_m, seq_k - 1)
-        hi = tl.minimum(klen, (pid_m + 1) * BLOCK_M)
+    if CAUSAL:  # query i reads the prefix row i + coff (no key where that is negative)
+        row = tl.maximum(tl.minimum(offs_m + coff, seq_k - 1), 0)
+        row_sees = offs_m + coff >= 0
+        hi = tl.maximum(tl.minimum(klen, (pid_m + 1) * BLOCK_M + coff), 0)
     else:
         row = tl.zeros((BLOCK_M,), tl.int32)
+        row_sees = offs_m >= 0
         hi = klen
-    count = tl.load(COUNTS + b * stride_cb + row, mask=offs_m < seq_q, other=0)
+    count = tl.load(COUNTS + b * stride_cb + row, mask=(offs_m < seq_q) & row_sees, other=0)
     kmean = tl.load(KMEAN + b * stride_mb + hk * stride_mh + row[:, None] * stride_mr + offs_d[None, :],
                     mask=q_ok, other=0.0)
     thr = tl.sum(q.to(tl.float32) * kmean, 1) * qk_scale
@@ -159,14 +162,14 @@ def _attn_fwd_kernel(
     m_all = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     everyone = offs_m >= 0
     acc, l_i, m_i, m_all = _fwd_pass(acc, l_i, m_i, m_all, q, thr, everyone, k_base, v_base, keymask, stride_kn,
-                                     stride_vn, offs_m, offs_d, klen, seq_q, hi, qk_scale, head_dim,
+                                     stride_vn, offs_m, offs_d, klen, seq_q, hi, qk_scale, head_dim, coff,
                                      CAUSAL, HAS_KEYMASK, BLOCK_N, UPCAST, PRECISION)
     stranded = (l_i == 0) & (count > 0) & (offs_m < seq_q)
     if tl.sum(stranded.to(tl.int32)) > 0:  # rounding put the mean above the max: cap it there
         thr = tl.where(stranded, m_all, thr)
         acc, l_i, m_i, m_all = _fwd_pass(acc, l_i, m_i, m_all, q, thr, stranded, k_base, v_base, keymask,
                                          stride_kn, stride_vn, offs_m, offs_d, klen, seq_q, hi, qk_scale, head_dim,
-                                         CAUSAL, HAS_KEYMASK, BLOCK_N, UPCAST, PRECISION)
+                                         coff, CAUSAL, HAS_KEYMASK, BLOCK_N, UPCAST, PRECISION)
     empty = l_i == 0
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
     lse = tl.where(empty, float("inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))
@@ -183,7 +186,7 @@ def _attn_bwd_dkdv_kernel(
     Q, K, V, DO, LSE, THR, DELTA, LENS, KEYMASK, DK, DV,
     stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
     stride_dob, stride_doh, stride_dom, stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
-    n_heads, n_kv_heads, group, seq_q, seq_k, head_dim, qk_scale, sm_scale,
+    n_heads, n_kv_heads, group, seq_q, seq_k, head_dim, qk_scale, sm_scale, coff,
     HAS_LENS: tl.constexpr, HAS_KEYMASK: tl.constexpr, CAUSAL: tl.constexpr, UPCAST: tl.constexpr,
     PRECISION: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
@@ -210,7 +213,7 @@ def _attn_bwd_dkdv_kernel(
     dk = tl.zeros((BLOCK_N, BLOCK_D), tl.float32)
     dv = tl.zeros((BLOCK_N, BLOCK_D), tl.float32)
     if CAUSAL:
-        lo = (start_n // BLOCK_M) * BLOCK_M  # queries i >= j only
+        lo = (tl.maximum(start_n - coff, 0) // BLOCK_M) * BLOCK_M  # queries i >= j - coff only
     else:
         lo = 0
     lo = tl.where(start_n < klen, lo, seq_q)  # keys that are not there: zero gradient, no loop
@@ -228,7 +231,7 @@ def _attn_bwd_dkdv_kernel(
                 q = q.to(tl.float32)
             thr = tl.load(THR + bh * seq_q + offs_m, mask=row_ok, other=float("inf"))
             s = _scores(q, k, qk_scale, PRECISION)
-            on = _valid(offs_m, offs_n, key_ok, seq_q, CAUSAL) & (s >= thr[:, None])
+            on = _valid(offs_m, offs_n, key_ok, seq_q, coff, CAUSAL) & (s >= thr[:, None])
             if tl.sum(on.to(tl.int32)) > 0:
                 lse = tl.load(LSE + bh * seq_q + offs_m, mask=row_ok, other=float("inf"))
                 delta = tl.load(DELTA + bh * seq_q + offs_m, mask=row_ok, other=0.0)
@@ -254,7 +257,7 @@ def _attn_bwd_dq_kernel(
     Q, K, V, DO, LSE, THR, DELTA, LENS, KEYMASK, DQ,
     stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
     stride_dob, stride_doh, stride_dom, stride_dqb, stride_dqh, stride_dqm,
-    n_heads, group, seq_q, seq_k, head_dim, qk_scale, sm_scale,
+    n_heads, group, seq_q, seq_k, head_dim, qk_scale, sm_scale, coff,
     HAS_LENS: tl.constexpr, HAS_KEYMASK: tl.constexpr, CAUSAL: tl.constexpr, UPCAST: tl.constexpr,
     PRECISION: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
@@ -282,7 +285,7 @@ def _attn_bwd_dq_kernel(
     else:
         klen = seq_k
     if CAUSAL:
-        hi = tl.minimum(klen, (pid_m + 1) * BLOCK_M)
+        hi = tl.maximum(tl.minimum(klen, (pid_m + 1) * BLOCK_M + coff), 0)
     else:
         hi = klen
     k_base = K + b * stride_kb + hk * stride_kh
@@ -295,7 +298,7 @@ def _attn_bwd_dq_kernel(
         if UPCAST:
             k = k.to(tl.float32)
         s = _scores(q, k, qk_scale, PRECISION)
-        on = _valid(offs_m, offs_n, _key_ok(KEYMASK + b * seq_k, offs_n, klen, HAS_KEYMASK), seq_q, CAUSAL)
+        on = _valid(offs_m, offs_n, _key_ok(KEYMASK + b * seq_k, offs_n, klen, HAS_KEYMASK), seq_q, coff, CAUSAL)
         on = on & (s >= thr[:, None])
         if tl.sum(on.to(tl.int32)) > 0:
             v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :], mask=kv_ok, other=0.0)
@@ -399,7 +402,7 @@ def _last_dim_contiguous(t: Tensor) -> Tensor:
 
 def flash_ev_softmax_attention_forward(
     q: Tensor, k: Tensor, v: Tensor, key_lengths: Optional[Tensor] = None, is_causal: bool = False,
-    scale: Optional[float] = None, key_mask: Optional[Tensor] = None,
+    scale: Optional[float] = None, key_mask: Optional[Tensor] = None, causal_offset: int = 0,
 ) -> Tuple[Tensor, Tensor, Tensor]:
     """``(out, lse2, thr2)``: the attention output (q's shape and dtype), and per query the
     log-sum-exp and the threshold actually used, float32 (B, Hq, L) in log2 units (multiply by
@@ -422,7 +425,7 @@ def flash_ev_softmax_attention_forward(
             q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
             v.stride(0), v.stride(1), v.stride(2), out.stride(0), out.stride(1), out.stride(2),
             kmean.stride(0), kmean.stride(1), kmean.stride(2), counts.stride(0),
-            Hq, Hq // Hk, L, S, D, scale * LOG2E)
+            Hq, Hq // Hk, L, S, D, scale * LOG2E, int(causal_offset))
     grid = lambda meta: (triton.cdiv(L, meta["BLOCK_M"]), B * Hq)
     _launch(_attn_fwd_kernel, grid, args, HAS_LENS=key_lengths is not None, HAS_KEYMASK=key_mask is not None,
             CAUSAL=bool(is_causal),
@@ -433,7 +436,7 @@ def flash_ev_softmax_attention_forward(
 def flash_ev_softmax_attention_backward(
     grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse2: Tensor, thr2: Tensor,
     key_lengths: Optional[Tensor] = None, is_causal: bool = False, scale: Optional[float] = None,
-    key_mask: Optional[Tensor] = None,
+    key_mask: Optional[Tensor] = None, causal_offset: int = 0,
 ) -> Tuple[Tensor, Tensor, Tensor]:
     """``(dq, dk, dv)`` from the forward's ``out, lse2, thr2`` (same arguments as the forward)."""
     q, k, v, grad_out = (_last_dim_contiguous(t) for t in (q, k, v, grad_out.to(q.dtype)))
@@ -456,9 +459,9 @@ def flash_ev_softmax_attention_backward(
     _launch(_attn_bwd_dkdv_kernel, lambda meta: (triton.cdiv(S, meta["BLOCK_N"]), B * Hk),
             (q, k, v, grad_out, lse2, thr2, delta, lens, keymask, dk, dv, *common,
              dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
-             Hq, Hk, Hq // Hk, L, S, D, scale * LOG2E, scale), **flags)
+             Hq, Hk, Hq // Hk, L, S, D, scale * LOG2E, scale, int(causal_offset)), **flags)
     _launch(_attn_bwd_dq_kernel, lambda meta: (triton.cdiv(L, meta["BLOCK_M"]), B * Hq),
             (q, k, v, grad_out, lse2, thr2, delta, lens, keymask, dq, *common,
              dq.stride(0), dq.stride(1), dq.stride(2),
-             Hq, Hq // Hk, L, S, D, scale * LOG2E, scale), **flags)
+             Hq, Hq // Hk, L, S, D, scale * LOG2E, scale, int(causal_offset)), **flags)
     return dq, dk, dv
