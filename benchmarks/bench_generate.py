@@ -170,7 +170,8 @@ def report(results: Dict) -> str:
              if "paired_decode_steps_s" in rows}
     if steps:
         lines += ["", "Decoded tokens timed step by step, the implementations interleaved (each on its own cache):", "",
-                  "| case | implementation | per token (ms) | paired x sdpa | target |", "| --- | --- | --- | --- | --- |"]
+                  "| case | implementation | per token (ms) | paired x sdpa | target |",
+                  "| --- | --- | --- | --- | --- |"]
         for case, times in steps.items():
             base = times["sdpa"]
             for impl, t in times.items():
