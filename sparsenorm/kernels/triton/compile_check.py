@@ -79,7 +79,7 @@ def _attention_cases(quick: bool):
         flags = dict(HAS_LENS=lens, HAS_KEYMASK=keymask, CAUSAL=causal, UPCAST=False, PRECISION="tf32",
                      BLOCK_D=head_dim)
         tensors = dict(Q=f"*{dt}", K=f"*{dt}", V=f"*{dt}", LENS="*i64" if lens else "*fp32", LSE="*fp32", THR="*fp32",
-                       KEYMASK="*u8" if keymask else "*fp32")
+                       KEYMASK="*u8" if keymask else "*fp32", coff="i32")  # coff: the bottom-right causal offset
         ints = lambda names: {n: "i32" for n in names}  # noqa: E731
         yield (attention._attn_fwd_kernel,
                dict(tensors, KMEAN="*fp32", COUNTS="*i32", OUT=f"*{dt}", qk_scale="fp32",
