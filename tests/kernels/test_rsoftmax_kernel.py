@@ -127,6 +127,23 @@ def test_subnormal_weights(dtype, k):
     torch.testing.assert_close(fused, expected, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("disable", [False, True], ids=["kernel", "reference"])
+@pytest.mark.parametrize("size", [1e-45, 1e-40])
+def test_overflowing_gradient_is_never_nan(disable, size):
+    """Two equal subnormal weights: the exact gradient (about 0.85 / size) overflows float32. The kernel
+    gives its two entries -inf and +inf, whose sum C was inf - inf = NaN and spread NaN to the quantile's
+    entries (found by the fuzz suite in r-softmax attention); the reference saturates them near
+    +-p_top / finfo.tiny. The exact C is 0: the rest of the gradient is 0 on both paths."""
+    x = torch.tensor([[0.0, size, size, 0.0, 0.0]], requires_grad=True)
+    keep = torch.tensor([[False, True, True, True, True]])
+    with kernels.disabled() if disable else torch.enable_grad():
+        p = r_softmax(x, 0.5, mask=keep)
+        (grad,) = torch.autograd.grad(p, x, torch.tensor([[0.3, -1.2, 0.5, 0.7, 0.1]]))
+    assert not torch.isnan(grad).any(), grad
+    assert grad[0, 1] <= -1e37 and grad[0, 2] >= 1e37
+    assert grad[0, 0] == 0 and grad[0, 3] == 0 and grad[0, 4] == 0
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
 @pytest.mark.parametrize("t", [1e-30, 0.3, 1.0, 4.0, "per-row"])
 def test_t_softmax_kernel_matches_reference(dtype, t):

@@ -480,7 +480,9 @@ scalar_t backward_row(const scalar_t* g, const scalar_t* p, const scalar_t* x, s
     for (int64_t i = 0; i < k; ++i) {
       const scalar_t d = g[i] - dot;
       const scalar_t w = x[i] - tau;
-      const scalar_t v = (w > 0) & (d != 0) ? (p[i] + p[i] / w) * d : scalar_t(0);
+      // w below the smallest normal is taken at it, as the reference does (jacobian_weight's clamp):
+      // the exact p / w overflows there, and +-inf terms would meet as inf - inf in C and in dq.
+      const scalar_t v = (w > 0) & (d != 0) ? (p[i] + p[i] / std::max(w, kMinNormal)) * d : scalar_t(0);
       out[i] = v;
       total += v;
     }
@@ -491,19 +493,41 @@ scalar_t backward_row(const scalar_t* g, const scalar_t* p, const scalar_t* x, s
     mx = std::max(mx, x[i]);
     p_top = std::max(p_top, p[i]);
   }
-  const scalar_t inv_sum = p_top / (mx - tau);
+  const scalar_t inv_sum = p_top / std::max(mx - tau, kMinNormal);
   for (int64_t i = 0; i < k; ++i) {
     const scalar_t d = g[i] - dot;
     const scalar_t w = x[i] - tau;
     scalar_t v = 0;
     if (w > 0 && d != 0) {
-      const scalar_t e = p[i] >= kMinNormal ? p[i] / w : std::exp(x[i] - mx) * inv_sum;
+      const scalar_t e = p[i] >= kMinNormal ? p[i] / std::max(w, kMinNormal) : std::exp(x[i] - mx) * inv_sum;
       v = (p[i] + e) * d;
     }
     out[i] = v;
     total += v;
   }
   return total;
+}
+
+// The sum of grad where e overflowed (w below 1 / max: +inf and -inf terms, a NaN sum): with
+// e_i = exp(x_i - max) * inv_sum, sum = inv_sum * S + sum_i p_i (g_i - <g, p>), S the finite sum of
+// exp(x_i - max)(g_i - <g, p>) over the support; an exact zero S gives a finite sum, any other S an
+// infinite one of the right sign, never NaN (reference/rsoftmax.py overflowed_c; found by the fuzz suite).
+template <typename scalar_t>
+scalar_t overflowed_total(const scalar_t* g, const scalar_t* p, const scalar_t* x, scalar_t tau, int64_t k) {
+  scalar_t dot = 0, mx = -std::numeric_limits<scalar_t>::infinity(), p_top = 0;
+  for (int64_t i = 0; i < k; ++i) {
+    dot += p[i] * g[i];
+    mx = std::max(mx, x[i]);
+    p_top = std::max(p_top, p[i]);
+  }
+  const scalar_t inv_sum = p_top / std::max(mx - tau, std::numeric_limits<scalar_t>::min());
+  scalar_t s = 0, p_part = 0;
+  for (int64_t i = 0; i < k; ++i) {
+    const scalar_t d = g[i] - dot;
+    if (x[i] - tau > 0) s += std::exp(x[i] - mx) * d;
+    p_part += p[i] * d;
+  }
+  return (s == 0 ? scalar_t(0) : inv_sum * s) + p_part;
 }
 
 // grad (p's shape) and C (per row), C = -sum(grad) before the order-statistic terms. g is
@@ -549,7 +573,8 @@ std::vector<at::Tensor> backward(const at::Tensor& g_in, const at::Tensor& p_in,
           cp[row] = 0;
           continue;
         }
-        const scalar_t total = backward_row(gr, pr, xr, taup[row], k, o);
+        scalar_t total = backward_row(gr, pr, xr, taup[row], k, o);
+        if (std::isnan(total)) total = overflowed_total(gr, pr, xr, taup[row], k);
         const scalar_t cc = -total;
         cp[row] = cc;
         o[lop[row]] += cc * (scalar_t(1) - fracp[row]);

@@ -192,6 +192,23 @@ def backward_common(g: Tensor, p: Tensor, e: Tensor, dead: Tensor) -> Tuple[Tens
     return grad, grad.sum(-1, keepdim=True).neg_()
 
 
+def overflowed_c(g: Tensor, p: Tensor, x: Tensor, tau: Tensor, m: Tensor) -> Tensor:
+    """``C = -sum_j (p_j + e_j)(g_j - <g, p>)`` for rows whose ``e = p / w`` overflowed (``w`` below
+    ``1 / finfo.max``): the sum of the ``+inf`` and ``-inf`` terms is NaN there, though the exact ``C``
+    may be anything, zero included (two equal tiny weights). With ``e_j = exp(x_j - m) * inv_sum``
+    (:func:`jacobian_weight`), ``C = -inv_sum * S - sum_j p_j (g_j - <g, p>)``, ``S`` the finite sum of
+    ``exp(x_j - m)(g_j - <g, p>)`` over the support: an exact zero ``S`` gives a finite ``C``, any
+    other ``S`` an infinite one of the right sign (the exact value overflows), never NaN (fuzz suite:
+    scores of +-1.4e-45 in r-softmax attention)."""
+    centered = g - torch.linalg.vecdot(g, p).unsqueeze(-1)
+    on = (x - tau) > 0
+    inv_sum = p.amax(-1, keepdim=True) / (m - tau).clamp_min(torch.finfo(x.dtype).tiny)
+    scaled = torch.where(on, torch.exp(x - m) * centered, torch.zeros((), dtype=x.dtype, device=x.device))
+    s = scaled.sum(-1, keepdim=True)
+    e_part = torch.where(s == 0, torch.zeros_like(s), -inv_sum * s)
+    return e_part - (p * centered).sum(-1, keepdim=True)
+
+
 def _mark_not_there(x: Tensor) -> Tensor:
     """``x`` with the entries at or below ``finfo.min / 2`` set to ``-inf`` (the C++ kernels read
     such entries as not there themselves, so the entry path leaves them as they are)."""
@@ -212,8 +229,10 @@ def forward(x: Tensor, r: Tensor, sorted_threshold: bool = True):
 def backward(g: Tensor, p: Tensor, x: Tensor, tau: Tensor, lo_idx: Tensor, hi_idx: Tensor, frac: Tensor,
              dead: Tensor) -> Tuple[Tensor, Tensor]:
     """``(dL/dx, C)`` of r-softmax (see ``sparsenorm/rsoftmax.py``); ``dL/dr = C dtau_dr``."""
-    e = jacobian_weight(x, tau, p, x.amax(-1, keepdim=True) if x.shape[-1] else tau)
+    m = x.amax(-1, keepdim=True) if x.shape[-1] else tau
+    e = jacobian_weight(x, tau, p, m)
     grad, c = backward_common(g, p, e, dead)
+    c = torch.where(torch.isnan(c) & ~dead, overflowed_c(g, p, x, tau, m), c)
     grad.scatter_add_(-1, lo_idx, c * (1 - frac))
     grad.scatter_add_(-1, hi_idx, c * frac)
     return grad, c
