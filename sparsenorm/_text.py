@@ -1,12 +1,28 @@
 """Plain-text helpers shared by the CLI, the demo and the experiment reports."""
 from __future__ import annotations
 
-from typing import Any, Iterable, Sequence
+import argparse
+from typing import Any, Callable, Iterable, Sequence
 
 
 class UserFacingError(Exception):
     """An error the CLI prints as one line (no traceback): bad option values, data that cannot be
     fetched (the message says which package to get or where to put the files)."""
+
+
+def positive_int(flag: str) -> Callable[[str], int]:
+    """An argparse ``type`` for ``flag``: an integer >= 1, else an error naming the flag."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{flag} must be a positive integer, got {text!r}") from None
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"{flag} must be a positive integer, got {value}")
+        return value
+
+    return parse
 
 
 def markdown_table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:

@@ -8,24 +8,11 @@ from typing import List, Optional
 
 from . import registry
 from .experiments import EXPERIMENTS, load
-from ._text import UserFacingError
+from ._text import UserFacingError, positive_int
 
 
 class CLIError(Exception):
     """A one-line user error: printed without a traceback, exit status 2."""
-
-
-def _positive_int(flag: str):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{flag} must be a positive integer, got {text!r}") from None
-        if value < 1:
-            raise argparse.ArgumentTypeError(f"{flag} must be a positive integer, got {value}")
-        return value
-
-    return parse
 
 
 def _normalizer_list(text: str) -> List[str]:
@@ -55,8 +42,8 @@ def _common_options() -> argparse.ArgumentParser:
     common.add_argument("--decisive", action="store_true",
                         help="the smallest settings where every claim can reach a verdict (>= 6 paired seeds; about "
                              "1 h on 2 CPU cores per experiment; the report states what it leaves out)")
-    common.add_argument("--seeds", type=_positive_int("--seeds"), help="number of seeds (default: the experiment's)")
-    common.add_argument("--epochs", type=_positive_int("--epochs"), help="training epochs (default: the experiment's)")
+    common.add_argument("--seeds", type=positive_int("--seeds"), help="number of seeds (default: the experiment's)")
+    common.add_argument("--epochs", type=positive_int("--epochs"), help="training epochs (default: the experiment's)")
     common.add_argument("--normalizers", type=_normalizer_list, help="comma-separated registry names")
     common.add_argument("--out", type=Path, default=Path("out"),
                         help="output folder (one subfolder per experiment; README.md there indexes every claim)")
@@ -65,7 +52,7 @@ def _common_options() -> argparse.ArgumentParser:
     common.add_argument("--report-only", action="store_true",
                         help="train nothing: write the report from the jobs of this configuration already cached in "
                              "OUT/<experiment>/runs/ (of a run still going or stopped); it lists the missing ones")
-    common.add_argument("--max-steps", type=_positive_int("--max-steps"), help=argparse.SUPPRESS)
+    common.add_argument("--max-steps", type=positive_int("--max-steps"), help=argparse.SUPPRESS)
     return common
 
 

@@ -18,6 +18,7 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
+from ..._text import positive_int
 from .._shared.common import RunConfig, UserFacingError, progress
 from .._shared.runner import Claim, Job, Report, RunOptions
 from .paper import ATTENTION, DECISIVE, FULL, GATE, LAYER_SWEEP, MODEL_NAME, OUTPUT, PAPER, QUICK
@@ -44,18 +45,6 @@ class Settings:
     def paired_units(self) -> int:
         """What every claim pairs: the evaluation chunks."""
         return self.chunks
-
-
-def _positive(text: str) -> int:
-    import argparse
-
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
 
 
 class LLMExperiment:
@@ -87,8 +76,9 @@ class LLMExperiment:
         parser.add_argument("--model-dir", type=Path,
                             help=f"a Hugging Face causal LM folder (config, weights, tokenizer) instead of "
                                  f"{MODEL_NAME}")
-        parser.add_argument("--chunks", type=_positive, help="evaluation chunks of held-out text (the paired units)")
-        parser.add_argument("--chunk-tokens", type=_positive, help="tokens per chunk")
+        parser.add_argument("--chunks", type=positive_int("--chunks"),
+                            help="evaluation chunks of held-out text (the paired units)")
+        parser.add_argument("--chunk-tokens", type=positive_int("--chunk-tokens"), help="tokens per chunk")
 
     def settings(self, config: RunConfig) -> Settings:
         base = {"quick": QUICK, "decisive": DECISIVE, "full": FULL}[config.mode]
