@@ -15,11 +15,12 @@
 """
 from __future__ import annotations
 
-import statistics
 from typing import Callable, Dict, List
 
 import torch
 import torch.nn.functional as F
+
+from .bench_gpu import time_interleaved
 
 DEVICE = "cuda"
 
@@ -49,17 +50,10 @@ def _interleaved(fns: Dict[str, Callable[[], object]], rounds: int) -> Dict[str,
             error = f"error: {type(e).__name__}: {e}"[:200]
             peaks[name] = "OOM" if isinstance(e, torch.cuda.OutOfMemoryError) else error
             torch.cuda.empty_cache()
-    times: Dict[str, List[float]] = {n: [] for n in fns if not isinstance(peaks[n], str)}
-    for _ in range(rounds):
-        for name in times:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fns[name]()
-            end.record()
-            end.synchronize()
-            times[name].append(start.elapsed_time(end))
+    # The timing loop is bench_gpu's (its warm-up call, then interleaved rounds), one call per round.
+    timed = time_interleaved({n: fns[n] for n in fns if not isinstance(peaks[n], str)}, rounds, reps=1)
     for name in fns:
-        out[name] = (statistics.median(times[name]), peaks[name]) if name in times else (peaks[name], peaks[name])
+        out[name] = (timed[name], peaks[name]) if name in timed else (peaks[name], peaks[name])
     return out
 
 
