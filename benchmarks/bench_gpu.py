@@ -73,10 +73,6 @@ def time_interleaved(fns: Dict[str, Callable[[], object]], rounds: int, reps: in
     return {name: failed.get(name) or statistics.median(times[name]) for name in fns}
 
 
-def _fmt(v, digits=3) -> str:
-    return v if isinstance(v, str) else f"{v:.{digits}f}"
-
-
 def _table(header: List[str], rows: List[List[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
@@ -415,6 +411,11 @@ def _cell(v, digits=3) -> str:
     return v if isinstance(v, str) else f"{v:.{digits}f}"
 
 
+def _mib(v) -> str:
+    """Bytes as MiB (an error message as it is)."""
+    return _cell(v if isinstance(v, str) else v / 2 ** 20, 0)
+
+
 def print_part(part: str, rows: List[dict]) -> None:
     if part == "rowwise":
         print(_table(["dtype", "shape", "pass", "method", "ms", "GB/s", "of copy", "vs torch", "target"],
@@ -430,21 +431,20 @@ def print_part(part: str, rows: List[dict]) -> None:
                       for r in rows]))
     elif part == "memory":
         print(_table(["L", "method", "peak beyond inputs (MiB)", "bytes per query"],
-                     [[str(r["L"]), r["method"], _cell(r["peak_extra_bytes"] / 2 ** 20 if not isinstance(
-                         r["peak_extra_bytes"], str) else r["peak_extra_bytes"], 0), _cell(r["per_token"], 0)]
+                     [[str(r["L"]), r["method"], _mib(r["peak_extra_bytes"]), _cell(r["per_token"], 0)]
                       for r in rows]))
     elif part == "loss":
         print(_table(["N x d x V", "method", "ms", "vs materialised softmax", "peak (MiB)", "memory vs materialised"],
                      [[f"{r['tokens']}x{r['hidden']}x{r['vocab']}", r["method"], _cell(r["ms"]),
                        _cell(r["vs_materialised_softmax"], 2),
-                       _cell(r["peak_bytes"] / 2 ** 20 if not isinstance(r["peak_bytes"], str) else r["peak_bytes"], 0),
+                       _mib(r["peak_bytes"]),
                        _cell(r["memory_vs_materialised_softmax"], 3)] for r in rows]))
     else:
         print(_table(["model", "batch x length", "attn_implementation", "ms per step", "vs sdpa", "peak (MiB)",
                       "memory vs sdpa"],
                      [[r["model"], f"{r['batch']}x{r['length']}", r["attn_implementation"], _cell(r["ms_per_step"]),
                        _cell(r["vs_sdpa"], 2),
-                       _cell(r["peak_bytes"] / 2 ** 20 if not isinstance(r["peak_bytes"], str) else r["peak_bytes"], 0),
+                       _mib(r["peak_bytes"]),
                        _cell(r["memory_vs_sdpa"], 2)] for r in rows]))
 
 
