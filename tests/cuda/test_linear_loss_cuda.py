@@ -1,10 +1,13 @@
 """The fused vocabulary loss (``sparsenorm.fused_linear_loss``) on the device against a float64
 materialised oracle on CPU: loss and gradients for every streamable normalizer, vocabularies longer
 than the Triton block kernel's chunk (softmax and ev-softmax run their rows through it on CUDA),
-ignored targets, both reductions. Bound: the float32 error model of the unit tests' twin
-(``tests/unit/test_linear_loss.py``): the logits' rounding (d products of magnitude |h| |w|),
+ignored targets, both reductions. Bound: the float32 error model of the unit tests
+(``tests/unit/test_linear_loss.py``'s ``_tol``): the logits' rounding (d products of magnitude |h| |w|),
 propagated through the normalizer and the gradient's sums over V and N."""
 from __future__ import annotations
+
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,16 +16,10 @@ import sparsenorm
 from sparsenorm import registry
 from sparsenorm.linear_loss import streamable_normalizers
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
+from test_linear_loss import _tol as float32_error_model  # noqa: E402  (the unit tests' float32 bound)
+
 pytestmark = [pytest.mark.cuda]
-
-
-def float32_bound(h: torch.Tensor, w: torch.Tensor) -> float:
-    eps = torch.finfo(torch.float32).eps
-    n, d, v = h.shape[0], h.shape[1], w.shape[0]
-    hm, wm = float(h.abs().max()), float(w.abs().max())
-    logit_error = d * eps * (hm * wm * d + 1)
-    big = max(hm, wm, 1.0)
-    return 8 * (2 * logit_error * big + (v + n + d) * eps * big * big)
 
 
 @pytest.mark.parametrize("name", streamable_normalizers())
@@ -42,7 +39,7 @@ def test_fused_loss_on_the_device_against_float64(device, name, reduction):
     hd, wd = (t.float().to(device).requires_grad_() for t in (h, w))
     got = sparsenorm.fused_linear_loss(hd, wd, y.to(device), name, reduction=reduction)
     grads = torch.autograd.grad((got * probe.float().to(device)).sum(), (hd, wd))
-    bound = float32_bound(h, w)
+    bound = float32_error_model(h, w, torch.float32)
     assert got.device.type == torch.device(device).type
     assert float((got.double().cpu() - oracle.detach()).abs().max()) <= bound, "loss"
     for g, r, what in zip(grads, want, ("grad hidden", "grad weight")):
