@@ -78,11 +78,16 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                         help="leave a stage out (repeatable)")
     parser.add_argument("--limit", action="append", default=[], metavar="STAGE=SECONDS",
                         help="override one stage's time limit (repeatable)")
+    parser.add_argument("--select", default=None, metavar="EXPR",
+                        help="only the CUDA-suite tests matching this pytest -k expression (e.g. the failures of "
+                             "the last window, so that their tracebacks come back first)")
     parser.add_argument("--workers", type=int, default=4,
                         help="pytest-xdist processes for the CUDA suite where xdist is installed (0: none)")
     args = parser.parse_args(argv)
     if args.budget <= 0:
         parser.error(f"--budget must be positive, got {args.budget}")
+    if args.select is not None and not args.select.strip():
+        parser.error("--select must be a non-empty pytest -k expression")
     if args.workers < 0:
         parser.error(f"--workers must be >= 0, got {args.workers}")
     args.limits = dict(LIMITS)
@@ -302,7 +307,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         # -v names each test as it finishes and --tb=line gives each failure's line: a suite stopped
         # at its limit still says which tests failed.
         "cuda-suite": [sys.executable, "-m", "pytest", "-v", "--tb=line", "-rfE", "-p", "no:cacheprovider",
-                       "-m", "cuda", *workers, *timeout, "tests/cuda"],
+                       "-m", "cuda", *workers, *timeout, *(["-k", args.select] if args.select else []),
+                       "tests/cuda"],
         "triton-tests": [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *timeout,
                          "tests/kernels/test_triton_rowwise.py", "tests/kernels/test_triton_attention.py",
                          "tests/kernels/test_triton_compile.py"],

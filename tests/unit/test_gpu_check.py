@@ -31,7 +31,22 @@ def test_a_stage_limit_can_be_overridden():
     assert args.limits["cuda-suite"] == 120 and args.limits["bench-attention"] == gpu_check.LIMITS["bench-attention"]
 
 
-@pytest.mark.parametrize("argv", [["--budget", "0"], ["--skip", "nonsense"], ["--workers", "-1"],
+def test_the_cuda_suite_can_be_narrowed_to_a_selection(monkeypatch, tmp_path):
+    """--select reaches the CUDA suite's pytest as -k (and only that stage's)."""
+    commands = {}
+    monkeypatch.setattr(gpu_check, "cuda_unavailable_reason", lambda: None)
+    monkeypatch.setattr(gpu_check, "environment", lambda env, out, limit: {"device": "Fake GPU", "torch": "x"})
+    monkeypatch.setattr(gpu_check, "run_stage", lambda name, command, limit, env, log=None:
+                        commands.setdefault(name, command) and gpu_check.Stage(name, "passed", 0.0, "1 passed"))
+    skips = [arg for name in ("wheels", *gpu_check.BENCH_PARTS) for arg in ("--skip", name)]
+    gpu_check.main(["--out", str(tmp_path), "--select", "flash or vqvae", *skips])
+    suite = commands["cuda-suite"]
+    assert suite[suite.index("-k") + 1] == "flash or vqvae" and suite[-1] == "tests/cuda"
+    assert "-k" not in commands["triton-tests"]
+    assert gpu_check.parse_args([]).select is None
+
+
+@pytest.mark.parametrize("argv", [["--budget", "0"], ["--skip", "nonsense"], ["--workers", "-1"], ["--select", " "],
                                   ["--limit", "nonsense=3"], ["--limit", "cuda-suite=-1"]])
 def test_bad_arguments_are_refused(argv, capsys):
     with pytest.raises(SystemExit) as err:
