@@ -167,7 +167,8 @@ def test_finetune_step(name, deterministic_mode, tmp_path_factory):
 
     def step(seed):
         tokenizer, model = ft_model.load_classifier(folder, 2, ft_model.attention_name(name, r=0.3)
-                                                    if name == "r_softmax" else ft_model.attention_name(name))
+                                                    if name == "r_softmax" else ft_model.attention_name(name),
+                                                    seed=seed)
         torch.manual_seed(seed)  # dropout
         ft_model.fine_tune(model, tokenizer, split, epochs=1, batch_size=4, lr=1e-2, max_length=16, seed=seed,
                            max_steps=1)

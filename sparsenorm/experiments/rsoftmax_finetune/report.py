@@ -9,7 +9,7 @@ import numpy as np
 
 from .._shared.common import headless_pyplot, markdown_table, save_figure
 from .._shared.runner import Report
-from .paper import MAP_NORMALIZERS, PAPER_BEST_R_SST2, PAPER_TABLE2
+from .paper import MAP_NORMALIZERS, PAPER_BEST_R_SST2, PAPER_TABLE2, WARMUP_FRACTION
 
 
 def _pct(x) -> str:
@@ -34,12 +34,15 @@ def _setting_section(settings, context) -> List[str]:
         f"- Data: {context['source']}. Sizes in the split: {sizes['train']} / {sizes['validation']} / {sizes['test']}; "
         f"this run used {len(context['train'])} training, {len(context['validation'])} validation and "
         f"{len(context['test'])} test sentences (stratified subsets where smaller).",
-        f"- Model: {settings.model} (`{context['weights']}`), pretrained encoder + BERT pooler + a new linear head, "
+        f"- Model: {settings.model} (`{context['weights']}`), pretrained encoder + a new linear head on the mean "
+        f"of its last hidden states over the "
+        f"sentence's tokens (the sentence representation all-MiniLM-L6-v2 was trained for), "
         f"every self-attention block through `sparsenorm.hf` (`attn_implementation=\"sparsenorm_<name>\"`). The paper "
         f"fine-tunes BERT-base on GLUE SST-2 (67k training sentences, dev set reported); this is a 6-layer, 384-wide "
         f"encoder on the ~10k Rotten Tomatoes sentences SST was built from, so the absolute numbers differ; the "
         f"comparison is between normalizers.",
-        f"- Training: AdamW, no weight decay, linear decay to 0 without warm-up, batch {settings.batch_size}, "
+        f"- Training: AdamW, no weight decay, linear warm-up over the first {WARMUP_FRACTION:.0%} of the steps then "
+        f"linear decay to 0, batch {settings.batch_size}, "
         f"{settings.epochs} epoch(s), at most {settings.max_length} tokens; learning rates {settings.learning_rates}; "
         f"r-softmax's r rises linearly from 0 at the first step to the final r at the last "
         f"(final r in {settings.r_finals}) and stays there for evaluation. Per normalizer the setting with the best "
