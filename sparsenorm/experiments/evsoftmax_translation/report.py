@@ -132,12 +132,17 @@ def _figure_loss(out: Path, records) -> Path:
     return save_figure(fig, out / "training_loss.png")
 
 
+EXAMPLES = 6
+"""Test pairs shown in the report: the first ones of the test split (not chosen), enough to judge whether the
+outputs translate."""
+
+
 def _examples(records: List[Dict[str, Any]], context) -> str:
-    """The first two test sources, their references and every normalizer's beam output (first seed)."""
+    """The first :data:`EXAMPLES` test sources, their references and every normalizer's beam output (first seed)."""
     examples = ""
     if context:
         ex_rows = []
-        for i in range(min(2, len(context["sources"]))):
+        for i in range(min(EXAMPLES, len(context["sources"]))):
             ex_rows.append(["source", context["sources"][i]])
             ex_rows.append(["reference", context["references"][i]])
             for rec in records:
@@ -222,7 +227,7 @@ first run of ev-softmax attention with correct masks.
 - The # attended is counted with teacher forcing on the references, not during free decoding.
 - Seeds: {settings.seeds} (paper: {PAPER_SEEDS}); spread is the standard deviation over seeds (paper: standard error).
 
-## Examples (beam, first seed)
+## Examples (beam, first seed, the first {EXAMPLES} test pairs)
 
 {examples}
 
