@@ -300,3 +300,65 @@ def test_the_head_reads_the_mean_of_the_real_tokens_and_its_seed(tiny_model):
     _, other = ft_model.load_classifier(tiny_model, 2, ft_model.attention_name("softmax"), seed=4)
     assert torch.equal(again.classifier.weight, model.classifier.weight)
     assert not torch.equal(other.classifier.weight, model.classifier.weight)
+
+
+@pytest.mark.parametrize("normalizer", ["ev_softmax", "r_softmax"])
+def test_an_interrupted_fine_tuning_resumes_to_the_same_weights(tiny_model, tmp_path, monkeypatch, normalizer):
+    """A fine-tuning cut after its checkpoint (mid-epoch, dropout on, r-softmax's rate moving) and started again on
+    the same file ends with the weights, loss and step count of one that ran through; the file is then gone."""
+    rng = np.random.default_rng(5)
+    texts = [(_sentence(rng, GOOD if i % 2 else BAD, 3 + i % 5),) for i in range(20)]
+    split = ft_data.Split(texts, np.array([i % 2 for i in range(20)]))
+    common = dict(epochs=2, batch_size=4, lr=1e-3, max_length=16, seed=7, checkpoint_every=3)
+
+    def run(checkpoint):
+        schedule = ft_model.RateSchedule(0.5, 1) if normalizer == "r_softmax" else None
+        name = schedule.register() if schedule else ft_model.attention_name(normalizer)
+        tokenizer, model = ft_model.load_classifier(tiny_model, 2, name, seed=7)
+        torch.manual_seed(7)  # dropout, as the runner seeds a job
+        result = ft_model.fine_tune(model, tokenizer, split, schedule=schedule, checkpoint=checkpoint, **common)
+        return result, model.state_dict()
+
+    whole, whole_state = run(None)
+    state_file = tmp_path / "job.pt"
+    calls, encode = [0], ft_model.encode
+
+    def cut_at_step_8(*args, **kwargs):  # steps 0-7 run, a checkpoint is written after step 6
+        calls[0] += 1
+        if calls[0] > 8:
+            raise KeyboardInterrupt("cut")
+        return encode(*args, **kwargs)
+
+    monkeypatch.setattr(ft_model, "encode", cut_at_step_8)
+    with pytest.raises(KeyboardInterrupt):
+        run(state_file)
+    assert torch.load(state_file, weights_only=False)["step"] == 6
+    monkeypatch.setattr(ft_model, "encode", encode)
+    torch.manual_seed(12345)  # the restart's own generator state must not matter
+    resumed, resumed_state = run(state_file)
+    assert resumed.steps == whole.steps == 10 and resumed.final_loss == pytest.approx(whole.final_loss, rel=1e-6)
+    for k, v in whole_state.items():
+        assert torch.equal(v, resumed_state[k]), k
+    assert not state_file.exists()
+
+
+def test_a_checkpoint_of_another_setting_is_not_resumed(tiny_model, tmp_path):
+    """A state saved under another learning rate (or any other part of the setting) is ignored: training starts
+    from step 0 and gives what it gives without the file."""
+    rng = np.random.default_rng(6)
+    texts = [(_sentence(rng, GOOD if i % 2 else BAD, 4),) for i in range(8)]
+    split = ft_data.Split(texts, np.array([i % 2 for i in range(8)]))
+    state_file = tmp_path / "job.pt"
+    ft_model._save_state(state_file, {"key": ("another setting",), "step": 1})
+
+    def run(checkpoint):
+        tokenizer, model = ft_model.load_classifier(tiny_model, 2, ft_model.attention_name("softmax"), seed=1)
+        torch.manual_seed(1)
+        result = ft_model.fine_tune(model, tokenizer, split, epochs=1, batch_size=4, lr=1e-3, max_length=16, seed=1,
+                                    checkpoint=checkpoint)
+        return result, model.state_dict()
+
+    with_file, state = run(state_file)
+    without, reference = run(None)
+    assert with_file.steps == without.steps == 2
+    assert all(torch.equal(v, state[k]) for k, v in reference.items())

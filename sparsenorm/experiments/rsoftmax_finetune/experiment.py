@@ -144,6 +144,8 @@ class FinetuneExperiment:
             "validation": data.validation.subset(settings.validation_size, SPLIT_SEED), "test": test,
             "full_sizes": {"train": len(data.train), "validation": len(data.validation), "test": len(data.test)},
             "map_sentences": map_sentences(tokenizer, test, settings.max_length),
+            # a fine-tuning's state, saved every CHECKPOINT_EVERY steps, so an interrupted job resumes (model.fine_tune)
+            "checkpoints": str(Path(config.out) / "checkpoints"),
         }
 
     def jobs(self, settings: Settings, config: RunConfig) -> List[Job]:
@@ -184,7 +186,7 @@ class FinetuneExperiment:
         common = dict(max_length=settings.max_length, device=device)
         trained = fine_tune(model, tokenizer, context["train"], epochs=settings.epochs, batch_size=settings.batch_size,
                             lr=lr, seed=job.seed, schedule=schedule, max_steps=settings.max_steps, desc=job.key,
-                            **common)
+                            checkpoint=Path(context["checkpoints"]) / f"{job.key}.pt", **common)
         evals = dict(batch_size=settings.eval_batch_size, **common)
         record: Dict[str, Any] = {
             "key": job.key, "normalizer": name, "lr": lr, "r_final": r_final, "seed": job.seed,

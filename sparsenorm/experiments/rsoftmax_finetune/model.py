@@ -244,12 +244,27 @@ def epoch_batches(lengths: np.ndarray, batch_size: int, gen: torch.Generator) ->
     return [batches[i] for i in torch.randperm(len(batches), generator=gen).tolist()]
 
 
+CHECKPOINT_EVERY = 100
+"""Steps between two saves of a fine-tuning's state (:func:`fine_tune`'s ``checkpoint``): about 2 min of one core."""
+
+
+def _checkpoint_key(total: int, per_epoch: int, lr: float, seed: int, batch_size: int, max_length: int) -> tuple:
+    """What a saved state must match to be resumed (a state of another setting is ignored)."""
+    return (total, per_epoch, float(lr), seed, batch_size, max_length)
+
+
 def fine_tune(model, tokenizer, train: Split, *, epochs: int, batch_size: int, lr: float, max_length: int,
               seed: int, schedule: Optional[RateSchedule] = None, max_steps: Optional[int] = None,
-              device=None, desc: str = "") -> TrainResult:
+              device=None, desc: str = "", checkpoint: Optional[Path] = None,
+              checkpoint_every: int = CHECKPOINT_EVERY) -> TrainResult:
     """AdamW (no weight decay), learning rate rising linearly over the first :data:`WARMUP_FRACTION` of the steps
     and decaying linearly to 0 (BERT's fine-tuning recipe), shuffled batches of sentences of similar length
-    (:func:`epoch_batches`), dropout on; ``schedule`` moves r each step."""
+    (:func:`epoch_batches`), dropout on; ``schedule`` moves r each step.
+
+    With ``checkpoint`` (a file path) the whole training state (weights, optimizer, learning-rate schedule, the
+    batch order's and dropout's generators, the step) is saved there every ``checkpoint_every`` steps and, when a
+    state of the same setting is found there at the start, training continues from it: an interrupted run ends
+    with the same weights as an uninterrupted one. The file is removed at the end."""
     from transformers import get_linear_schedule_with_warmup
 
     device = torch.device("cpu" if device is None else device)
@@ -261,12 +276,27 @@ def fine_tune(model, tokenizer, train: Split, *, epochs: int, batch_size: int, l
         schedule.total_steps = max(total, 1)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     lr_schedule = get_linear_schedule_with_warmup(optimizer, int(WARMUP_FRACTION * total), total)
+    key = _checkpoint_key(total, per_epoch, lr, seed, batch_size, max_length)
+    step, recent, seconds, cpu_seconds, epoch_state = 0, [], 0.0, 0.0, gen.get_state()
+    saved = _load_state(checkpoint, key)
+    if saved is not None:
+        model.load_state_dict(saved["model"])
+        optimizer.load_state_dict(saved["optimizer"])
+        lr_schedule.load_state_dict(saved["lr_schedule"])
+        torch.set_rng_state(saved["torch_rng"])
+        if saved.get("cuda_rng") is not None:
+            torch.cuda.set_rng_state_all(saved["cuda_rng"])
+        step, recent = saved["step"], [torch.tensor(x) for x in saved["recent"]]
+        seconds, cpu_seconds, epoch_state = saved["seconds"], saved["cpu_seconds"], saved["epoch_gen"]
+        gen.set_state(epoch_state)
+        batches = epoch_batches(lengths, batch_size, gen)  # the interrupted epoch's order, drawn again
     model.train()
-    start, cpu, step, recent = time.perf_counter(), time.process_time(), 0, []
+    start, cpu = time.perf_counter() - seconds, time.process_time() - cpu_seconds
     first_bad = torch.full((), -1, dtype=torch.long, device=device)
-    bar = progress(range(total), total=total, desc=desc)
+    bar = progress(range(step, total), total=total - step, desc=desc)
     for _ in bar:
         if step % per_epoch == 0:
+            epoch_state = gen.get_state()
             batches = epoch_batches(lengths, batch_size, gen)
         idx = batches[step % per_epoch]
         batch = encode(tokenizer, [train.texts[i] for i in idx], max_length, device)
@@ -282,14 +312,45 @@ def fine_tune(model, tokenizer, train: Split, *, epochs: int, batch_size: int, l
         optimizer.zero_grad(set_to_none=True)
         recent = (recent + [loss.detach()])[-20:]
         step += 1
+        if checkpoint is not None and step % checkpoint_every == 0 and step < total:
+            if int(first_bad) >= 0:
+                raise FloatingPointError(f"{desc}: non-finite loss at step {int(first_bad)}")
+            _save_state(checkpoint, {
+                "key": key, "step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                "lr_schedule": lr_schedule.state_dict(), "torch_rng": torch.get_rng_state(), "epoch_gen": epoch_state,
+                "cuda_rng": torch.cuda.get_rng_state_all() if device.type == "cuda" else None,
+                "recent": [float(t) for t in recent], "seconds": time.perf_counter() - start,
+                "cpu_seconds": time.process_time() - cpu})
     if schedule is not None:
         schedule.finish()
     if int(first_bad) >= 0:
         raise FloatingPointError(f"{desc}: non-finite loss at step {int(first_bad)}")
+    if checkpoint is not None:
+        Path(checkpoint).unlink(missing_ok=True)
     model.eval()
     loss = float(np.mean([float(t) for t in recent])) if recent else float("nan")
     return TrainResult(step, time.perf_counter() - start, time.process_time() - cpu, loss,
                        schedule.r if schedule is not None else None)
+
+
+def _save_state(path: Path, state: Dict[str, object]) -> None:
+    """Write ``state`` to ``path`` atomically (a cut write leaves the previous state)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+
+
+def _load_state(path: Optional[Path], key: tuple) -> Optional[Dict[str, object]]:
+    """The state saved at ``path`` if it is of this setting (``key``), else None."""
+    if path is None or not Path(path).is_file():
+        return None
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception:  # a file that cannot be read is a state lost, not an error: train from the start
+        return None
+    return state if tuple(state.get("key", ())) == key else None
 
 
 # ---------------------------------------------------------------- evaluation
