@@ -347,7 +347,7 @@ def _load_state(path: Optional[Path], key: tuple) -> Optional[Dict[str, object]]
     if path is None or not Path(path).is_file():
         return None
     try:
-        state = torch.load(path, map_location="cpu", weights_only=False)
+        state = torch.load(path, map_location="cpu", weights_only=True)  # tensors and plain containers only
     except Exception:  # a file that cannot be read is a state lost, not an error: train from the start
         return None
     return state if tuple(state.get("key", ())) == key else None
