@@ -13,7 +13,7 @@ transformers = pytest.importorskip("transformers", reason="the [hf] extra (trans
 
 from sparsenorm import registry  # noqa: E402
 from sparsenorm.experiments._shared import regime, runner  # noqa: E402
-from sparsenorm.experiments._shared.common import RunConfig, UserFacingError  # noqa: E402
+from sparsenorm.experiments._shared.common import RunConfig, UserFacingError, save_atomically  # noqa: E402
 from sparsenorm.experiments.rsoftmax_finetune import data as ft_data  # noqa: E402
 from sparsenorm.experiments.rsoftmax_finetune import model as ft_model  # noqa: E402
 from sparsenorm.experiments.rsoftmax_finetune.claims import judge_claims, match_margin  # noqa: E402
@@ -355,7 +355,7 @@ def test_a_checkpoint_of_another_setting_is_not_resumed(tiny_model, tmp_path):
     texts = [(_sentence(rng, GOOD if i % 2 else BAD, 4),) for i in range(8)]
     split = ft_data.Split(texts, np.array([i % 2 for i in range(8)]))
     state_file = tmp_path / "job.pt"
-    ft_model._save_state(state_file, {"key": ("another setting",), "step": 1})
+    save_atomically({"key": ("another setting",), "step": 1}, state_file)
 
     def run(checkpoint):
         tokenizer, model = ft_model.load_classifier(tiny_model, 2, ft_model.attention_name("softmax"), seed=1)

@@ -176,15 +176,22 @@ def load_cached_model(path: Path, model: torch.nn.Module, keys: Iterable[str], w
         return None
 
 
+def save_atomically(obj: Any, path: Path) -> None:
+    """``torch.save`` through a ``.part`` file beside ``path``, then a rename: an interrupted save leaves the
+    previous file (or none), never a truncated one."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".part")
+    torch.save(obj, partial)
+    partial.replace(path)
+
+
 def cache_model(path: Path, model: torch.nn.Module, info: Dict[str, Any], what: str) -> Optional[str]:
     """Save ``model``'s weights (on CPU) and ``info`` at ``path`` through a ``.part`` file (an interrupted save
     leaves no truncated cache); the path, or None with a warning naming ``what`` when the folder cannot be
     written (the run goes on without the cache)."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_name(path.name + ".part")
-        torch.save({"state_dict": {k: v.cpu() for k, v in model.state_dict().items()}, **info}, partial)
-        partial.replace(path)
+        save_atomically({"state_dict": {k: v.cpu() for k, v in model.state_dict().items()}, **info}, path)
         return str(path)
     except OSError as exc:
         print(f"sparsenorm: could not cache the {what} in {path.parent}: {exc}", file=sys.stderr)

@@ -29,7 +29,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from ... import registry
-from .._shared.common import mixed_precision, progress, to_device
+from .._shared.common import mixed_precision, progress, save_atomically, to_device
 from .model import EOS, PAD, ModelConfig, Seq2Seq
 
 Example = Tuple[List[int], List[int]]  # source ids, target ids (with BOS ... EOS)
@@ -195,10 +195,7 @@ def _record_losses(pending: List[Tuple[int, Tensor, int]], history: List[List[fl
 
 
 def _save(path: Path, model, optim, step: int, history) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".part")
-    torch.save({"model": model.state_dict(), "optim": optim.state_dict(), "step": step, "history": history}, tmp)
-    tmp.replace(path)  # atomic: an interrupted save never leaves a broken checkpoint
+    save_atomically({"model": model.state_dict(), "optim": optim.state_dict(), "step": step, "history": history}, path)
 
 
 def launch(spec: Dict[str, Any], data_path: Path, nproc: int, spec_path: Path) -> Dict[str, Any]:

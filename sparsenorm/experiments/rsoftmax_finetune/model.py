@@ -27,7 +27,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from .._shared.common import UserFacingError, cache_dir, mixed_precision, progress, to_device
+from .._shared.common import UserFacingError, cache_dir, mixed_precision, progress, save_atomically, to_device
 from .._shared import provenance
 from .._shared.artifacts import ARTIFACTS
 from .data import Split
@@ -315,12 +315,12 @@ def fine_tune(model, tokenizer, train: Split, *, epochs: int, batch_size: int, l
         if checkpoint is not None and step % checkpoint_every == 0 and step < total:
             if int(first_bad) >= 0:
                 raise FloatingPointError(f"{desc}: non-finite loss at step {int(first_bad)}")
-            _save_state(checkpoint, {
+            save_atomically({
                 "key": key, "step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
                 "lr_schedule": lr_schedule.state_dict(), "torch_rng": torch.get_rng_state(), "epoch_gen": epoch_state,
                 "cuda_rng": torch.cuda.get_rng_state_all() if device.type == "cuda" else None,
                 "recent": [float(t) for t in recent], "seconds": time.perf_counter() - start,
-                "cpu_seconds": time.process_time() - cpu})
+                "cpu_seconds": time.process_time() - cpu}, checkpoint)
     if schedule is not None:
         schedule.finish()
     if int(first_bad) >= 0:
@@ -331,15 +331,6 @@ def fine_tune(model, tokenizer, train: Split, *, epochs: int, batch_size: int, l
     loss = float(np.mean([float(t) for t in recent])) if recent else float("nan")
     return TrainResult(step, time.perf_counter() - start, time.process_time() - cpu, loss,
                        schedule.r if schedule is not None else None)
-
-
-def _save_state(path: Path, state: Dict[str, object]) -> None:
-    """Write ``state`` to ``path`` atomically (a cut write leaves the previous state)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
 
 
 def _load_state(path: Optional[Path], key: tuple) -> Optional[Dict[str, object]]:
