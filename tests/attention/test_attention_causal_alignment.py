@@ -138,6 +138,7 @@ def test_searched_blockwise_bottom_right(L, S, normalizer):
 
 
 @pytest.mark.skipif(not flex_attention.flex_available(), reason="this torch has no FlexAttention")
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")  # eager is the CPU test path
 @pytest.mark.parametrize("L,S", [(5, 13), (1, 13), (13, 13)])
 def test_ev_softmax_flex_bottom_right(L, S):
     q, k, v, key_mask = inputs(L, S, seed=L * 7 + S)
