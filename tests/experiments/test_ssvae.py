@@ -133,3 +133,25 @@ def test_bad_options_are_user_errors(tiny_mnist, tmp_path):
     config = RunConfig(out=tmp_path, quick=True, device="cpu", data_dir=tiny_mnist, extra={"steps_per_epoch": 0})
     with pytest.raises(UserFacingError, match="--steps-per-epoch"):
         EXPERIMENT.settings(config)
+
+
+@pytest.mark.filterwarnings("error::RuntimeWarning")
+def test_aggregate_gives_a_method_without_runs_no_seeds_and_no_empty_means():
+    """A method with no job in the records (a partial cache) is ``seeds: 0``, which every reader skips,
+    instead of NumPy means of nothing ("Mean of empty slice" and NaN entries)."""
+    from types import SimpleNamespace
+
+    from sparsenorm.experiments.evsoftmax_ssvae.claims import aggregate
+
+    def evaluation(acc):
+        return {"test_accuracy": acc, "decoder_calls_mean": 3.0, "decoder_calls_std": 1.0, "test_neg_elbo": 90.0,
+                "val_accuracy": acc, "curve": {"test_accuracy": [0.9, acc], "epoch": [0, 1]}}
+
+    records = [{"seed": seed, "group": ["softmax"], "evaluations": {"softmax": evaluation(0.95 + seed / 100)},
+                "epoch_cpu_seconds": 2.0, "steps_per_epoch": 4, "decoder_rows_per_example": 10.0,
+                "batch_level_rows_per_example": 10.0, "epoch_seconds": 2.0, "pretrain_seconds": 1.0,
+                "selected_epoch": 1, "curve": {"epoch": [0, 1]}} for seed in range(2)]
+    settings = SimpleNamespace(normalizers=["softmax", "ev_softmax"], estimators=["nvil"], r=0.5)
+    per = aggregate(records, settings)["per_normalizer"]
+    assert per["ev_softmax"] == {"seeds": 0} and per["nvil"] == {"seeds": 0}
+    assert per["softmax"]["seeds"] == 2 and per["softmax"]["accuracy"] == pytest.approx(95.5)

@@ -227,6 +227,9 @@ def aggregate(records: List[Dict[str, Any]], settings: Settings) -> Dict[str, An
     per: Dict[str, Dict[str, Any]] = {}
     for name in [*settings.normalizers, *settings.estimators]:
         runs = [(r, r["evaluations"][name]) for r in records if name in r["evaluations"]]
+        if not runs:  # not run (a partial cache, a report of some jobs): no seeds, and no mean of nothing
+            per[name] = {"seeds": 0}
+            continue
         acc = _mean_se([100 * e["test_accuracy"] for _, e in runs])
         calls = _mean_se([e["decoder_calls_mean"] for _, e in runs])
         curves = np.array([e["curve"]["test_accuracy"] for _, e in runs], dtype=float) * 100
@@ -249,8 +252,8 @@ def aggregate(records: List[Dict[str, Any]], settings: Settings) -> Dict[str, An
             "step_cpu_seconds": float(np.mean([r["epoch_cpu_seconds"] / r["steps_per_epoch"] for r, _ in runs])),
             "pretrain_seconds": float(np.mean([r["pretrain_seconds"] for r, _ in runs])),
             "selected_epochs": [r["selected_epoch"] for r, _ in runs],
-            "trained_with": "+".join(runs[0][0]["group"]) if runs else None,
-            "test_accuracy_curve": curves.mean(0).tolist() if runs else [],
-            "curve_epochs": runs[0][0]["curve"]["epoch"] if runs else [],
+            "trained_with": "+".join(runs[0][0]["group"]),
+            "test_accuracy_curve": curves.mean(0).tolist(),
+            "curve_epochs": runs[0][0]["curve"]["epoch"],
         }
     return {"per_normalizer": per, "paper_table2": PAPER_TABLE2, "r": settings.r}
