@@ -45,7 +45,7 @@ def build_model(path, layers):
     import sparsenorm.hf  # noqa: F401  registers the sparsenorm implementations
 
     if path:
-        model = transformers.AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32)
+        model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
         name = path
     else:
         cfg = transformers.LlamaConfig(

@@ -3,7 +3,7 @@
 
     python -m benchmarks.bench_linear_loss [--tokens 4096] [--dim 576] [--vocab 49152]
         [--losses softmax,ev_softmax,sparsemax,entmax15] [--rounds 3] [--threads 2]
-        [--logit-scale 1.0] [--clock wall|thread] [--json FILE] [--no-time] [--no-memory]
+        [--logit-scale 1.0] [--token-chunk 0] [--clock wall|thread] [--json FILE] [--no-time] [--no-memory]
     python -m benchmarks.bench_linear_loss --report FILE.json
 
 Shapes of issue 38: N = 4096 tokens, d = 576 (SmolLM2-135M's width), V = 49,152 (its vocabulary),
@@ -55,12 +55,13 @@ def labels_for(losses: List[str]) -> List[str]:
     return [f"{path} {name}" for name in losses for path in ("materialised", "fused")]
 
 
-def loss_fn(label: str):
+def loss_fn(label: str, token_chunk: int = 0):
+    """The candidate's forward; ``token_chunk``: the fused loss's tokens per block (0: its default plan)."""
     path, name = label.split(" ", 1)
     if path == "materialised":
         single = registry.get(name).single_label_loss
         return lambda h, w, y: single(F.linear(h, w), y)
-    return lambda h, w, y: fused_linear_loss(h, w, y, name)
+    return lambda h, w, y: fused_linear_loss(h, w, y, name, token_chunk=token_chunk)
 
 
 def make_inputs(tokens: int, dim: int, vocab: int, scale: float, seed: int = 0):
@@ -78,7 +79,7 @@ def run_once(fn, h, w, y) -> None:
 
 
 def time_all(labels: List[str], args) -> Dict[str, float]:
-    fns = {label: loss_fn(label) for label in labels}
+    fns = {label: loss_fn(label, args.token_chunk) for label in labels}
     small = make_inputs(64, args.dim, 1024, args.logit_scale)
     for fn in fns.values():
         run_once(fn, *small)
@@ -98,9 +99,10 @@ def time_all(labels: List[str], args) -> Dict[str, float]:
 
 
 
-def measure_peak_here(label: str, tokens: int, dim: int, vocab: int, scale: float, threads: int) -> int:
+def measure_peak_here(label: str, tokens: int, dim: int, vocab: int, scale: float, threads: int,
+                      token_chunk: int = 0) -> int:
     torch.set_num_threads(threads)
-    fn = loss_fn(label)
+    fn = loss_fn(label, token_chunk)
     run_once(fn, *make_inputs(64, dim, 1024, scale))
     inputs = make_inputs(tokens, dim, vocab, scale)
     before = _read_status("VmRSS")
@@ -112,7 +114,7 @@ def measure_peak_here(label: str, tokens: int, dim: int, vocab: int, scale: floa
 
 def measure_peak(label: str, args) -> Optional[int]:
     cmd = [sys.executable, "-m", "benchmarks.bench_linear_loss", "--_peak", label, str(args.tokens), str(args.dim),
-           str(args.vocab), str(args.logit_scale), str(args.threads)]
+           str(args.vocab), str(args.logit_scale), str(args.threads), str(args.token_chunk)]
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=_REPO_ROOT)
     if proc.returncode != 0:
@@ -153,8 +155,11 @@ def markdown_report(results: Dict) -> str:
             rows.append([label, "-" if t is None else f"{t:.2f}", "-" if t_ratio is None else f"{t_ratio:.2f}",
                          "-" if m is None else f"{m / 2**20:.0f}", "-" if m_ratio is None else f"{m_ratio:.3f}",
                          f"{TIME_TARGET[name]} / {MEMORY_TARGET}" if path == "fused" else "", verdict])
+    chunk = results.get("token_chunk") or 0
     head = (f"N = {results['tokens']}, d = {results['dim']}, V = {results['vocab']}, logit scale "
-            f"{results['logit_scale']}, {results['threads']} thread(s), {results['cpu']}; median of "
+            f"{results['logit_scale']}, fused blocks of "
+            + (f"{chunk} tokens" if chunk else "about 32 MiB of logits")
+            + f", {results['threads']} thread(s), {results['cpu']}; median of "
             f"{results['rounds']} interleaved rounds; memory = peak RSS increase")
     if results.get("note"):
         head += f"\n\nNote: {results['note']}."
@@ -167,7 +172,7 @@ def main(argv=None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--_peak"]:
         label, tokens, dim, vocab, scale, threads = argv[1], *map(int, argv[2:5]), float(argv[5]), int(argv[6])
-        print(measure_peak_here(label, tokens, dim, vocab, scale, threads))
+        print(measure_peak_here(label, tokens, dim, vocab, scale, threads, int(argv[7])))
         return
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tokens", type=int, default=4096)
@@ -177,6 +182,8 @@ def main(argv=None) -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--logit-scale", type=float, default=1.0)
+    p.add_argument("--token-chunk", type=int, default=0,
+                   help="the fused losses' tokens per block (default 0: blocks of about 32 MiB of logits)")
     p.add_argument("--clock", choices=("wall", "thread"), default="wall",
                    help="thread: per-thread CPU time on one thread (less disturbed by other processes)")
     p.add_argument("--json")
@@ -196,7 +203,8 @@ def main(argv=None) -> None:
         losses.insert(0, "softmax")
     labels = labels_for(losses)
     results = {"schema": SCHEMA, "tokens": args.tokens, "dim": args.dim, "vocab": args.vocab,
-               "logit_scale": args.logit_scale, "threads": args.threads, "rounds": args.rounds, "clock": args.clock,
+               "logit_scale": args.logit_scale, "token_chunk": args.token_chunk, "threads": args.threads,
+               "rounds": args.rounds, "clock": args.clock,
                "losses": losses, "cpu": cpu_model(),
                "torch": torch.__version__, "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
                "load_at_start": machine_load(), "support_sizes": support_sizes(losses, args)}
