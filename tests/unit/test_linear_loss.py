@@ -310,3 +310,30 @@ def test_compiles_without_graph_breaks(name, reduction):
     _close(got.detach(), ref.detach(), 0.0, "loss")
     for a, r in zip(_grads(got, (h, w, b)), _grads(ref, (h, w, b))):
         _close(a, r, 0.0, "grad")
+
+
+def _blocks(plan):
+    return plan.token_chunk, plan.vocab_chunk
+
+
+def test_default_plan_keeps_whole_vocabulary_rows_with_enough_tokens_per_block():
+    """The default blocks: about 32 MiB of float32 logits of whole vocabulary rows (170 tokens of a
+    49k vocabulary, issue 38's shape, unchanged); at a 128k vocabulary, where 32 MiB is 65 tokens and
+    each block re-reads all of W, at least ROW_TOKENS = 128 (at most the hidden size); vocabulary chunks
+    only where the hidden size is too small to allow even MIN_TOKENS whole rows."""
+    from sparsenorm.kernels.reference.linear_loss import MIN_TOKENS, ROW_TOKENS, make_plan
+
+    assert _blocks(make_plan(4096, 49152, n_hidden=576)) == (170, 49152)
+    assert _blocks(make_plan(2048, 128256, n_hidden=576)) == (ROW_TOKENS, 128256)
+    assert _blocks(make_plan(2048, 128256, n_hidden=96)) == (96, 128256)  # no larger than W's gradient
+    assert _blocks(make_plan(50, 128256, n_hidden=576)) == (50, 128256)  # never more tokens than there are
+    assert make_plan(4096, 1_000_000, n_hidden=MIN_TOKENS - 1).vocab_chunk < 1_000_000
+    assert _blocks(make_plan(2048, 128256, n_hidden=0)) == (65, 128256)  # hidden size unknown: bytes alone
+    assert _blocks(make_plan(2048, 128256, token_chunk=7, n_hidden=576)) == (7, 128256)  # a given chunk is kept
+
+
+def test_the_op_passes_the_hidden_size_to_the_plan():
+    """The op's plan at a 128k vocabulary is the 128-token one (so fused_linear_loss gets it by default)."""
+    h = torch.empty(300, 576, device="meta")  # the plan reads shapes and the element size only
+    w = torch.empty(128256, 576, device="meta")
+    assert _blocks(linear_loss_ops._plan(h, w, 0, 0, 0)) == (128, 128256)

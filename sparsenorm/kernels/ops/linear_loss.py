@@ -56,7 +56,7 @@ def _block_rows(hidden: Tensor):
 
 def _plan(hidden: Tensor, weight: Tensor, token_chunk: int, vocab_chunk: int, k: int) -> ref.Plan:
     return ref.make_plan(hidden.shape[0], weight.shape[0], token_chunk, vocab_chunk, k,
-                         itemsize=hidden.element_size())
+                         itemsize=hidden.element_size(), n_hidden=hidden.shape[-1])
 
 
 def _or_empty(t: Optional[Tensor], like: Tensor) -> Tensor:

@@ -72,6 +72,12 @@ blocks make the products faster (16 MiB cost 1.2x, 8 MiB 1.5x the time of 32 MiB
 the peak memory larger."""
 MIN_TOKENS = 32
 """With fewer tokens than this per whole-vocabulary block, the vocabulary is streamed in chunks."""
+ROW_TOKENS = 128
+"""Whole-vocabulary blocks hold at least this many tokens (at most the hidden size), more bytes than
+:data:`CHUNK_BYTES` where the vocabulary is large: every block re-reads all of ``W`` in its three
+products, and 65-token blocks of a 128k vocabulary made fused ev-softmax 1.22x the materialised
+softmax cross-entropy's time against 1.12x with 170 (2 CPU cores, ``benchmarks/README.md``). A block
+of ``T <= d`` tokens is no larger than ``W``'s gradient (V x d), which the loss returns anyway."""
 DEFAULT_K = 128
 """Candidates per vocabulary chunk in the threshold search of the sparse kinds."""
 DENSE_FRACTION = 1 / 32
@@ -86,15 +92,19 @@ class Plan:
 
 
 def make_plan(n_tokens: int, n_vocab: int, token_chunk: int = 0, vocab_chunk: int = 0, k: int = 0,
-              chunk_bytes: int = CHUNK_BYTES, itemsize: int = 4) -> Plan:
+              chunk_bytes: int = CHUNK_BYTES, itemsize: int = 4, n_hidden: int = 0) -> Plan:
     """Chunk sizes: given ones (> 0) are kept; 0 picks blocks of about ``chunk_bytes`` -- whole
-    vocabulary rows when at least :data:`MIN_TOKENS` of them fit, else vocabulary chunks."""
+    vocabulary rows when at least :data:`MIN_TOKENS` of them fit, else vocabulary chunks. A block of
+    whole rows holds at least ``min(ROW_TOKENS, n_hidden)`` tokens (:data:`ROW_TOKENS`; ``n_hidden``
+    0, unknown: no such floor), which keeps whole rows for any vocabulary when ``n_hidden >= MIN_TOKENS``."""
     entries = max(1, chunk_bytes // itemsize)
+    row_floor = min(ROW_TOKENS, n_hidden) if n_hidden > 0 else 0
+    row_tokens = max(entries // max(n_vocab, 1), row_floor)
     if vocab_chunk <= 0:
-        vocab_chunk = n_vocab if entries // max(n_vocab, 1) >= MIN_TOKENS else max(1024, entries // 256)
+        vocab_chunk = n_vocab if row_tokens >= MIN_TOKENS else max(1024, entries // 256)
     vocab_chunk = max(1, min(vocab_chunk, max(n_vocab, 1)))
     if token_chunk <= 0:
-        token_chunk = max(1, entries // vocab_chunk)
+        token_chunk = row_tokens if vocab_chunk >= n_vocab else max(1, entries // vocab_chunk)
     token_chunk = max(1, min(token_chunk, max(n_tokens, 1)))
     return Plan(token_chunk, vocab_chunk, k if k > 0 else DEFAULT_K)
 
