@@ -123,6 +123,16 @@ def measure_peak(label: str, args) -> Optional[int]:
     return int(proc.stdout.strip().splitlines()[-1])
 
 
+def fused_plan(args) -> tuple:
+    """(tokens, vocabulary entries) per block of the fused losses at these shapes (the op's own plan)."""
+    from sparsenorm.kernels.ops.linear_loss import _plan
+
+    h = torch.empty(args.tokens, args.dim, device="meta")
+    w = torch.empty(args.vocab, args.dim, device="meta")
+    plan = _plan(h, w, args.token_chunk, 0, 0)
+    return plan.token_chunk, plan.vocab_chunk
+
+
 def support_sizes(losses: List[str], args, rows: int = 256) -> Dict[str, float]:
     """Mean support size per token of the sparse maps on these inputs (what the sparse backward touches)."""
     h, w, _ = make_inputs(args.tokens, args.dim, args.vocab, args.logit_scale)
@@ -158,7 +168,9 @@ def markdown_report(results: Dict) -> str:
     chunk = results.get("token_chunk") or 0
     head = (f"N = {results['tokens']}, d = {results['dim']}, V = {results['vocab']}, logit scale "
             f"{results['logit_scale']}, fused blocks of "
-            + (f"{chunk} tokens" if chunk else "about 32 MiB of logits")
+            + (f"{chunk} tokens" if chunk else
+               f"{results['plan'][0]} tokens x {results['plan'][1]} entries (the default plan)" if results.get("plan")
+               else "the default plan of the run's commit")
             + f", {results['threads']} thread(s), {results['cpu']}; median of "
             f"{results['rounds']} interleaved rounds; memory = peak RSS increase")
     if results.get("note"):
@@ -183,7 +195,7 @@ def main(argv=None) -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--logit-scale", type=float, default=1.0)
     p.add_argument("--token-chunk", type=int, default=0,
-                   help="the fused losses' tokens per block (default 0: blocks of about 32 MiB of logits)")
+                   help="the fused losses' tokens per block (default 0: the default plan)")
     p.add_argument("--clock", choices=("wall", "thread"), default="wall",
                    help="thread: per-thread CPU time on one thread (less disturbed by other processes)")
     p.add_argument("--json")
@@ -207,7 +219,8 @@ def main(argv=None) -> None:
                "rounds": args.rounds, "clock": args.clock,
                "losses": losses, "cpu": cpu_model(),
                "torch": torch.__version__, "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-               "load_at_start": machine_load(), "support_sizes": support_sizes(losses, args)}
+               "load_at_start": machine_load(), "support_sizes": support_sizes(losses, args),
+               "plan": list(fused_plan(args))}
     print(f"support sizes: {results['support_sizes']}", flush=True)
     if not args.no_memory:
         results["peak_bytes"] = {label: measure_peak(label, args) for label in labels}

@@ -122,7 +122,9 @@ def fused_linear_loss(
             one rule, is also a bias of ``-inf`` or at or below ``finfo(dtype).min / 2``: such
             entries have probability 0, stay out of ev-softmax's mean and get no gradient; a target
             on one gives an infinite loss.
-        token_chunk: tokens per block (0: blocks of about 32 MiB of logits).
+        token_chunk: tokens per block (0: blocks of about 32 MiB of logits, and of whole vocabulary
+            rows at least 128 tokens or the hidden size, whichever is smaller: every block re-reads
+            ``weight``).
         vocab_chunk: vocabulary entries per block (0: whole vocabulary rows while at least 32 of
             them fit in a block, else chunks).
 
