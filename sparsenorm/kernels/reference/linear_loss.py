@@ -76,7 +76,8 @@ ROW_TOKENS = 128
 """Whole-vocabulary blocks hold at least this many tokens (at most the hidden size), more bytes than
 :data:`CHUNK_BYTES` where the vocabulary is large: every block re-reads all of ``W`` in its three
 products, and 65-token blocks of a 128k vocabulary made fused ev-softmax 1.22x the materialised
-softmax cross-entropy's time against 1.12x with 170 (2 CPU cores, ``benchmarks/README.md``). A block
+softmax cross-entropy's time against 1.13x with 128 and 1.12x with 170 (2 CPU cores,
+``benchmarks/README.md``). A block
 of ``T <= d`` tokens is no larger than ``W``'s gradient (V x d), which the loss returns anyway."""
 DEFAULT_K = 128
 """Candidates per vocabulary chunk in the threshold search of the sparse kinds."""
