@@ -1,5 +1,6 @@
 """The fine-tuning experiment (r-softmax Sec. 4.2) on a tiny configuration: a 2-layer BertConfig model with
 random weights and a tiny tokenizer saved to a temporary folder, tiny injected data; no downloads."""
+import dataclasses
 import json
 import subprocess
 import sys
@@ -216,6 +217,31 @@ def test_tiny_run_writes_results_report_and_figures(tmp_path, tiny_model, tiny_t
     assert "paper SST-2 (BERT)" in report and "92.32" in report and "Swapped in without fine-tuning" in report
 
 
+def test_a_resumed_job_counts_the_training_time_before_its_resume(tmp_path, tiny_model, tiny_tsv, monkeypatch):
+    """The process that finishes a resumed fine-tuning measures only itself; the job's wall and CPU time add what the
+    saved state carried, so a whole job never reads shorter than its training (it did in the decisive run's three
+    resumed jobs)."""
+    exp = FinetuneExperiment()
+    monkeypatch.setattr(exp, "run_options", lambda settings, device: runner.RunOptions(threads=1, workers=1))
+    fine_tune = ft_model.fine_tune
+
+    def resumed_at_step_2(*args, **kwargs):  # as if steps 0-1 had taken 1000 s (900 CPU-s) in an earlier process
+        result = fine_tune(*args, **kwargs)
+        return dataclasses.replace(result, resumed_at_step=2, seconds=result.seconds + 1000.0,
+                                   cpu_seconds=result.cpu_seconds + 900.0, carried_seconds=1000.0,
+                                   carried_cpu_seconds=900.0)
+
+    monkeypatch.setattr(ft_model, "fine_tune", resumed_at_step_2)
+    out = runner.run_experiment(exp, _config(tmp_path / "ft", tiny_model, tiny_tsv, normalizers=["ev_softmax"]))
+    results = json.loads((out / "results.json").read_text())["results"]
+    (record,) = results["records"]
+    assert record["train"]["resumed_at_step"] == 2
+    assert results["summary"]["cost"]["resumed"] == {record["key"]: 2}
+    assert f"{record['key']} at step 2" in (out / "report.md").read_text()
+    assert record["job_seconds"] >= record["train"]["seconds"] + record["validation"]["seconds"] >= 1000.0
+    assert record["job_cpu_seconds"] >= record["train"]["cpu_seconds"] >= 900.0
+
+
 def test_decisive_grid_runs_on_the_grid_seeds_and_the_chosen_rate_on_the_others(tmp_path, tiny_model, tiny_tsv,
                                                                                   monkeypatch):
     """Decisive mode: every learning rate on the grid seed, then the other seeds at the rate chosen per (normalizer,
@@ -332,7 +358,8 @@ def test_an_interrupted_fine_tuning_resumes_to_the_same_weights(tiny_model, tmp_
     monkeypatch.setattr(ft_model, "encode", cut_at_step_8)
     with pytest.raises(KeyboardInterrupt):
         run(state_file)
-    assert torch.load(state_file, weights_only=True)["step"] == 6
+    saved = torch.load(state_file, weights_only=True)
+    assert saved["step"] == 6
     calls[0] = 0
 
     def counted(*args, **kwargs):
@@ -346,6 +373,11 @@ def test_an_interrupted_fine_tuning_resumes_to_the_same_weights(tiny_model, tmp_
     for k, v in whole_state.items():
         assert torch.equal(v, resumed_state[k]), k
     assert not state_file.exists()
+    # the time of steps 0-5, spent in the cut process, is carried: a whole job's time adds it (run_job)
+    assert (whole.resumed_at_step, whole.carried_seconds, whole.carried_cpu_seconds) == (0, 0.0, 0.0)
+    assert resumed.resumed_at_step == 6
+    assert (resumed.carried_seconds, resumed.carried_cpu_seconds) == (saved["seconds"], saved["cpu_seconds"])
+    assert resumed.seconds >= resumed.carried_seconds > 0
 
 
 def test_a_checkpoint_of_another_setting_is_not_resumed(tiny_model, tmp_path):

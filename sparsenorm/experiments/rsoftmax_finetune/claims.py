@@ -216,7 +216,10 @@ def aggregate(records: List[Dict[str, Any]]) -> Dict[str, Any]:
                         "attention",
             }
     cost = {"jobs": len(records), "job_seconds": float(sum(r["job_seconds"] for r in records)),
-            "job_cpu_seconds": float(sum(r["job_cpu_seconds"] for r in records))}
+            "job_cpu_seconds": float(sum(r["job_cpu_seconds"] for r in records)),
+            # records before resumed_at_step existed have none; their resumed jobs cannot be told apart
+            "resumed": {r["key"]: r["train"]["resumed_at_step"] for r in records
+                        if r["train"].get("resumed_at_step", 0) > 0}}
     return {"configs": configs, "normalizers": normalizers, "r_curve": r_curve, "swapped": swapped, "cost": cost}
 
 

@@ -193,7 +193,7 @@ class FinetuneExperiment:
             "train": {"steps": trained.steps, "seconds": round(trained.seconds, 1),
                       "cpu_seconds": round(trained.cpu_seconds, 1),
                       "seconds_per_step": trained.seconds / max(trained.steps, 1), "final_loss": trained.final_loss,
-                      "r_at_end": trained.r_at_end},
+                      "r_at_end": trained.r_at_end, "resumed_at_step": trained.resumed_at_step},
             "validation": _without_layers(evaluate(model, tokenizer, context["validation"], desc=f"{job.key} val",
                                                    **evals)),
             "test": evaluate(model, tokenizer, context["test"], desc=f"{job.key} test", **evals),
@@ -208,8 +208,9 @@ class FinetuneExperiment:
                     label = other if r is None else f"r_softmax (r={r:g})"
                     record["swapped"][label] = evaluate(model, tokenizer, context["test"], desc=f"{job.key} as {label}",
                                                         **evals)
-        record["job_seconds"] = round(time.perf_counter() - start, 1)
-        record["job_cpu_seconds"] = round(time.process_time() - cpu, 1)
+        # A resumed job's training began in an earlier process: its time there belongs to the job's cost too.
+        record["job_seconds"] = round(time.perf_counter() - start + trained.carried_seconds, 1)
+        record["job_cpu_seconds"] = round(time.process_time() - cpu + trained.carried_cpu_seconds, 1)
         return record
 
     def aggregate(self, records: List[Dict[str, Any]], settings: Settings) -> Dict[str, Any]:

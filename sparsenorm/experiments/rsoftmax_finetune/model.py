@@ -218,10 +218,18 @@ def length_buckets(lengths: np.ndarray, batch_size: int) -> List[np.ndarray]:
 class TrainResult:
     steps: int
     seconds: float
+    """Wall time of the training, the part before a resume (``carried_seconds``) included."""
     cpu_seconds: float
-    """CPU time of this process (all its threads): the cost on an idle machine, whatever the load."""
+    """CPU time of the training (all threads), the part before a resume included: the cost on an idle machine,
+    whatever the load."""
     final_loss: float
     r_at_end: Optional[float] = None
+    resumed_at_step: int = 0
+    """The step a saved state resumed from (0: trained in one process)."""
+    carried_seconds: float = 0.0
+    """Training time up to the saved step, spent in the process that saved it (included in ``seconds``); a whole
+    job's time adds it, since the resuming process measures only itself."""
+    carried_cpu_seconds: float = 0.0
 
 
 BUCKET_BATCHES = 50
@@ -278,6 +286,7 @@ def fine_tune(model, tokenizer, train: Split, *, epochs: int, batch_size: int, l
     lr_schedule = get_linear_schedule_with_warmup(optimizer, int(WARMUP_FRACTION * total), total)
     key = _checkpoint_key(total, per_epoch, lr, seed, batch_size, max_length)
     step, recent, seconds, cpu_seconds, epoch_state = 0, [], 0.0, 0.0, gen.get_state()
+    resumed_at_step = 0
     saved = _load_state(checkpoint, key)
     if saved is not None:
         model.load_state_dict(saved["model"])
@@ -288,6 +297,7 @@ def fine_tune(model, tokenizer, train: Split, *, epochs: int, batch_size: int, l
             torch.cuda.set_rng_state_all(saved["cuda_rng"])
         step, recent = saved["step"], [torch.tensor(x) for x in saved["recent"]]
         seconds, cpu_seconds, epoch_state = saved["seconds"], saved["cpu_seconds"], saved["epoch_gen"]
+        resumed_at_step = step
         gen.set_state(epoch_state)
         batches = epoch_batches(lengths, batch_size, gen)  # the interrupted epoch's order, drawn again
     model.train()
@@ -330,7 +340,8 @@ def fine_tune(model, tokenizer, train: Split, *, epochs: int, batch_size: int, l
     model.eval()
     loss = float(np.mean([float(t) for t in recent])) if recent else float("nan")
     return TrainResult(step, time.perf_counter() - start, time.process_time() - cpu, loss,
-                       schedule.r if schedule is not None else None)
+                       schedule.r if schedule is not None else None, resumed_at_step=resumed_at_step,
+                       carried_seconds=seconds, carried_cpu_seconds=cpu_seconds)
 
 
 def _load_state(path: Optional[Path], key: tuple) -> Optional[Dict[str, object]]:

@@ -142,6 +142,10 @@ def _cost_section(summary: Dict[str, Any]) -> List[str]:
               f"times much less (a whole job: loading, training, validation and test evaluation, and for softmax the "
               f"swapped evaluations). All {cost['jobs']} job(s) took {cost['job_cpu_seconds']:.0f} CPU s, i.e. about "
               f"{cost['job_cpu_seconds'] / 2:.0f} s of wall time on 2 idle cores.", ""]
+    resumed = cost.get("resumed", {})
+    if resumed:
+        lines += ["Resumed from a saved state after an interruption (their times include the part before): "
+                  + ", ".join(f"{key} at step {step}" for key, step in sorted(resumed.items())) + ".", ""]
     return lines
 
 
