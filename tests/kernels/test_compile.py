@@ -91,3 +91,41 @@ def test_compiled_reference_path():
 @pytest.mark.parametrize("name", ["ev_softmax", "sparsemax", "r_softmax"])
 def test_inductor(name):
     check_compiled_equals_eager(NORMALIZERS[name], backend="inductor")
+
+
+@pytest.mark.parametrize("log", [False, True])
+def test_ev_softmax_backward_on_cuda_is_traceable_without_running_a_kernel(log):
+    """What ``torch.compile`` does to ev-softmax's backward on CUDA, without a GPU: AOT autograd
+    calls the autograd formula on fake CUDA tensors. The fused backward must be the registered op
+    (its fake kernel answers), not a Triton launch on fake tensors: that was every ev-softmax
+    function failing to compile on the GPU (issue 39). Here a launch fails for want of a driver."""
+    from types import SimpleNamespace
+
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    from sparsenorm.kernels.ops import evidential
+
+    with FakeTensorMode(), torch.no_grad():  # no_grad: the fused path (create_graph=False)
+        out = torch.empty(4, 6, device="cuda")
+        grad = torch.empty(4, 6, device="cuda")
+        ctx = SimpleNamespace(saved_tensors=(out,), log=log)
+        dx, *_ = evidential._ev_softmax_backward(ctx, grad)
+    assert isinstance(dx, FakeTensor) and dx.device.type == "cuda" and dx.shape == out.shape
+
+
+@pytest.mark.parametrize("log", [False, True])
+def test_ev_softmax_backward_op_passes_opcheck(log):
+    """The fused backward op's registration (schema, fake kernel, no aliasing) and its value
+    against the differentiable closed form, float64: the same formula, rounded alike."""
+    from sparsenorm.kernels.ops import evidential
+
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(5, 7, generator=gen, dtype=torch.float64)
+    x[0, 2] = -math.inf
+    out = evidential.ev_softmax(x, 1e-6 if log else None, log)
+    grad = torch.randn(5, 7, generator=gen, dtype=torch.float64)
+    torch.library.opcheck(evidential.ev_softmax_backward, (grad, out, log))
+    fused = evidential.ev_softmax_backward(grad, out, log)
+    reference = evidential._differentiable_backward(grad, out, log)
+    eps = torch.finfo(torch.float64).eps  # a sum over 7 entries in another order: <= 8 eps sum|g| per entry
+    assert torch.all((fused - reference).abs() <= 8 * eps * grad.abs().sum(-1, keepdim=True))

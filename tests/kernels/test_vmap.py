@@ -97,6 +97,10 @@ def test_backward_ops_equal_a_loop(incoming):
         out = ops.ev_softmax(x, 1e-6, True)
         _assert_exact(torch.vmap(ops.ev_softmax_log_backward, in_dims=(gdim, 0))(grad, out),
                       _loop(ops.ev_softmax_log_backward, [grad, out], (gdim, 0)))
+    for log in (False, True):
+        out = ops.ev_softmax(x, 1e-6, log)
+        fn = lambda g_, o_, log=log: ops.ev_softmax_backward(g_, o_, log)  # noqa: E731
+        _assert_exact(torch.vmap(fn, in_dims=(gdim, 0))(grad, out), _loop(fn, [grad, out], (gdim, 0)))
 
 
 def test_hourglass_and_r_softmax_backward_ops_equal_a_loop():

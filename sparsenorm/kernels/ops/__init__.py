@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from . import evidential, hourglass, projection, rsoftmax
 from ._common import register_rowwise_vmap, triton_launchers
-from .evidential import ev_softmax, ev_softmax_log_backward
+from .evidential import ev_softmax, ev_softmax_backward, ev_softmax_log_backward
 from .hourglass import hourglass_backward, hourglass_forward
 from .projection import _bisect_backward_reference  # noqa: F401  (kernels/cpu/projection.cpp calls it by this path)
 from .projection import entmax_bisect, entmax_bisect_backward, project, project_backward
@@ -40,6 +40,6 @@ from .rsoftmax import r_softmax_backward, r_softmax_forward, r_softmax_threshold
 
 register_rowwise_vmap(*evidential.OPS, *projection.OPS, *hourglass.OPS, *rsoftmax.OPS)
 
-__all__ = ["ev_softmax", "ev_softmax_log_backward", "project", "project_backward", "entmax_bisect",
-           "entmax_bisect_backward", "hourglass_forward", "hourglass_backward", "r_softmax_threshold",
+__all__ = ["ev_softmax", "ev_softmax_backward", "ev_softmax_log_backward", "project", "project_backward",
+           "entmax_bisect", "entmax_bisect_backward", "hourglass_forward", "hourglass_backward", "r_softmax_threshold",
            "r_softmax_forward", "t_softmax_forward", "r_softmax_backward", "triton_launchers"]

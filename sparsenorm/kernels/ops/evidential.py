@@ -1,5 +1,7 @@
 """``sparsenorm::ev_softmax`` (Eq. 7 with ``eps`` None or 0, Eq. 10 with ``eps > 0``, and their log
-with ``log=True``) and the fused backward of its log form, with their autograd formula."""
+with ``log=True``), its fused backward on every device (``sparsenorm::ev_softmax_backward``: the C++
+log kernel on CPU, Triton on CUDA) and the CPU log form's (``ev_softmax_log_backward``, which the
+C++ autograd kernel calls), with their autograd formula."""
 from __future__ import annotations
 
 from typing import Optional
@@ -51,15 +53,6 @@ def _ev_softmax_setup(ctx, inputs, output) -> None:
     ctx.save_for_backward(output)
 
 
-def _fused_backward(grad: Tensor, out: Tensor, log: bool) -> Tensor:
-    launchers = triton_launchers() if out.is_cuda else None
-    if launchers is not None:
-        return launchers.ev_softmax_backward(grad, out, log)
-    if log:
-        return ev_softmax_log_backward(grad_as(grad, out), out)
-    return torch._softmax_backward_data(grad, out, -1, out.dtype)
-
-
 def _differentiable_backward(grad: Tensor, out: Tensor, log: bool) -> Tensor:
     if log:
         return _log_backward_reference(grad, out)
@@ -69,7 +62,7 @@ def _differentiable_backward(grad: Tensor, out: Tensor, log: bool) -> Tensor:
 def _ev_softmax_backward(ctx, grad: Tensor):
     """Softmax's backward on the support (Eq. 9) from the saved output (log form: log-softmax's)."""
     (out,) = ctx.saved_tensors
-    return closed_form_backward(_fused_backward, _differentiable_backward, grad, out, ctx.log), None, None
+    return closed_form_backward(ev_softmax_backward, _differentiable_backward, grad, out, ctx.log), None, None
 
 
 ev_softmax.register_autograd(_ev_softmax_backward, setup_context=_ev_softmax_setup)
@@ -80,6 +73,38 @@ def _log_backward_reference(grad: Tensor, out: Tensor) -> Tensor:
     # before the sum, and the entry itself then gets exactly 0.
     grad = grad.masked_fill(out == _NEG_INF, 0.0)
     return torch._log_softmax_backward_data(grad, out, -1, out.dtype)
+
+
+# The fused backward is a registered op on every device, like the forward: torch.compile traces a
+# backward with fake tensors, and a Triton launch called straight from the autograd formula would run
+# on them (every ev-softmax function failed to compile on CUDA that way; on CPU the C++ autograd
+# kernel already called ops only). The op is opaque to the trace; its CUDA kernel is the Triton one.
+@torch.library.custom_op("sparsenorm::ev_softmax_backward", mutates_args=())
+def ev_softmax_backward(grad: Tensor, out: Tensor, log: bool) -> Tensor:
+    """The input gradient of :func:`ev_softmax` from its output ``out`` (Eq. 9): softmax's backward
+    ``out * (grad - sum(grad * out))`` on the support, or for ``log=True`` log-softmax's
+    ``grad - exp(out) sum(grad)`` with ``grad`` zeroed where ``out`` is ``-inf``."""
+    return _differentiable_backward(grad, out, log)
+
+
+@ev_softmax_backward.register_kernel("cpu")
+def _ev_softmax_backward_cpu(grad: Tensor, out: Tensor, log: bool) -> Tensor:
+    if log:
+        return _ev_softmax_log_backward_cpu(grad_as(grad, out), out)
+    return torch._softmax_backward_data(grad_as(grad, out), out, -1, out.dtype)
+
+
+@ev_softmax_backward.register_kernel("cuda")
+def _ev_softmax_backward_cuda(grad: Tensor, out: Tensor, log: bool) -> Tensor:
+    launchers = triton_launchers()
+    if launchers is not None and launchers.ev_softmax_supports(out):
+        return launchers.ev_softmax_backward(grad, out, log)
+    return _differentiable_backward(grad_as(grad, out), out, log)
+
+
+@ev_softmax_backward.register_fake
+def _ev_softmax_backward_fake(grad: Tensor, out: Tensor, log: bool) -> Tensor:
+    return empty_like_contiguous(out)
 
 
 @torch.library.custom_op("sparsenorm::ev_softmax_log_backward", mutates_args=())
@@ -102,4 +127,4 @@ def _ev_softmax_log_backward_fake(grad: Tensor, out: Tensor) -> Tensor:
     return empty_like_contiguous(out)
 
 
-OPS = (ev_softmax, ev_softmax_log_backward)
+OPS = (ev_softmax, ev_softmax_backward, ev_softmax_log_backward)
