@@ -254,6 +254,30 @@ def test_quick_run_on_tiny_data_writes_results_report_and_figures(tmp_path, tiny
     assert again["jobs"]["run_now"] == [] and again["summary"]["normalizers"] == norms
 
 
+def test_every_encoding_runs_before_the_vqvae_leaves_the_device(tmp_path, tiny, monkeypatch):
+    """``Module.cpu()`` moves the model in place while the encodings send their images to ``--device``: an
+    encoding after it is a device mismatch on CUDA (the vqvae step failed on the GPU so, issue 39). On CPU
+    both are the CPU, so the order itself is checked: no encoding once the model was moved off."""
+    moved = []
+    to_cpu, encode = vq_experiment.VQVAE.cpu, vq_experiment.encode_all
+
+    def cpu(model):
+        moved.append(model)
+        return to_cpu(model)
+
+    def encode_all(model, images, device, **kw):
+        assert model not in moved, "encoded with the model moved off the device"
+        return encode(model, images, device, **kw)
+
+    monkeypatch.setattr(vq_experiment.VQVAE, "cpu", cpu)
+    monkeypatch.setattr(vq_experiment, "encode_all", encode_all)
+    data = tmp_path / "data"
+    write_fake_idx(data)
+    assert cli.main(["reproduce", "vqvae", "--quick", "--device", "cpu", "--data-dir", str(data), "--max-steps", "2",
+                     "--normalizers", "softmax", "--out", str(tmp_path / "out")]) == 0
+    assert moved  # the model did leave the device (the SeedModels keep it on CPU)
+
+
 def test_posthoc_alone_still_trains_the_softmax_prior(tmp_path, tiny):
     data = tmp_path / "data"
     write_fake_idx(data)

@@ -176,8 +176,11 @@ class VQVAEExperiment:
                  "classifier_top1_on_reconstructions": clf.topk_accuracy(recon_logits, data.test_y[:n_eval], 1),
                  "classifier_top3_on_reconstructions": clf.topk_accuracy(recon_logits, data.test_y[:n_eval], 3),
                  "code_grid": list(test_codes.shape[1:])}
-        return SeedModels(model.cpu(), encode_all(model, data.train_x[:n_prior], device), data.train_y[:n_prior],
-                          encode_all(model, data.val_x[:n_eval], device), data.val_y[:n_eval], test_codes,
+        # Every encoding before the model leaves the device: Module.cpu() moves it in place, and the encodings'
+        # images go to `device` (written as SeedModels(model.cpu(), encode_all(model, ...)) it failed on CUDA).
+        train_codes = encode_all(model, data.train_x[:n_prior], device)
+        val_codes = encode_all(model, data.val_x[:n_eval], device)
+        return SeedModels(model.cpu(), train_codes, data.train_y[:n_prior], val_codes, data.val_y[:n_eval], test_codes,
                           data.test_y[:n_eval], stats)
 
     # ------------------------------------------------------------------ jobs
