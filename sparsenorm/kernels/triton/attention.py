@@ -63,6 +63,16 @@ def _scores(q, k, qk_scale, PRECISION: tl.constexpr):
 
 
 @triton.jit
+def _operand(x, like, UPCAST: tl.constexpr):
+    """``x`` (P or dS, float32) as the second product's operand: in ``like``'s dtype, as the GPU's
+    16-bit tensor-core product takes it. Under the interpreter's bfloat16 upcast (``like`` is float32
+    there) it is rounded to bfloat16 and back, so the CPU tests see the GPU's rounding of P and dS."""
+    if UPCAST:
+        return x.to(tl.bfloat16).to(tl.float32)
+    return x.to(like.dtype)
+
+
+@triton.jit
 def _key_ok(keymask, offs_n, klen, HAS_KEYMASK: tl.constexpr):
     """The keys of a block that are there: below the batch element's length and not masked out."""
     ok = offs_n < klen
@@ -107,7 +117,7 @@ def _fwd_pass(acc, l_i, m_i, m_all, q, thr, only, k_base, v_base, keymask, strid
             v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :], mask=kv_ok, other=0.0)
             if UPCAST:
                 v = v.to(tl.float32)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+            acc = acc * alpha[:, None] + tl.dot(_operand(p, v, UPCAST), v, input_precision=PRECISION)
             m_i = m_new
     return acc, l_i, m_i, m_all
 
@@ -240,10 +250,10 @@ def _attn_bwd_dkdv_kernel(
                 if UPCAST:
                     do = do.to(tl.float32)
                 p = tl.where(on, tl.exp2(s - lse[:, None]), 0.0)
-                dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PRECISION)
+                dv += tl.dot(tl.trans(_operand(p, do, UPCAST)), do, input_precision=PRECISION)
                 dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
                 ds = p * (dp - delta[:, None])
-                dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PRECISION)
+                dk += tl.dot(tl.trans(_operand(ds, q, UPCAST)), q, input_precision=PRECISION)
     out_ok = (offs_n[:, None] < seq_k) & d_ok
     tl.store(DK + b * stride_dkb + hk * stride_dkh + offs_n[:, None] * stride_dkn + offs_d[None, :],
              (dk * sm_scale).to(DK.dtype.element_ty), mask=out_ok)
@@ -307,7 +317,7 @@ def _attn_bwd_dq_kernel(
             p = tl.where(on, tl.exp2(s - lse[:, None]), 0.0)
             dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
             ds = p * (dp - delta[:, None])
-            dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
+            dq += tl.dot(_operand(ds, k, UPCAST), k, input_precision=PRECISION)
     tl.store(DQ + b * stride_dqb + h * stride_dqh + offs_m[:, None] * stride_dqm + offs_d[None, :],
              (dq * sm_scale).to(DQ.dtype.element_ty), mask=q_ok)
 
