@@ -1,5 +1,5 @@
 # The two commands a newcomer needs: `make reproduce` (the main job) and `make test`.
-.PHONY: reproduce reproduce-full test test-rounding test-slow test-simd test-wheel bench docs venv gpu-check
+.PHONY: reproduce reproduce-full test test-rounding test-slow test-simd test-wheel test-cuda-on-cpu bench docs venv gpu-check
 
 venv:
 	bash scripts/bootstrap.sh
@@ -34,6 +34,11 @@ test-rounding: venv
 test-slow: venv
 	.venv/bin/python -m pytest -q -m slow
 	SPARSENORM_FUZZ_PROFILE=fuzz-slow .venv/bin/python -m pytest -q tests/fuzz
+
+# The CUDA suite's test bodies on this CPU (Triton kernels under its interpreter, the cases short
+# enough for it; tests/cuda/conftest.py), so that they keep running between GPU windows.
+test-cuda-on-cpu: venv
+	SPARSENORM_CUDA_SUITE_DEVICE=cpu TRITON_INTERPRET=1 .venv/bin/python -m pytest -q -n 2 -p no:randomly -m cuda tests/cuda
 
 # The kernel and accuracy tests at every SIMD level this CPU runs (DEFAULT, AVX2, AVX512), each
 # level's kernels built for it; a level whose kernels do not build fails.
