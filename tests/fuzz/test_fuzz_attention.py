@@ -6,8 +6,9 @@ scores overflow float16 in ``q k^T`` itself, as in SDPA), boolean key masks (all
 included), ``is_causal``. Invariants: the weights of a query with a valid key are those of the
 normalizer (rows sum to 1 within its error model, :mod:`fuzz_oracles`), masked keys get exactly 0,
 a query with no valid key gives a zero output row and zero gradients, the output is the weights
-times ``v`` within rounding, and gradients are finite wherever the bound on the exact gradients (dL/dscores included) stays
-within the compute dtype (the normalizers' rule, ``fuzz_oracles.Expected.grad_scale``).
+times ``v`` within rounding, and gradients are finite wherever the bound on the exact gradients
+(dL/dscores included) stays within the compute dtype (the normalizers' rule,
+``fuzz_oracles.Expected.grad_scale``).
 """
 from __future__ import annotations
 
