@@ -116,7 +116,9 @@ def test_ev_softmax_backward_on_cuda_is_traceable_without_running_a_kernel(log):
 @pytest.mark.parametrize("log", [False, True])
 def test_ev_softmax_backward_op_passes_opcheck(log):
     """The fused backward op's registration (schema, fake kernel, no aliasing) and its value
-    against the differentiable closed form, float64: the same formula, rounded alike."""
+    against the differentiable closed form, float64. The log form on CPU is the C++ kernel: its
+    error model (``test_log_backward_kernel.py``) is a sum of the K entries in another order and
+    exp within 2 ulp of torch's, so ``(K + 4) eps sum|g| + eps |g_i|`` per entry."""
     from sparsenorm.kernels.ops import evidential
 
     gen = torch.Generator().manual_seed(4)
@@ -127,5 +129,6 @@ def test_ev_softmax_backward_op_passes_opcheck(log):
     torch.library.opcheck(evidential.ev_softmax_backward, (grad, out, log))
     fused = evidential.ev_softmax_backward(grad, out, log)
     reference = evidential._differentiable_backward(grad, out, log)
-    eps = torch.finfo(torch.float64).eps  # a sum over 7 entries in another order: <= 8 eps sum|g| per entry
-    assert torch.all((fused - reference).abs() <= 8 * eps * grad.abs().sum(-1, keepdim=True))
+    eps, k = torch.finfo(torch.float64).eps, x.shape[-1]
+    bound = (k + 4) * eps * grad.abs().sum(-1, keepdim=True) + eps * grad.abs()
+    assert torch.all((fused - reference).abs() <= bound)
