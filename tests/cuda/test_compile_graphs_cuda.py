@@ -161,7 +161,7 @@ class TinyAttention(nn.Module):
 
     def forward(self, x, key_mask):
         B, L, _ = x.shape
-        from sparsenorm.kernels.triton import flash_ev_softmax_attention
+        from sparsenorm.kernels.ops.evidential_attention import flash_ev_softmax_attention
 
         q = self.q(x).view(B, L, self.heads, self.d).transpose(1, 2).to(torch.bfloat16)
         k, v = self.kv(x).view(B, L, 2, self.kv_heads, self.d).permute(2, 0, 3, 1, 4).to(torch.bfloat16)

@@ -17,7 +17,8 @@ or their prefix means under a causal mask), and the attention is softmax restric
 * Backward (FlashAttention-2): ``delta = rowsum(dO * O)``; one kernel per key block accumulates
   ``dK, dV`` over the query blocks of every query head of its group (GQA without atomics), one
   kernel per query block accumulates ``dQ``; both recompute scores and support from ``q, k``, the
-  saved threshold and log-sum-exp, and skip blocks with no support. The threshold carries no
+  saved threshold and log-sum-exp; the dQ kernel skips blocks with no support, the dK/dV kernel
+  computes every block it visits (its skip was miscompiled in 16 bits on an H200: see the kernel). The threshold carries no
   gradient (the support indicator is piecewise constant, Eq. 9).
 
 Masks: ``key_lengths`` (B,) gives each batch element's number of valid keys (keys ``j >= len``
@@ -242,18 +243,22 @@ def _attn_bwd_dkdv_kernel(
             thr = tl.load(THR + bh * seq_q + offs_m, mask=row_ok, other=float("inf"))
             s = _scores(q, k, qk_scale, PRECISION)
             on = _valid(offs_m, offs_n, key_ok, seq_q, coff, CAUSAL) & (s >= thr[:, None])
-            if tl.sum(on.to(tl.int32)) > 0:
-                lse = tl.load(LSE + bh * seq_q + offs_m, mask=row_ok, other=float("inf"))
-                delta = tl.load(DELTA + bh * seq_q + offs_m, mask=row_ok, other=0.0)
-                do = tl.load(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_dom + offs_d[None, :],
-                             mask=q_ok, other=0.0)
-                if UPCAST:
-                    do = do.to(tl.float32)
-                p = tl.where(on, tl.exp2(s - lse[:, None]), 0.0)
-                dv += tl.dot(tl.trans(_operand(p, do, UPCAST)), do, input_precision=PRECISION)
-                dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
-                ds = p * (dp - delta[:, None])
-                dk += tl.dot(tl.trans(_operand(ds, q, UPCAST)), q, input_precision=PRECISION)
+            # No data-dependent skip of the block here (the forward and dQ kernels keep theirs):
+            # on an H200 (triton 3.6, sm_90) the products accumulated into dK under such an ``if``
+            # came out wrong in float16/bfloat16 (results/gpu/h200-2026-11-28-window1: every one of
+            # the 20 16-bit failures was dK; the same kernel without the ``if`` passed them all).
+            # Off-support entries have p = 0, so computing every visited block is exact.
+            lse = tl.load(LSE + bh * seq_q + offs_m, mask=row_ok, other=float("inf"))
+            delta = tl.load(DELTA + bh * seq_q + offs_m, mask=row_ok, other=0.0)
+            do = tl.load(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_dom + offs_d[None, :],
+                         mask=q_ok, other=0.0)
+            if UPCAST:
+                do = do.to(tl.float32)
+            p = tl.where(on, tl.exp2(s - lse[:, None]), 0.0)
+            dv += tl.dot(tl.trans(_operand(p, do, UPCAST)), do, input_precision=PRECISION)
+            dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
+            ds = p * (dp - delta[:, None])
+            dk += tl.dot(tl.trans(_operand(ds, q, UPCAST)), q, input_precision=PRECISION)
     out_ok = (offs_n[:, None] < seq_k) & d_ok
     tl.store(DK + b * stride_dkb + hk * stride_dkh + offs_n[:, None] * stride_dkn + offs_d[None, :],
              (dk * sm_scale).to(DK.dtype.element_ty), mask=out_ok)
