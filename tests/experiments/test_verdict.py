@@ -109,23 +109,98 @@ def test_several_primary_parts_must_all_hold_for_partly():
     assert v.combine(parts, primary=1) == v.PARTLY
 
 
-def test_holm_corrects_the_parts_of_a_claim():
-    # two parts, each significant alone at p = 0.0156 (7 pairs, all one way) and 0.03 (6 pairs): Holm gives
-    # 2 x 0.0156 = 0.031 < 0.05 for the first, and max(0.031, 0.031) for the second
-    seven, six = [1.0, 2, 3, 4, 5, 6, 7], [1.0, 2, 3, 4, 5, 6]
-    parts = [v.direction(seven, "seven"), v.direction(six, "six")]
-    assert parts[0].p == pytest.approx(2 / 2 ** 7) and parts[1].p == pytest.approx(2 / 2 ** 6)
+SIX_FOR, SIX_AGAINST = [1.0, 2, 3, 4, 5, 6], [-1.0, -2, -3, -4, -5, -6]  # 6 of 6 one way: p = 2 / 2**6 = 0.031
+TEN_FOR, TEN_AGAINST = [float(i) for i in range(1, 11)], [-float(i) for i in range(1, 11)]  # p = 2 / 2**10
+
+
+def test_every_part_holding_is_reproduced_without_correction():
+    # The claim of 3 parts at 6 seeds, each 6 of 6 in the paper's direction (p 0.031 each): under Holm the smallest
+    # corrected p would be 3 x 0.031 = 0.094 and the claim could never be reproduced; intersection-union: it is.
+    parts = [v.direction(SIX_FOR, "primary"), v.direction(SIX_FOR, "second"), v.direction(SIX_FOR, "third")]
+    assert [t.p for t in parts] == pytest.approx([2 / 2 ** 6] * 3)
+    c = v.claim("A beats B, C and D", parts)
+    assert c.verdict == v.REPRODUCED and c.seeds == 6
+    assert "Holm" not in c.evidence  # no part is against, so no correction is applied or shown
+
+
+def test_a_margin_part_holds_one_sided_at_the_level():
+    # 5 pairs inside a margin of 1, all on the good side of -1: one-sided p = 1 / 2**5 = 0.031 < 0.05 holds,
+    # where a direction part would need 6 pairs (two-sided)
+    t = v.non_inferiority([0.1, -0.2, 0.3, -0.4, 0.5], 1.0, "on par")
+    assert t.verdict == v.REPRODUCED and t.p == pytest.approx(1 / 2 ** 5)
+    assert v.direction([0.1, 0.2, 0.3, 0.4, 0.5], "five").verdict == v.INCONCLUSIVE
+    c = v.claim("A on par with B and beats C", [t, v.direction(SIX_FOR, "beats C")])
+    assert c.verdict == v.REPRODUCED
+
+
+def test_a_part_against_after_holm_is_not_reproduced_first():
+    # The primary holds, a secondary is against at 10 seeds (p 0.002, Holm 3 x 0.002 = 0.0059 < 0.05): the
+    # against conclusion is checked first, so the claim is not reproduced (not "partly")
+    parts = [v.direction(SIX_FOR, "primary"), v.direction(TEN_AGAINST, "against"), v.direction(SIX_FOR, "third")]
+    c = v.claim("x", parts)
+    assert c.verdict == v.NOT_REPRODUCED
+    assert "Holm p 0.0059" in c.evidence and "against: not reproduced" in c.evidence
+
+
+def test_a_part_against_alone_but_not_after_holm():
+    # 6 of 6 against (p 0.031) in a claim of 3 parts: Holm p 0.094, not significantly against for the claim; the
+    # part reads inconclusive with both p-values
+    primary_holds = v.claim("x", [v.direction(SIX_FOR, "primary"), v.direction(SIX_AGAINST, "side"),
+                                  v.direction(SIX_FOR, "third")])
+    assert primary_holds.verdict == v.PARTLY
+    assert "side: inconclusive" in primary_holds.evidence and "p 0.031, Holm p 0.094" in primary_holds.evidence
+    assert "not significantly against after Holm over the claim's 3 parts" in primary_holds.evidence
+    primary_against = v.claim("x", [v.direction(SIX_AGAINST, "primary"), v.direction(SIX_FOR, "second"),
+                                    v.direction(SIX_FOR, "third")])
+    assert primary_against.verdict == v.INCONCLUSIVE
+    # alone (one part) the same 6 seeds are against: Holm over one part is no correction
+    assert v.claim("x", [v.direction(SIX_AGAINST, "primary")]).verdict == v.NOT_REPRODUCED
+
+
+def test_holm_family_is_every_part_of_the_claim():
+    # One part against at 10 seeds (p = 2 / 1024): with 25 parts, 25 p = 0.049 < 0.05 is against; with 26 parts
+    # (the other 25 holding) 26 p = 0.051 is not. Parts that hold count in the family though they are not corrected.
+    p10 = 2 / 2 ** 10
+    for m, expected in ((25, v.NOT_REPRODUCED), (26, v.PARTLY)):
+        parts = [v.direction(TEN_FOR, "primary")] + [v.direction(TEN_FOR, f"holds {i}") for i in range(m - 2)]
+        parts.append(v.direction(TEN_AGAINST, "against"))
+        judged = v.holm(parts)
+        assert judged[-1].p_holm == pytest.approx(m * p10)
+        assert all(t.p_holm is None and t.verdict == v.REPRODUCED for t in judged[:-1])
+        assert v.claim("x", parts).verdict == expected
+
+
+def test_holm_steps_down_over_the_parts_against():
+    # two parts against, p 0.0156 (7 pairs) and 0.031 (6 pairs), in a claim of 3: step-down gives
+    # 3 x 0.0156 = 0.047 (against) then max(0.047, 2 x 0.031) = 0.062 (not)
+    seven_against = [-1.0, -2, -3, -4, -5, -6, -7]
+    parts = [v.direction(SIX_FOR, "holds"), v.direction(seven_against, "seven"), v.direction(SIX_AGAINST, "six")]
     judged = v.holm(parts)
-    assert [t.p_holm for t in judged] == pytest.approx([2 * 2 / 2 ** 7, 2 / 2 ** 6])
-    assert [t.verdict for t in judged] == [v.REPRODUCED, v.REPRODUCED]
-    # three parts: 3 x 0.0156 = 0.047 holds, then max(0.047, 2 x 0.031) = 0.0625 does not
-    judged = v.holm(parts + [v.direction(six, "six again")])
-    assert [t.verdict for t in judged] == [v.REPRODUCED, v.INCONCLUSIVE, v.INCONCLUSIVE]
-    c = v.claim("x", parts + [v.direction(six, "six again")])
-    assert c.verdict == v.PARTLY and "Holm p 0.062" in c.evidence and "primary: seven" in c.evidence
-    assert "secondary: six" in c.evidence and "left 2 part(s)" in c.evidence
+    assert judged[0].p_holm is None and judged[0].verdict == v.REPRODUCED
+    assert [t.p_holm for t in judged[1:]] == pytest.approx([3 * 2 / 2 ** 7, 2 * 2 / 2 ** 6])
+    assert [t.verdict for t in judged[1:]] == [v.NOT_REPRODUCED, v.INCONCLUSIVE]
+    c = v.claim("x", parts)
+    assert c.verdict == v.NOT_REPRODUCED and "primary: holds" in c.evidence and "secondary: six" in c.evidence
     with pytest.raises(ValueError, match="primary"):
-        v.claim("x", parts, primary=3)
+        v.claim("x", parts, primary=4)
+
+
+def test_margin_against_is_corrected_like_a_direction():
+    # non-inferiority against by its own one-sided test (6 of 6 worse by more than the margin: p 1 / 64) in a claim
+    # of 2 parts: Holm 2 / 64 = 0.031 < 0.05, against
+    worse = [-2.0, -2.1, -2.2, -2.3, -2.4, -2.5]
+    t = v.non_inferiority(worse, 1.0, "on par")
+    assert t.verdict == v.NOT_REPRODUCED and t.p == pytest.approx(1 / 2 ** 6)
+    c = v.claim("x", [v.direction(SIX_FOR, "primary"), t])
+    assert c.verdict == v.NOT_REPRODUCED and "Holm p 0.031" in c.evidence
+
+
+def test_single_run_and_spread_parts_against_are_corrected_too():
+    against = v.single_run(-1.0, 0.04, "BLEU", "paired bootstrap")
+    assert against.verdict == v.NOT_REPRODUCED
+    assert v.claim("x", [v.direction(SIX_FOR, "primary"), against]).verdict == v.PARTLY  # Holm 2 x 0.04
+    assert v.claim("x", [v.single_run(1.0, 0.04, "BLEU", "paired bootstrap"),
+                         v.direction(SIX_FOR, "second")]).verdict == v.REPRODUCED
 
 
 def test_signed_rank_p_is_exact_with_and_without_ties():
@@ -170,6 +245,10 @@ def test_quick_verdicts_are_indicative_and_the_rule_is_stated():
     text = v.rule_paragraph()
     assert "Wilcoxon" in text and "0.05" in text and "Fewer than 6" in text
     assert "primary" in text and "Holm" in text and "by construction" in text and "setting" in text
+    # the text states the code's order: a significant against-part first, then every part holding (uncorrected)
+    order = [text.index(w) for w in ("*Not reproduced*", "*Reproduced*", "*Partly reproduced*", "*Inconclusive*")]
+    assert order == sorted(order) and "intersection" in text and "union" in text
+    assert "two-sided" in text and "one-sided" in text
 
 
 def test_non_finite_differences_are_refused():

@@ -20,11 +20,10 @@ approximation). Above :data:`EXACT_MAX` pairs the normal approximation is used a
 its method. With n pairs the smallest two-sided p is 2 / 2**n, so fewer than :func:`min_pairs` (6 at
 0.05) can never decide a direction; this is computed from scipy's test, not hard-coded.
 
-**Parts.** A claim is judged in parts: its **primary** comparison, the one the paper states as its
-result (e.g. ev-softmax vs softmax), and any **secondary** parts (other rivals, other metrics). The
-parts' p-values are corrected for multiplicity within the claim by Holm's step-down method, so a
-claim with many parts is not reproduced by the luck of one of them. A part that holds by
-construction (e.g. post-hoc accuracy vs softmax accuracy, the same model and the same argmax) is
+**Parts.** A claim is judged in parts: its **primary** comparison, the one the paper's own sentence states
+as its result (quoted in the catalogue row, e.g. ev-softmax vs softmax), and any **secondary** parts (other
+rivals, other metrics). Each part is first judged by its own test at :data:`LEVEL` (below). A part that
+holds by construction (e.g. post-hoc accuracy vs softmax accuracy, the same model and the same argmax) is
 not a part: it is left out and the claim's note says so.
 
 - *direction* ("A beats B"): **holds** when the mean of ``d`` is positive and the two-sided
@@ -39,11 +38,20 @@ not a part: it is left out and the claim's note says so.
 - *single run* (one number per system, e.g. BLEU on one test set): the experiment's own paired test
   over test items (a paired bootstrap) gives p; the direction rule above applies to it.
 
-**Verdict of a claim** (after Holm): **reproduced** when every part holds; **not reproduced** when
-any part is significantly against; **partly reproduced** when the primary comparison holds and a
-secondary part does not; **inconclusive** when the primary comparison is inconclusive, whatever the
-secondary parts say (they are still shown). Led by the primary comparison because "partly" must not
-be earned by a side result while the paper's central comparison is undecided.
+**Verdict of a claim**, in this order (the first that applies):
+
+1. **not reproduced** when Holm's step-down correction over *all* the claim's parts (each part's p of being
+   against the paper) still finds a part significantly against: "some part is against" is a union of the
+   parts' hypotheses, so without the correction a claim of many parts would be refuted by the luck of one;
+2. **reproduced** when every part holds by its own test, uncorrected: "every part holds" is an
+   intersection of the parts (intersection-union test), which is wrong only if some part's own test is
+   wrong, so each part at LEVEL keeps the claim's error at LEVEL and a correction would only make the
+   conclusion unreachable (with 6 seeds no claim of two or more parts could ever be reproduced);
+3. **partly reproduced** when the primary comparison holds and a secondary part does not;
+4. **inconclusive** otherwise: in particular whenever the primary comparison is undecided, whatever the
+   secondary parts say (they are shown), so that "partly" is never earned by a side result.
+
+A part that is against by its own test but not after Holm is shown as inconclusive, with both p-values.
 
 A difference of means alone never reproduces a claim. Verdicts of quick runs are labelled
 *indicative* wherever they are shown.
@@ -119,7 +127,8 @@ class Test:
     role: str = ""
     """:data:`PRIMARY` or :data:`SECONDARY` once :func:`claim` has judged it (empty: a lone test)."""
     p_holm: Optional[float] = None
-    """``p`` after Holm's correction over the claim's parts (set by :func:`claim`)."""
+    """For a part against the paper by its own test: ``p`` after Holm's correction over all the claim's parts
+    (set by :func:`claim`; None for any other part, whose own test needs no correction)."""
     unit: str = "pairs"
     """What a paired unit is, in words after its count ("pairs", "settings × 6 seeds", ...)."""
 
@@ -322,28 +331,35 @@ def bootstrap_p(item_differences: Iterable[float], samples: int = 2000, seed: in
 
 
 def holm(parts: Sequence[Test], level: float = LEVEL) -> List[Test]:
-    """The parts with Holm's step-down correction over the claim: ``p_holm`` set, and a part whose corrected p
-    no longer reaches ``level`` becomes inconclusive (a part without a p counts as p = 1)."""
+    """The parts with Holm's step-down correction over the claim for the one conclusion that needs it, "a part is
+    significantly against" (a union over the parts): ``p_holm`` is set on each part that is against by its own
+    test, and such a part whose corrected p no longer reaches ``level`` becomes inconclusive. The family is every
+    part of the claim (``m = len(parts)``); a part that is not against has, by its own test, a p of being against
+    of at least ``level`` and so never comes before an against part in the step-down order (it counts as p = 1).
+    Parts that hold keep their verdict and their own p: "every part holds" is an intersection-union conclusion
+    and needs no correction (see the module docstring)."""
     m = len(parts)
-    ps = [1.0 if t.p is None else t.p for t in parts]
-    adjusted = [1.0] * m
+    against = sorted((i for i, t in enumerate(parts) if t.verdict == NOT_REPRODUCED and t.p is not None),
+                     key=lambda j: parts[j].p)
+    adjusted: Dict[int, float] = {}
     running = 0.0
-    for rank, i in enumerate(sorted(range(m), key=lambda j: ps[j])):
-        running = max(running, min(1.0, (m - rank) * ps[i]))
+    for rank, i in enumerate(against):
+        running = max(running, min(1.0, (m - rank) * parts[i].p))
         adjusted[i] = running
     out = []
-    for t, p_adj in zip(parts, adjusted):
-        verdict = t.verdict
-        if verdict in (REPRODUCED, NOT_REPRODUCED) and not p_adj < level:
-            verdict = INCONCLUSIVE
-        out.append(replace(t, verdict=verdict, p_holm=None if t.p is None else p_adj))
+    for i, t in enumerate(parts):
+        if i in adjusted:
+            verdict = NOT_REPRODUCED if adjusted[i] < level else INCONCLUSIVE
+            out.append(replace(t, verdict=verdict, p_holm=adjusted[i]))
+        else:
+            out.append(replace(t, p_holm=None))
     return out
 
 
 def combine(parts: Sequence[Test], primary: int = 1) -> str:
-    """The verdict of a claim from its parts (the first ``primary`` are the primary comparison; see the module
-    docstring): any part against -> not reproduced; all hold -> reproduced; the primary holds -> partly; else
-    inconclusive."""
+    """The verdict of a claim from its parts as :func:`holm` leaves them (the first ``primary`` are the primary
+    comparison; see the module docstring), in this order: a part against (after Holm) -> not reproduced; every part
+    holds -> reproduced; the primary holds -> partly; else inconclusive."""
     verdicts = [t.verdict for t in parts]
     if not verdicts:
         return NOT_TESTABLE
@@ -359,17 +375,17 @@ def combine(parts: Sequence[Test], primary: int = 1) -> str:
 def claim(text: str, parts: Sequence[Test], source: str = "", key: str = "", note: str = "",
           digits: int = 3, primary: int = 1) -> Claim:
     """A :class:`Claim` judged from its parts: the first ``primary`` parts are the paper's central comparison,
-    the rest secondary; Holm over all parts; each part's test (its role, p and Holm p) is the evidence."""
+    the rest secondary; each part by its own test, Holm over all parts for the parts against (:func:`holm`); each
+    part's test (its role, p, and Holm p where it is against) is the evidence."""
     if not 1 <= primary <= max(len(parts), 1):
         raise ValueError(f"primary must be between 1 and the number of parts ({len(parts)}), got {primary}")
     judged = [replace(t, role=PRIMARY if i < primary else SECONDARY) for i, t in enumerate(holm(parts))]
     evidence = "; ".join(t.describe(digits) for t in judged) + (f". {note}" if note else "")
     lost = [t for t, raw in zip(judged, parts) if raw.verdict != t.verdict]
     if lost:
-        n = min(t.n for t in lost)
-        evidence += (f". Holm over {len(parts)} parts left {len(lost)} part(s) with p < {LEVEL:g} inconclusive (with "
-                     f"{n} pairs the smallest two-sided p is {smallest_p(n):.3g}, so {len(parts)} parts need "
-                     f"{len(parts)} x that below {LEVEL:g})")
+        evidence += (f". {len(lost)} part(s) against the paper by their own test (p < {LEVEL:g}) are not "
+                     f"significantly against after Holm over the claim's {len(parts)} parts (Holm p "
+                     + ", ".join(f"{t.p_holm:.2g}" for t in lost) + ")")
     seeds = max((t.n for t in judged), default=None)  # the largest paired sample a part rests on
     units = "; ".join(dict.fromkeys(f"{t.n} {t.unit}" for t in judged))
     return Claim(text, combine(judged, primary), evidence, source, key, seeds, units)
@@ -386,22 +402,27 @@ def rule_paragraph(level: float = LEVEL) -> str:
     return (
         f"**How claims are judged** (one rule for every experiment, `sparsenorm.experiments._shared.verdict`): "
         f"paired differences between the normalizers a claim compares (same seeds, same data; in a sweep of settings "
-        f"the unit is the setting, its mean over seeds), tested with the Wilcoxon signed-rank test at level "
-        f"{level:g}, its p exact up to {EXACT_MAX} pairs (with tied differences, the exact distribution of the tied "
-        f"ranks; any other method is named beside its p). Each claim is judged in parts: its **primary** comparison, "
-        f"the one the paper states (e.g. ev-softmax vs softmax), and **secondary** parts (other rivals, other "
-        f"metrics), their p-values Holm-corrected within the claim. A part *holds* when the paper's direction is "
-        f"significant (two-sided), or, for \"on par\" and \"matches\" claims, when the difference is inside a margin "
-        f"stated with its source (one-sided tests at {level:g}, {min_pairs(level, 'greater')} pairs at least). "
-        f"*Reproduced*: every part holds. *Partly reproduced*: the primary comparison holds and a secondary part does "
-        f"not. *Inconclusive*: the primary comparison is inconclusive, whatever the secondary parts say (they are "
-        f"shown). *Not reproduced*: a part is significantly against. Led by the primary comparison so that a side "
-        f"result cannot earn *partly* while the paper's central comparison is undecided; corrected for multiplicity "
-        f"so that a claim of many parts is not decided by one lucky part; parts that hold by construction (e.g. "
-        f"post-hoc accuracy equals softmax's: the same model and argmax) are left out. Fewer than "
-        f"{min_pairs(level)} nonzero pairs can never decide (no signed-rank p reaches {level:g}). A single-run "
-        f"number (one test set) uses the experiment's paired bootstrap over test items. A difference of means alone "
-        f"never reproduces a claim; quick-mode verdicts are *indicative*.")
+        f"the unit is the setting, its mean over seeds), tested with the Wilcoxon signed-rank test, its p exact up "
+        f"to {EXACT_MAX} pairs (with tied differences, the exact distribution of the tied ranks; any other method is "
+        f"named beside its p). Each claim is judged in parts: its **primary** comparison, the one the paper's own "
+        f"sentence states (quoted in the catalogue), and **secondary** parts (other rivals, other metrics). A part "
+        f"*holds* by its own test: for a direction (\"A beats B\"), the paper's direction significant at {level:g} "
+        f"two-sided; for \"on par\" and \"matches\", the difference inside a margin stated with its source, by "
+        f"one-sided tests at {level:g} ({min_pairs(level, 'greater')} pairs at least). A part is *against* when its "
+        f"test is significant the other way (outside the margin, for a margin). The verdict is the first that "
+        f"applies: *Not reproduced*: a part is still significantly against after Holm's correction over all the "
+        f"claim's parts; \"some part is against\" is a union of the parts, so uncorrected it would let one lucky "
+        f"part out of many refute a claim. *Reproduced*: every part holds by its own test, uncorrected; \"every part "
+        f"holds\" is an intersection (an intersection-union test), wrong only if a part's own test is wrong, so "
+        f"each part at {level:g} keeps the claim at {level:g}, and correcting would only make it unreachable (with 6 "
+        f"seeds no claim of two parts could be reproduced). *Partly reproduced*: the primary comparison holds and a "
+        f"secondary part does not. *Inconclusive*: otherwise, in particular whenever the primary comparison is "
+        f"undecided, whatever the secondary parts say (they are shown), so that a side result cannot earn *partly*. "
+        f"Parts that hold by construction (e.g. post-hoc accuracy equals softmax's: the same model and argmax) are "
+        f"left out. Fewer than {min_pairs(level)} nonzero pairs can never decide a direction (no two-sided "
+        f"signed-rank p reaches {level:g}). A single-run number (one test set) uses the experiment's paired "
+        f"bootstrap over test items. A difference of means alone never reproduces a claim; quick-mode verdicts are "
+        f"*indicative*.")
 
 
 def counts(verdicts: Iterable[str]) -> Dict[str, int]:
