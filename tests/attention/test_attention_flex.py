@@ -123,3 +123,56 @@ def test_off_support_drop_underflows_exp():
     for dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
         drop = flex.off_support_drop(dtype)
         assert torch.exp(torch.tensor(-drop, dtype=torch.float64)).to(dtype) == 0
+
+
+@pytest.mark.parametrize("causal_offset", [0, 5, -3, 30])
+@pytest.mark.parametrize("padding", [False, True])
+@pytest.mark.parametrize("causal", [False, True])
+def test_key_padding_threshold_equals_the_reference_threshold(causal, padding, causal_offset):
+    """The Flex path's threshold (key sums per key/value head, prefix sums by the
+    ``sparsenorm::key_prefix_sums`` op) against the reference's (mean over the valid keys each
+    query sees, GQA heads repeated), in float64: the same sums in another order, so within
+    ``S * eps`` of the row's score magnitude."""
+    from sparsenorm.kernels.reference.evidential_attention import threshold
+
+    q, k, _ = qkv(L=24, S=40)
+    B, Hq, L, E = q.shape
+    S = k.shape[2]
+    valid = (torch.arange(S) < torch.tensor([[S], [S - 13]])) if padding else None
+    if not causal and causal_offset:
+        pytest.skip("the offset matters under a causal mask only")
+    got = flex.key_padding_threshold(q, k, valid, causal, E ** -0.5, causal_offset)
+    keep = None if valid is None else valid.view(B, 1, 1, S)
+    want, count = threshold(q, k.repeat_interleave(Hq // k.shape[1], 1), keep, None, causal, E ** -0.5,
+                            causal_offset=causal_offset)
+    seen = (count.squeeze(-1) > 0).expand(B, Hq, L)
+    magnitude = (q.abs() @ k.abs().repeat_interleave(Hq // k.shape[1], 1).transpose(-2, -1)).max() * E ** -0.5
+    assert got.dtype == torch.float32
+    # float32 sums (the op's contract) of float64 inputs: S + E roundings of float32 on the magnitude.
+    bound = (S + E + 2) * torch.finfo(torch.float32).eps * magnitude
+    assert ((got.double() - want.squeeze(-1)).abs()[seen] <= bound).all()
+
+
+def test_key_prefix_sums_op_is_a_float32_cumsum():
+    """``sparsenorm::key_prefix_sums`` on CPU: float32 prefix sums along the sequence, any float dtype."""
+    from sparsenorm.kernels.ops.evidential_attention import key_prefix_sums
+
+    g = torch.Generator().manual_seed(3)
+    k = torch.randn(2, 3, 50, 7, generator=g).to(torch.bfloat16)
+    out = key_prefix_sums(k)
+    assert out.dtype == torch.float32 and out.shape == k.shape
+    assert torch.equal(out, torch.cumsum(k.float(), -2))
+    torch.library.opcheck(key_prefix_sums, (k,))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_float_mask_equals_dense_ev_softmax(causal):
+    """A float (additive) mask on the Flex path: added to the scores, its mean part of the threshold."""
+    q, k, v = qkv(dtype=torch.float64)
+    g = torch.Generator().manual_seed(5)
+    bias = torch.randn(2, 1, 24, 40, generator=g, dtype=torch.float64)
+    out = flex.ev_softmax_flex_attention(q, k, v, bias=bias, is_causal=causal)
+    rep = q.shape[1] // k.shape[1]
+    expected = sparse_attention(q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1), "ev_softmax",
+                                attn_mask=bias, is_causal=causal)
+    torch.testing.assert_close(out, expected, rtol=0, atol=tolerance(q, k, v, torch.float64))

@@ -237,3 +237,21 @@ def test_dkdv_kernel_has_no_data_dependent_skip():
     body = source.split("for start_m in range(lo, seq_q, BLOCK_M):", 1)[1]
     assert "tl.dot" in body
     assert "if tl.sum(" not in body, "the dK/dV kernel skips blocks by a data-dependent if again"
+
+
+@in_process
+@pytest.mark.parametrize("S", [1, 15, 16, 17, 70])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_key_prefix_sums_kernel(S, dtype):
+    """The Triton prefix-sum scan (tiles of 16 under the interpreter: lengths below, at and across
+    tile boundaries, head dims across the 16-wide dim blocks) against float64 cumsum: each sum of
+    up to S float32 additions, so within S * eps32 * sum |k|."""
+    from sparsenorm.kernels.triton.prefix import key_prefix_sums
+
+    g = torch.Generator().manual_seed(S)
+    k = torch.randn(2, 3, S, 20, generator=g).to(dtype)
+    got = key_prefix_sums(k.to(DEVICE))
+    want = torch.cumsum(k.double(), -2)
+    bound = S * torch.finfo(torch.float32).eps * torch.cumsum(k.double().abs(), -2)
+    assert got.dtype == torch.float32
+    assert ((got.cpu().double() - want).abs() <= bound).all()

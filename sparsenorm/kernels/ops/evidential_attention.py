@@ -201,6 +201,30 @@ def ev_softmax_attention_blockwise(
 
 
 # ---------------------------------------------------------------------------------------------
+# sparsenorm::key_prefix_sums: the causal threshold's key sums (no gradient: Eq. 9)
+# ---------------------------------------------------------------------------------------------
+@torch.library.custom_op("sparsenorm::key_prefix_sums", mutates_args=())
+def key_prefix_sums(k: Tensor) -> Tensor:
+    """float32 prefix sums of ``k`` (..., S, D) along S (what the causal ev-softmax threshold
+    ``q_i . mean(k_0..k_{e_i})`` needs); ``torch.cumsum`` here, a one-pass Triton scan on CUDA
+    (``torch.cumsum`` along the sequence is slow there: see :mod:`..triton.prefix`)."""
+    return torch.cumsum(k, dim=-2, dtype=torch.float32)
+
+
+@key_prefix_sums.register_kernel("cuda")
+def _key_prefix_sums_cuda(k: Tensor) -> Tensor:
+    launchers = triton_launchers()
+    if launchers is None or k.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        return torch.cumsum(k, dim=-2, dtype=torch.float32)
+    return launchers.key_prefix_sums(k)
+
+
+@key_prefix_sums.register_fake
+def _key_prefix_sums_fake(k: Tensor) -> Tensor:
+    return k.new_empty(k.shape, dtype=torch.float32)
+
+
+# ---------------------------------------------------------------------------------------------
 # sparsenorm::ev_softmax_attention_flash (Triton)
 # ---------------------------------------------------------------------------------------------
 @torch.library.custom_op("sparsenorm::ev_softmax_attention_flash", mutates_args=())
@@ -280,6 +304,6 @@ def flash_ev_softmax_attention(
     return ev_softmax_attention_flash_op(q, k, v, key_lengths, key_mask, bool(is_causal), scale, int(causal_offset))[0]
 
 
-__all__ = ["ev_softmax_attention_blockwise_op", "ev_softmax_attention_blockwise_backward",
+__all__ = ["key_prefix_sums", "ev_softmax_attention_blockwise_op", "ev_softmax_attention_blockwise_backward",
            "ev_softmax_attention_flash_op", "ev_softmax_attention_flash_backward", "ev_softmax_attention_blockwise",
            "flash_ev_softmax_attention"]

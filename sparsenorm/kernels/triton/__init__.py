@@ -19,11 +19,15 @@ row NaN; float16/bfloat16/float32 in, float32 compute, output in ``out_dtype``, 
   attention, the two halves of the op ``sparsenorm::ev_softmax_attention_flash``
   (:mod:`sparsenorm.kernels.ops.evidential_attention`, whose ``flash_ev_softmax_attention`` is differentiable).
 
+* :func:`key_prefix_sums` ``(k)``: float32 prefix sums of the keys along the sequence (the causal
+  ev-softmax threshold's input; the op ``sparsenorm::key_prefix_sums``).
+
 They run on CUDA tensors, or on CPU tensors when ``TRITON_INTERPRET=1`` was set before ``triton``
 was first imported (Triton's interpreter: how the tests run without a GPU). Importing this package
 raises ``ImportError`` where triton is not installed.
 """
 from .attention import flash_ev_softmax_attention_backward, flash_ev_softmax_attention_forward
+from .prefix import key_prefix_sums
 from .linear_loss import block_rows as linear_loss_block_rows
 from .linear_loss import supports as linear_loss_supports
 from .evidential import ev_softmax_backward, ev_softmax_forward
@@ -35,5 +39,5 @@ __all__ = [
     "ev_softmax_forward", "ev_softmax_backward", "ev_softmax_supports",
     "project", "project_backward", "project_supports",
     "flash_ev_softmax_attention_forward", "flash_ev_softmax_attention_backward",
-    "linear_loss_block_rows", "linear_loss_supports",
+    "linear_loss_block_rows", "linear_loss_supports", "key_prefix_sums",
 ]
