@@ -46,9 +46,12 @@ class Normalizer:
     log_prob: Optional[Callable[..., Tensor]]
     """Log of ``train_forward`` computed in log space, or None where the output has exact zeros."""
     single_label_loss: Callable[..., Tensor]
-    """``(logits (N, C, ...), target class indices, reduction=..., ignore_index=...) -> loss``."""
+    """``(logits (N, C, ...), target class indices, reduction=..., ignore_index=...) -> loss``; reduced
+    with ``reduction='mean'`` unless told otherwise (as ``F.cross_entropy``; the Fenchel-Young
+    functions themselves return per-row losses by default, as the ``entmax`` package's do)."""
     multi_label_loss: Callable[..., Tensor]
-    """``(logits (N, C), target multi-hot or distribution (N, C), reduction=...) -> loss``."""
+    """``(logits (N, C), target multi-hot or distribution (N, C), reduction=...) -> loss``, ``'mean'``
+    by default."""
     sparse: bool
     """Whether ``forward`` can output exact zeros (so its support is a predicted label set)."""
     params: Dict[str, float] = field(default_factory=dict)
@@ -111,7 +114,7 @@ def _rebind(entry: Normalizer, params: Dict[str, float]) -> Normalizer:
         if not isinstance(fn, partial):
             return fn
         accepted = inspect.signature(fn.func).parameters
-        return partial(fn.func, **{k: v for k, v in params.items() if k in accepted})
+        return partial(fn.func, **{**fn.keywords, **{k: v for k, v in params.items() if k in accepted}})
 
     return replace(
         entry, forward=rebind(entry.forward), train_forward=rebind(entry.train_forward),
@@ -125,6 +128,9 @@ def _build() -> Dict[str, Normalizer]:
     # ``takes_params(fn)`` marks a callable that gets the entry's ``params`` it accepts (by name), bound
     # once from ``params`` below (and rebound by :func:`get`): each default is written once, in ``params``.
     takes_params = partial
+    # The Fenchel-Young losses return one loss per row by default (the ``entmax`` package's functions do);
+    # the registry's losses reduce with 'mean' by default, as F.cross_entropy and every other entry here.
+    mean = partial(partial, reduction="mean")
 
     entries = [
         Normalizer(
@@ -150,21 +156,21 @@ def _build() -> Dict[str, Normalizer]:
         Normalizer(
             "sparsemax", "Sparsemax (Martins & Astudillo 2016): Euclidean projection onto the simplex.",
             sparsemax, sparsemax, None,
-            fenchel_young.sparsemax_loss, fenchel_young.sparsemax_loss, sparse=True,
+            mean(fenchel_young.sparsemax_loss), mean(fenchel_young.sparsemax_loss), sparse=True,
             cpu_kernel=True, entmax_twin="sparsemax", attention_threshold="searched", alpha=2.0,
             linear_loss="sparsemax",
         ),
         Normalizer(
             "entmax15", "1.5-entmax (Peters et al. 2019), exact threshold (no full sort).",
             entmax15, entmax15, None,
-            fenchel_young.entmax15_loss, fenchel_young.entmax15_loss, sparse=True,
+            mean(fenchel_young.entmax15_loss), mean(fenchel_young.entmax15_loss), sparse=True,
             cpu_kernel=True, entmax_twin="entmax15", attention_threshold="searched", alpha=1.5,
             linear_loss="entmax15",
         ),
         Normalizer(
             "entmax_bisect", "alpha-entmax by bisection (Peters et al. 2019); alpha in params.",
             takes_params(entmax_bisect), takes_params(entmax_bisect), None,
-            takes_params(fenchel_young.entmax_bisect_loss), takes_params(fenchel_young.entmax_bisect_loss),
+            takes_params(mean(fenchel_young.entmax_bisect_loss)), takes_params(mean(fenchel_young.entmax_bisect_loss)),
             sparse=True, params={"alpha": 1.5}, entmax_twin="entmax_bisect", attention_threshold="searched",
             linear_loss="entmax_bisect",
         ),

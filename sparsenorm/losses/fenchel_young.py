@@ -25,10 +25,14 @@ package's name for it), ``'sum'`` or ``'none'``. ``mask`` (boolean, broadcastabl
 True = keep) marks classes that are not there, as do ``-inf`` logits and logits at or below
 ``finfo(dtype).min / 2``: they get probability 0 (a target on one gives an infinite loss).
 
-Differences from the ``entmax`` package: its functional losses take ``(X, target, k)`` and return
-per-row losses; here the functions take CrossEntropyLoss's keywords and reduce by default (pass
-``reduction='none'`` and ``k=...`` by keyword). The modules keep ``entmax``'s constructor
-arguments and order (``k``/``alpha``/``n_iter``, ``ignore_index``, ``reduction``), plus ``weight``.
+The ``entmax`` package's calls work unchanged (a change of import): each function takes
+``entmax``'s arguments in ``entmax``'s order -- ``(X, target, k=None)``, ``(X, target, n_iter=50)``,
+``(X, target, alpha=1.5, n_iter=50)`` -- and, like ``entmax``, returns one loss per row
+(``reduction='none'`` is the functions' default); the modules take ``entmax``'s constructor arguments
+in its order (``k``/``alpha``/``n_iter``, ``ignore_index``, ``reduction``, default
+``'elementwise_mean'``) and ``forward(X, target)``. sparsenorm's own loss API is there by keyword:
+``weight``, ``ignore_index``, ``reduction`` (``'mean'`` as CrossEntropyLoss) and ``mask`` (keyword-only
+in the functions; ``weight`` after ``entmax``'s arguments in the modules).
 The backward is closed-form, ``p* - q``, from one saved tensor.
 """
 from __future__ import annotations
@@ -51,10 +55,7 @@ __all__ = [
 
 def _check_weight(weight) -> None:
     if weight is not None and not isinstance(weight, Tensor):
-        raise TypeError(
-            f"weight must be a tensor of per-class weights or None, got {type(weight).__name__} "
-            "(the entmax package's third positional argument is k: pass k=... by keyword here)"
-        )
+        raise TypeError(f"weight must be a tensor of per-class weights or None, got {type(weight).__name__}")
 
 
 def _alpha_rows(alpha: Union[float, Tensor], logits: Tensor, out_shape, n_rows: int, dtype) -> Union[float, Tensor]:
@@ -84,8 +85,8 @@ def _fenchel_young_loss(
 ) -> Tensor:
     _check_weight(weight)
     check_reduction(reduction)
-    check_floating(input, "input")
-    batch = flatten_logits_and_target(input, target, ignore_index=ignore_index, mask=mask)
+    check_floating(input, "X")
+    batch = flatten_logits_and_target(input, target, ignore_index=ignore_index, mask=mask, logits_name="X")
     dtype = compute_dtype(input)
     z = batch.logits.to(dtype)
     a = _alpha_rows(alpha, input, batch.out_shape, z.shape[0], dtype)
@@ -114,12 +115,13 @@ def _fenchel_young_loss(
 # ----------------------------------------------------------------------------- functions
 
 def sparsemax_loss(
-    input: Tensor,
+    X: Tensor,
     target: Tensor,
+    k: Optional[int] = None,
+    *,
     weight: Optional[Tensor] = None,
     ignore_index: int = -100,
-    reduction: str = "mean",
-    k: Optional[int] = None,
+    reduction: str = "none",
     mask: Optional[Tensor] = None,
 ) -> Tensor:
     """Sparsemax loss (Martins & Astudillo 2016, Eq. 19): ``-z_y + 1/2 sum_{j in S}(z_j^2 - tau^2) + 1/2``.
@@ -128,55 +130,61 @@ def sparsemax_loss(
     Gradient ``sparsemax(z) - q``. Convex, >= 0, zero iff ``sparsemax(z) = q``; in the binary case
     with ``z = (t, 0)`` and target class 0 it is the modified Huber loss of the margin ``t``:
     0 for ``t >= 1``, ``(1 - t)^2 / 4`` for ``-1 < t < 1``, ``-t`` for ``t <= -1``.
-    ``k`` is the partial-sort speed hint of :func:`sparsenorm.sparsemax`. See the module docstring
-    for the target/weight/reduction conventions.
+    ``k`` is the partial-sort speed hint of :func:`sparsenorm.sparsemax`. ``entmax.sparsemax_loss``'s
+    arguments and per-row result (``reduction='none'`` by default; ``'mean'``/``'sum'`` reduce, as
+    CrossEntropyLoss). See the module docstring for the target/weight/reduction conventions.
     """
     check_k(k)
-    return _fenchel_young_loss(input, target, lambda a: lambda z: sparsemax(z, dim=-1, k=k), 2.0, weight, ignore_index,
+    return _fenchel_young_loss(X, target, lambda a: lambda z: sparsemax(z, dim=-1, k=k), 2.0, weight, ignore_index,
                                reduction, mask)
 
 
 def sparsemax_bisect_loss(
-    input: Tensor,
+    X: Tensor,
     target: Tensor,
+    n_iter: int = 50,
+    *,
     weight: Optional[Tensor] = None,
     ignore_index: int = -100,
-    reduction: str = "mean",
-    n_iter: int = 50,
+    reduction: str = "none",
     mask: Optional[Tensor] = None,
 ) -> Tensor:
-    """Sparsemax loss with ``p*`` computed by bisection (:func:`sparsenorm.sparsemax_bisect`)."""
+    """Sparsemax loss with ``p*`` computed by bisection (:func:`sparsenorm.sparsemax_bisect`);
+    ``entmax.sparsemax_bisect_loss``'s arguments and per-row result (``reduction='none'`` by default)."""
     check_n_iter(n_iter)
     return _fenchel_young_loss(
-        input, target, lambda a: lambda z: sparsemax_bisect(z, dim=-1, n_iter=n_iter), 2.0, weight, ignore_index,
+        X, target, lambda a: lambda z: sparsemax_bisect(z, dim=-1, n_iter=n_iter), 2.0, weight, ignore_index,
         reduction, mask,
     )
 
 
 def entmax15_loss(
-    input: Tensor,
+    X: Tensor,
     target: Tensor,
+    k: Optional[int] = None,
+    *,
     weight: Optional[Tensor] = None,
     ignore_index: int = -100,
-    reduction: str = "mean",
-    k: Optional[int] = None,
+    reduction: str = "none",
     mask: Optional[Tensor] = None,
 ) -> Tensor:
     """1.5-entmax Fenchel–Young loss ``H_1.5(p*) - H_1.5(q) + <p* - q, z>``,
-    ``H_1.5(p) = (1 - sum p^1.5) / 0.75``; gradient ``entmax15(z) - q``."""
+    ``H_1.5(p) = (1 - sum p^1.5) / 0.75``; gradient ``entmax15(z) - q``. ``entmax.entmax15_loss``'s
+    arguments and per-row result (``reduction='none'`` by default)."""
     check_k(k)
-    return _fenchel_young_loss(input, target, lambda a: lambda z: entmax15(z, dim=-1, k=k), 1.5, weight, ignore_index,
+    return _fenchel_young_loss(X, target, lambda a: lambda z: entmax15(z, dim=-1, k=k), 1.5, weight, ignore_index,
                                reduction, mask)
 
 
 def entmax_bisect_loss(
-    input: Tensor,
+    X: Tensor,
     target: Tensor,
-    weight: Optional[Tensor] = None,
-    ignore_index: int = -100,
-    reduction: str = "mean",
     alpha: Union[float, Tensor] = 1.5,
     n_iter: int = 50,
+    *,
+    weight: Optional[Tensor] = None,
+    ignore_index: int = -100,
+    reduction: str = "none",
     mask: Optional[Tensor] = None,
 ) -> Tensor:
     """alpha-entmax Fenchel–Young loss ``H_alpha(p*) - H_alpha(q) + <p* - q, z>`` with
@@ -185,6 +193,7 @@ def entmax_bisect_loss(
     broadcastable to the per-example loss shape) also ``dL/dalpha = dH_alpha(p*)/dalpha -
     dH_alpha(q)/dalpha`` (Danskin), returned as 0 at ``alpha = 1`` where it is 0/0. Any
     ``alpha > 0`` (``0 < alpha < 1``: a dense map, as in the ``entmax`` package).
+    ``entmax.entmax_bisect_loss``'s arguments and per-row result (``reduction='none'`` by default).
     """
     check_n_iter(n_iter)
     if isinstance(alpha, Tensor):
@@ -195,7 +204,7 @@ def entmax_bisect_loss(
         a_rows = a.detach().unsqueeze(-1) if isinstance(a, Tensor) else a
         return lambda z: entmax_bisect(z, alpha=a_rows, dim=-1, n_iter=n_iter)
 
-    return _fenchel_young_loss(input, target, make_project, alpha, weight, ignore_index, reduction, mask)
+    return _fenchel_young_loss(X, target, make_project, alpha, weight, ignore_index, reduction, mask)
 
 
 # ----------------------------------------------------------------------------- modules
@@ -218,10 +227,10 @@ class _FenchelYoungLoss(nn.Module):
         for name, value in options.items():
             setattr(self, name, value)
 
-    def forward(self, input: Tensor, target: Tensor, mask: Optional[Tensor] = None) -> Tensor:
+    def forward(self, X: Tensor, target: Tensor, mask: Optional[Tensor] = None) -> Tensor:
         options = {name: getattr(self, name) for name in self._options}
-        return type(self).loss_function(input, target, self.weight, self.ignore_index, self.reduction, mask=mask,
-                                        **options)
+        return type(self).loss_function(X, target, weight=self.weight, ignore_index=self.ignore_index,
+                                        reduction=self.reduction, mask=mask, **options)
 
 
 class SparsemaxLoss(_FenchelYoungLoss):

@@ -209,14 +209,15 @@ def test_reductions_ignore_index_and_weight(name):
     z, y = _data(n=8, c=4, seed=7)
     per = fn(z, y, reduction="none")
     assert per.shape == (8,)
+    assert torch.equal(fn(z, y), per)  # per row by default, as the entmax package's functions
     assert torch.allclose(fn(z, y, reduction="sum"), per.sum())
-    assert torch.allclose(fn(z, y), per.mean())
+    assert torch.allclose(fn(z, y, reduction="mean"), per.mean())
     assert torch.allclose(fn(z, y, reduction="elementwise_mean"), per.mean())
     for ignore in (-1, -100, 2):
         yi = y.clone()
         yi[[1, 4]] = ignore
         zi = z.clone().requires_grad_(True)
-        out = fn(zi, yi, ignore_index=ignore)
+        out = fn(zi, yi, ignore_index=ignore, reduction="mean")
         keep = torch.ones(8, dtype=torch.bool)
         keep[[1, 4]] = False
         if ignore == 2:
@@ -226,10 +227,10 @@ def test_reductions_ignore_index_and_weight(name):
         assert torch.equal(g[1], torch.zeros(4, dtype=torch.float64))
     w = torch.tensor([0.5, 1.0, 2.0, 3.0], dtype=torch.float64)
     assert torch.allclose(fn(z, y, weight=w, reduction="none"), per * w[y])
-    assert torch.allclose(fn(z, y, weight=w), (per * w[y]).sum() / w[y].sum())
+    assert torch.allclose(fn(z, y, weight=w, reduction="mean"), (per * w[y]).sum() / w[y].sum())
     # Everything ignored: 0 with a zero gradient (CrossEntropyLoss gives NaN here).
     zi = z.clone().requires_grad_(True)
-    out = fn(zi, torch.full_like(y, -100))
+    out = fn(zi, torch.full_like(y, -100), reduction="mean")
     assert out == 0 and torch.equal(torch.autograd.grad(out, zi)[0], torch.zeros_like(z))
 
 
@@ -278,7 +279,7 @@ def test_masked_classes_and_half_precision():
         assert fn(z, torch.tensor([1, 2]), reduction="none")[0] == math.inf  # target on an absent class
     zh = (torch.randn(8, 10) * 3).half().requires_grad_(True)
     yh = torch.randint(0, 10, (8,))
-    loss = entmax15_loss(zh, yh)
+    loss = entmax15_loss(zh, yh, reduction="mean")
     assert loss.dtype == torch.float16 and torch.isfinite(loss)
     loss.backward()
     assert zh.grad.dtype == torch.float16 and torch.isfinite(zh.grad).all()
@@ -298,8 +299,10 @@ def test_errors():
         sparsemax_loss(z, torch.tensor([0, 1, 2, 3]))
     with pytest.raises(ValueError, match="weight"):
         sparsemax_loss(z, y, weight=torch.ones(4))
-    with pytest.raises(TypeError, match="k="):
-        sparsemax_loss(z, y, 5)  # entmax's positional k
+    with pytest.raises(TypeError, match="positional"):
+        sparsemax_loss(z, y, 5, torch.ones(3))  # weight is keyword-only: the third positional is entmax's k
+    with pytest.raises(TypeError, match="weight"):
+        sparsemax_loss(z, y, weight=[1.0, 1.0, 1.0])
     with pytest.raises(ValueError, match="reduction"):
         sparsemax_loss(z, y, reduction="avg")
     with pytest.raises(ValueError, match="reduction"):
