@@ -15,7 +15,9 @@ from .masks import lengths_keep, merge, split_mask
 class MultiheadAttention(nn.MultiheadAttention):
     """Drop-in for ``torch.nn.MultiheadAttention`` (same arguments, parameters, state dict and
     ``forward``) whose attention weights come from ``normalizer`` (a registry name or a callable;
-    ``**params`` its parameters, e.g. ``alpha=1.3``).
+    ``**params`` its parameters, e.g. ``alpha=1.3``). The default, ``normalizer="softmax"``, is
+    PyTorch's module itself: given the same weights it gives ``nn.MultiheadAttention``'s output and
+    weights; pass ``normalizer="ev_softmax"`` (or any other name) for sparse attention.
 
     The normalizer is resolved once, here; its form follows the module's mode through
     ``Normalizer.for_mode`` (``"posthoc_evidential"`` is softmax in ``train()`` mode and ev-softmax in
@@ -35,7 +37,7 @@ class MultiheadAttention(nn.MultiheadAttention):
     def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True,
                  add_bias_kv: bool = False, add_zero_attn: bool = False, kdim: Optional[int] = None,
                  vdim: Optional[int] = None, batch_first: bool = False, device=None, dtype=None,
-                 normalizer: Union[str, Callable] = "ev_softmax", **params):
+                 normalizer: Union[str, Callable] = "softmax", **params):
         super().__init__(embed_dim, num_heads, dropout, bias, add_bias_kv, add_zero_attn, kdim, vdim,
                          batch_first, device, dtype)
         self.normalizer = normalizer

@@ -133,7 +133,8 @@ def test_key_lengths_combine_with_masks_in_modules():
     ref, ref_w = m(x, x, x, key_padding_mask=pad)
     torch.testing.assert_close(out, ref, rtol=0, atol=0)
     torch.testing.assert_close(w, ref_w, rtol=0, atol=0)
-    m = MultiheadAttention(8, 2, batch_first=True, add_bias_kv=True, add_zero_attn=True).double().eval()
+    m = MultiheadAttention(8, 2, batch_first=True, add_bias_kv=True, add_zero_attn=True,
+                           normalizer="ev_softmax").double().eval()
     torch.testing.assert_close(m(x, x, x, key_lengths=lengths)[0], m(x, x, x, key_padding_mask=pad)[0])
 
 

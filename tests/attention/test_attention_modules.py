@@ -51,6 +51,24 @@ def test_softmax_equals_torch_multihead_attention(ctor, call):
         torch.testing.assert_close(w, expected_w)
 
 
+def test_no_normalizer_is_torch_multihead_attention():
+    """The drop-in's defaults are PyTorch's: no ``normalizer`` means softmax, the same output and weights."""
+    torch.manual_seed(0)
+    ref = nn.MultiheadAttention(E, H, batch_first=True).double().eval()
+    ours = MultiheadAttention(E, H, batch_first=True).double().eval()
+    ours.load_state_dict(ref.state_dict())
+    q, k, v = inputs(batch_first=True)
+    for call in ({}, {"key_padding_mask": PADDING}, {"need_weights": False}):
+        expected, expected_w = ref(q, k, v, **call)
+        out, w = ours(q, k, v, **call)
+        torch.testing.assert_close(out, expected)
+        if expected_w is None:
+            assert w is None
+        else:
+            torch.testing.assert_close(w, expected_w)
+    assert "normalizer=softmax" in repr(ours)
+
+
 def test_unbatched_input_and_causal():
     ref, ours = pair()
     q = torch.randn(5, E, dtype=torch.float64)
