@@ -70,7 +70,7 @@ def _loss_rows(n: int, d: int, vocab: int, gen: torch.Generator, rounds: int) ->
     y = torch.randint(0, vocab, (n,), device=DEVICE, generator=gen)
 
     def fused(name):
-        return lambda: torch.autograd.grad(sparsenorm.fused_linear_loss(h, w, y, name), (h, w))
+        return lambda: torch.autograd.grad(sparsenorm.fused_linear_loss(h, w, y, normalizer=name), (h, w))
 
     def materialised(name):
         if name == "softmax":

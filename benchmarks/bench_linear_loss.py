@@ -61,7 +61,7 @@ def loss_fn(label: str, token_chunk: int = 0):
     if path == "materialised":
         single = registry.get(name).single_label_loss
         return lambda h, w, y: single(F.linear(h, w), y)
-    return lambda h, w, y: fused_linear_loss(h, w, y, name, token_chunk=token_chunk)
+    return lambda h, w, y: fused_linear_loss(h, w, y, normalizer=name, token_chunk=token_chunk)
 
 
 def make_inputs(tokens: int, dim: int, vocab: int, scale: float, seed: int = 0):

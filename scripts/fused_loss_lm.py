@@ -117,8 +117,8 @@ def main() -> None:
         t0 = time.perf_counter()
         for step, (x, y) in enumerate(batches(train_ids, 1, args.steps), 1):
             h = model.hidden(x)
-            loss = sparsenorm.fused_linear_loss(h.reshape(-1, DIM), model.head.weight, y.reshape(-1), name,
-                                                vocab_mask=mask)
+            loss = sparsenorm.fused_linear_loss(h.reshape(-1, DIM), model.head.weight, y.reshape(-1),
+                                                normalizer=name, vocab_mask=mask)
             opt.zero_grad()
             loss.backward()
             opt.step()
@@ -132,7 +132,8 @@ def main() -> None:
         w = model.head.weight.detach().requires_grad_()
         single = registry.get(name).single_label_loss
         results["memory"][name] = {
-            "fused": peak_growth(lambda: sparsenorm.fused_linear_loss(h, w, y, name, vocab_mask=mask).backward()),
+            "fused": peak_growth(
+                lambda: sparsenorm.fused_linear_loss(h, w, y, normalizer=name, vocab_mask=mask).backward()),
             "materialised": peak_growth(lambda: single(F.linear(h, w).masked_fill(~mask, float("-inf")), y).backward()),
         }
     with open(args.out + ".json", "w") as f:

@@ -37,7 +37,7 @@ def test_fused_loss_on_the_device_against_float64(device, name, reduction):
     want = torch.autograd.grad((oracle * probe).sum(), (h64, w64))
 
     hd, wd = (t.float().to(device).requires_grad_() for t in (h, w))
-    got = sparsenorm.fused_linear_loss(hd, wd, y.to(device), name, reduction=reduction)
+    got = sparsenorm.fused_linear_loss(hd, wd, y.to(device), normalizer=name, reduction=reduction)
     grads = torch.autograd.grad((got * probe.float().to(device)).sum(), (hd, wd))
     bound = float32_error_model(h, w, torch.float32)
     assert got.device.type == torch.device(device).type

@@ -75,7 +75,7 @@ def test_registry_flags_the_streamable_losses():
 @pytest.mark.parametrize("bias", [True, False])
 def test_matches_materialised_float64(name, reduction, vocab_chunk, bias):
     _, h, w, b, y = _inputs(1, scale=1.5, bias=bias)
-    got = sparsenorm.fused_linear_loss(h, w, y, name, bias=b, reduction=reduction, token_chunk=7,
+    got = sparsenorm.fused_linear_loss(h, w, y, normalizer=name, bias=b, reduction=reduction, token_chunk=7,
                                        vocab_chunk=vocab_chunk)
     ref = _materialised(name, h, w, b, y, reduction)
     tol = _tol(h, w, torch.float64)
@@ -92,7 +92,7 @@ def test_gradcheck_float64(name, reduction, vocab_chunk):
     y[1] = 4
 
     def f(h, w, b):
-        return sparsenorm.fused_linear_loss(h, w, y, name, bias=b, reduction=reduction, token_chunk=2,
+        return sparsenorm.fused_linear_loss(h, w, y, normalizer=name, bias=b, reduction=reduction, token_chunk=2,
                                             vocab_chunk=vocab_chunk)
 
     assert torch.autograd.gradcheck(f, (h, w, b), eps=1e-6, atol=1e-7)
@@ -105,7 +105,7 @@ def test_float32_each_side_within_error_model_of_float64(name):
     oracle = _materialised(name, h64, w64, b64, y, "none")
     og = _grads(oracle.sum(), (h64, w64, b64))
     tol = _tol(h, w, torch.float32)
-    for got in (sparsenorm.fused_linear_loss(h, w, y, name, bias=b, reduction="none", vocab_chunk=128),
+    for got in (sparsenorm.fused_linear_loss(h, w, y, normalizer=name, bias=b, reduction="none", vocab_chunk=128),
                 _materialised(name, h, w, b, y, "none")):
         _close(got.detach().double(), oracle.detach(), tol, "loss")
         for a, r in zip(_grads(got.sum(), (h, w, b)), og):
@@ -119,7 +119,7 @@ def test_ignore_index(name, ignore_index):
     y[1] = 5
     y[::3] = ignore_index
     for reduction in ("mean", "sum", "none"):
-        got = sparsenorm.fused_linear_loss(h, w, y, name, bias=b, ignore_index=ignore_index, reduction=reduction)
+        got = sparsenorm.fused_linear_loss(h, w, y, normalizer=name, bias=b, ignore_index=ignore_index, reduction=reduction)
         ref = _materialised(name, h, w, b, y, reduction) if ignore_index == -100 else \
             registry.get(name).single_label_loss(F.linear(h, w, b), y, ignore_index=ignore_index, reduction=reduction)
         _close(got.detach(), ref.detach(), _tol(h, w, torch.float64), f"{reduction} loss")
@@ -133,7 +133,7 @@ def test_ignore_index(name, ignore_index):
 def test_every_row_ignored_gives_zero(name):
     _, h, w, b, y = _inputs(5)
     y.fill_(-100)
-    loss = sparsenorm.fused_linear_loss(h, w, y, name, bias=b)
+    loss = sparsenorm.fused_linear_loss(h, w, y, normalizer=name, bias=b)
     assert float(loss.detach()) == 0.0
     gh, gw, gb = _grads(loss, (h, w, b))
     assert float(gh.abs().max()) == 0 and float(gw.abs().max()) == 0 and float(gb.abs().max()) == 0
@@ -155,12 +155,12 @@ def test_vocab_entries_not_there(name, vocab_chunk):
     ref = _materialised(name, h, w, b, y, "none", mask=mask)
     rg = _grads(ref, (h, w, b))
     tol = _tol(h, w, torch.float64)
-    got = sparsenorm.fused_linear_loss(h, w, y, name, bias=b, reduction="none", vocab_mask=mask,
+    got = sparsenorm.fused_linear_loss(h, w, y, normalizer=name, bias=b, reduction="none", vocab_mask=mask,
                                        vocab_chunk=vocab_chunk)
     _close(got.detach(), ref.detach(), tol, "loss (mask)")
     for a, r in zip(_grads(got, (h, w, b)), rg):
         _close(a, r, tol, "grad (mask)")
-    got_b = sparsenorm.fused_linear_loss(h, w, y, name, bias=b_pad, reduction="none", vocab_chunk=vocab_chunk)
+    got_b = sparsenorm.fused_linear_loss(h, w, y, normalizer=name, bias=b_pad, reduction="none", vocab_chunk=vocab_chunk)
     _close(got_b.detach(), ref.detach(), tol, "loss (bias)")
     gh, gw, gb = _grads(got_b, (h, w, b_pad))
     _close(gh, rg[0], tol, "grad hidden (bias)")
@@ -168,7 +168,7 @@ def test_vocab_entries_not_there(name, vocab_chunk):
     # a target that is not there: an infinite loss, as the materialised loss gives
     y2 = y.clone()
     y2[0] = 65
-    inf_loss = sparsenorm.fused_linear_loss(h, w, y2, name, bias=b, reduction="none", vocab_mask=mask,
+    inf_loss = sparsenorm.fused_linear_loss(h, w, y2, normalizer=name, bias=b, reduction="none", vocab_mask=mask,
                                             vocab_chunk=vocab_chunk)
     assert inf_loss[0].item() == math.inf and bool(torch.isfinite(inf_loss[2:]).all())
 
@@ -208,7 +208,7 @@ def test_ev_softmax_mean_above_every_logit_by_rounding(vocab_chunk):
     w = torch.full((30, 1), w_value, dtype=torch.float64, requires_grad=True)
     y = torch.tensor([0, 7, 29])
     assert bool((h.detach() @ w.detach().mean(0) > (h.detach() @ w.detach().t()).amax(1)).all())
-    got = sparsenorm.fused_linear_loss(h, w, y, "ev_softmax", reduction="none", vocab_chunk=vocab_chunk)
+    got = sparsenorm.fused_linear_loss(h, w, y, normalizer="ev_softmax", reduction="none", vocab_chunk=vocab_chunk)
     _close(got.detach(), torch.full((3,), math.log(30), dtype=torch.float64), 1e-12, "uniform loss")
     ref = _materialised("ev_softmax", h, w, None, y, "none")
     for a, r in zip(_grads(got, (h, w)), _grads(ref, (h, w))):
@@ -219,7 +219,7 @@ def test_shapes_dtypes_and_module():
     _, h, w, b, y = _inputs(9, n=12)
     h3 = h.detach().reshape(3, 4, -1).requires_grad_()
     y3 = y.reshape(3, 4)
-    rows = sparsenorm.fused_linear_loss(h3, w, y3, "entmax15", bias=b, reduction="none")
+    rows = sparsenorm.fused_linear_loss(h3, w, y3, normalizer="entmax15", bias=b, reduction="none")
     assert rows.shape == (3, 4)
     module = sparsenorm.FusedLinearLoss("entmax_bisect", reduction="sum", alpha=1.3)
     assert "alpha=1.3" in repr(module)
@@ -227,7 +227,7 @@ def test_shapes_dtypes_and_module():
     ref = _materialised("entmax_bisect", h, w, b, y, "sum", alpha=1.3)
     _close(got.detach(), ref.detach(), _tol(h, w, torch.float64), "module")
     hb = h.detach().to(torch.bfloat16).requires_grad_()
-    out = sparsenorm.fused_linear_loss(hb, w.detach().to(torch.bfloat16), y, "ev_softmax")
+    out = sparsenorm.fused_linear_loss(hb, w.detach().to(torch.bfloat16), y, normalizer="ev_softmax")
     assert out.dtype == torch.bfloat16
     out.backward()
     assert hb.grad.dtype == torch.bfloat16
@@ -235,7 +235,7 @@ def test_shapes_dtypes_and_module():
 
 def test_backward_twice_with_retain_graph_gives_the_same_gradients():
     _, h, w, b, y = _inputs(10)
-    loss = sparsenorm.fused_linear_loss(h, w, y, "sparsemax", bias=b)
+    loss = sparsenorm.fused_linear_loss(h, w, y, normalizer="sparsemax", bias=b)
     first = torch.autograd.grad(loss, (h, w, b), retain_graph=True)
     second = torch.autograd.grad(loss, (h, w, b))
     for a, c in zip(first, second):
@@ -245,14 +245,14 @@ def test_backward_twice_with_retain_graph_gives_the_same_gradients():
 def test_bad_input_names_the_argument():
     _, h, w, b, y = _inputs(11)
     with pytest.raises(ValueError, match="unknown normalizer"):
-        sparsenorm.fused_linear_loss(h, w, y, "nope")
+        sparsenorm.fused_linear_loss(h, w, y, normalizer="nope")
     with pytest.raises(ValueError, match="no streamable single-label loss"):
-        sparsenorm.fused_linear_loss(h, w, y, "t_softmax")
-    with pytest.raises(ValueError, match="hidden's last dim"):
+        sparsenorm.fused_linear_loss(h, w, y, normalizer="t_softmax")
+    with pytest.raises(ValueError, match="input.s last dim"):
         sparsenorm.fused_linear_loss(h[:, :3], w, y)
     with pytest.raises(TypeError, match="target must be an integer"):
         sparsenorm.fused_linear_loss(h, w, y.double())
-    with pytest.raises(ValueError, match="target must have hidden's shape"):
+    with pytest.raises(ValueError, match="target must have input.s shape"):
         sparsenorm.fused_linear_loss(h, w, y[:3])
     with pytest.raises(ValueError, match="bias must have shape"):
         sparsenorm.fused_linear_loss(h, w, y, bias=b[:3])
@@ -263,7 +263,7 @@ def test_bad_input_names_the_argument():
     with pytest.raises(IndexError, match="class index 70"):
         sparsenorm.fused_linear_loss(h, w, torch.full_like(y, 70))
     with pytest.raises(ValueError, match="no parameter"):
-        sparsenorm.fused_linear_loss(h, w, y, "sparsemax", alpha=1.2)
+        sparsenorm.fused_linear_loss(h, w, y, normalizer="sparsemax", alpha=1.2)
 
 
 def test_fake_and_schema():
@@ -283,14 +283,14 @@ def test_frozen_weight_and_no_grad(name):
     computed and the value is the same."""
     _, h, w, b, y = _inputs(13)
     w_frozen, b_frozen = w.detach(), b.detach()
-    loss = sparsenorm.fused_linear_loss(h, w_frozen, y, name, bias=b_frozen)
+    loss = sparsenorm.fused_linear_loss(h, w_frozen, y, normalizer=name, bias=b_frozen)
     (gh,) = torch.autograd.grad(loss, (h,))
     ref = _materialised(name, h, w_frozen, b_frozen, y)
     (rh,) = torch.autograd.grad(ref, (h,))
     tol = _tol(h, w, torch.float64)
     _close(gh, rh, tol, "grad hidden")
     with torch.no_grad():
-        value = sparsenorm.fused_linear_loss(h, w, y, name, bias=b)
+        value = sparsenorm.fused_linear_loss(h, w, y, normalizer=name, bias=b)
     assert not value.requires_grad
     _close(value, ref.detach(), tol, "no_grad value")
 
@@ -303,7 +303,7 @@ def test_compiles_without_graph_breaks(name, reduction):
     _, h, w, b, y = _inputs(14, n=12, v=40)
 
     def f(h, w, b):
-        return sparsenorm.fused_linear_loss(h, w, y, name, bias=b, reduction=reduction)
+        return sparsenorm.fused_linear_loss(h, w, y, normalizer=name, bias=b, reduction=reduction)
 
     compiled = torch.compile(f, backend="aot_eager", fullgraph=True)
     got, ref = compiled(h, w, b), f(h, w, b)

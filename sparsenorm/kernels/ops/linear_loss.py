@@ -67,25 +67,27 @@ def _or_empty(t: Optional[Tensor], like: Tensor) -> Tensor:
 def linear_loss(hidden: Tensor, weight: Tensor, bias: Optional[Tensor], target: Tensor,
                 vocab_mask: Optional[Tensor], row_weight: Optional[Tensor], kind: str, param: float,
                 ignore_index: int, with_grads: bool, token_chunk: int, vocab_chunk: int,
-                k: int) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+                k: int, label_smoothing: float = 0.0, softcap: float = 0.0) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """``(loss, grad_hidden, grad_weight, grad_bias, stats)`` of the rows ``hidden`` (N, d) against
     ``target`` (N,) with the classifier ``weight`` (V, d), ``bias`` (V,) or None.
 
     ``loss``: (N,) per-token losses when ``row_weight`` is None, else the scalar
     ``sum_r row_weight_r loss_r``; the gradients (of that scalar; shape (0,) where not computed:
     ``with_grads`` False or no bias) and ``stats`` (N, 2) as ``kernels/reference/linear_loss.forward``.
-    Chunk sizes and ``k`` (candidates per vocabulary chunk): 0 picks them.
+    Chunk sizes and ``k`` (candidates per vocabulary chunk): 0 picks them. ``label_smoothing`` in
+    [0, 1]; ``softcap`` > 0 caps the logits to ``softcap * tanh(z / softcap)`` (0: no cap).
     """
     plan = _plan(hidden, weight, token_chunk, vocab_chunk, k)
     loss, gh, gw, gb, stats = ref.forward(hidden, weight, bias, target, vocab_mask, kind, param, ignore_index,
                                           row_weight, with_grads and row_weight is not None, plan,
-                                          _project_rows(kind, param), _block_rows(hidden))
+                                          _project_rows(kind, param), _block_rows(hidden),
+                                          ref.Opts(label_smoothing, softcap))
     return loss, _or_empty(gh, hidden), _or_empty(gw, weight), _or_empty(gb, weight), stats
 
 
 @linear_loss.register_fake
 def _linear_loss_fake(hidden, weight, bias, target, vocab_mask, row_weight, kind, param, ignore_index, with_grads,
-                      token_chunk, vocab_chunk, k):
+                      token_chunk, vocab_chunk, k, label_smoothing=0.0, softcap=0.0):
     n = hidden.shape[0]
     grads = with_grads and row_weight is not None
     loss = hidden.new_empty(()) if row_weight is not None else hidden.new_empty((n,))
@@ -98,28 +100,30 @@ def _linear_loss_fake(hidden, weight, bias, target, vocab_mask, row_weight, kind
 @torch.library.custom_op("sparsenorm::linear_loss_backward", mutates_args=())
 def linear_loss_backward(hidden: Tensor, weight: Tensor, bias: Optional[Tensor], target: Tensor,
                          vocab_mask: Optional[Tensor], stats: Tensor, grad_rows: Tensor, kind: str, param: float,
-                         ignore_index: int, token_chunk: int, vocab_chunk: int) -> Tuple[Tensor, Tensor, Tensor]:
+                         ignore_index: int, token_chunk: int, vocab_chunk: int, label_smoothing: float = 0.0,
+                         softcap: float = 0.0) -> Tuple[Tensor, Tensor, Tensor]:
     """Gradients of ``sum_r grad_rows_r loss_r`` w.r.t. ``hidden``, ``weight``, ``bias`` (shape (0,)
     without a bias) from :func:`linear_loss`'s ``stats``."""
     plan = _plan(hidden, weight, token_chunk, vocab_chunk, 0)
     gh, gw, gb = ref.backward(hidden, weight, bias, target, vocab_mask, stats, grad_rows, kind, param, ignore_index,
-                              plan)
+                              plan, ref.Opts(label_smoothing, softcap))
     return gh, gw, _or_empty(gb, weight)
 
 
 @linear_loss_backward.register_fake
 def _linear_loss_backward_fake(hidden, weight, bias, target, vocab_mask, stats, grad_rows, kind, param,
-                               ignore_index, token_chunk, vocab_chunk):
+                               ignore_index, token_chunk, vocab_chunk, label_smoothing=0.0, softcap=0.0):
     gb = torch.empty_like(bias) if bias is not None else weight.new_empty(_EMPTY)
     return torch.empty_like(hidden), torch.empty_like(weight), gb
 
 
 def _setup(ctx, inputs, output) -> None:
-    hidden, weight, bias, target, vocab_mask, row_weight, kind, param, ignore_index, with_grads, tc, vc, _ = inputs
+    (hidden, weight, bias, target, vocab_mask, row_weight, kind, param, ignore_index, with_grads, tc, vc, _,
+     smooth, cap) = inputs
     _, gh, gw, gb, stats = output
     ctx.fused = with_grads and row_weight is not None
     ctx.has_bias = bias is not None
-    ctx.args = (kind, param, ignore_index, tc, vc)
+    ctx.args = (kind, param, ignore_index, tc, vc, smooth, cap)
     ctx.mark_non_differentiable(gh, gw, gb, stats)
     ctx.set_materialize_grads(False)  # no zero gradients of the V x d output grad_weight in the backward
     if ctx.fused:
@@ -129,11 +133,11 @@ def _setup(ctx, inputs, output) -> None:
 
 
 def _backward(ctx, grad_loss: Optional[Tensor], *_unused):
-    kind, param, ignore_index, tc, vc = ctx.args
+    kind, param, ignore_index, tc, vc, smooth, cap = ctx.args
     if ctx.fused:
         gh, gw, gb = ctx.saved_tensors
         if grad_loss is None:  # the loss was not used: no gradient
-            return (None,) * 13
+            return (None,) * 15
         scale = grad_loss.to(gh.dtype)
         if torch._C._autograd._get_current_graph_task_keep_graph():  # retain_graph: keep the saved gradients
             gh, gw, gb = gh * scale, gw * scale, gb * scale
@@ -143,13 +147,13 @@ def _backward(ctx, grad_loss: Optional[Tensor], *_unused):
     else:
         hidden, weight, bias, target, vocab_mask, stats = ctx.saved_tensors
         if grad_loss is None:
-            return (None,) * 13
+            return (None,) * 15
         gh, gw, gb = linear_loss_backward(hidden, weight, bias, target, vocab_mask, stats, grad_loss, kind, param,
-                                          ignore_index, tc, vc)
+                                          ignore_index, tc, vc, smooth, cap)
         gb = gb if ctx.has_bias else None
     needs = ctx.needs_input_grad
     return (gh if needs[0] else None, gw if needs[1] else None, gb if needs[2] else None,
-            None, None, None, None, None, None, None, None, None, None)
+            None, None, None, None, None, None, None, None, None, None, None, None)
 
 
 linear_loss.register_autograd(_backward, setup_context=_setup)
