@@ -32,6 +32,10 @@ bin=$work/venv/bin
 cd "$work"  # away from the source tree, so the installed package is the one imported
 
 echo "=== the library without extras"
+# Without the kernels the reference path runs after one warning naming `sparsenorm build-kernels` (the README's promise).
+not_built=$("$bin/python" -W always -c "import torch, sparsenorm; x = torch.randn(3, 8); sparsenorm.ev_softmax(x); sparsenorm.sparsemax(x); sparsenorm.ev_softmax(x)" 2>&1 | grep -c "sparsenorm build-kernels" || true)
+[ "$not_built" -eq 1 ] || { echo "wheel check: without built kernels, expected one warning naming build-kernels, saw $not_built"; exit 1; }
+echo "ok: one warning naming sparsenorm build-kernels"
 "$bin/python" "$repo/scripts/pip_user_smoke.py"
 "$bin/sparsenorm" --help >/dev/null
 "$bin/sparsenorm" demo >/dev/null

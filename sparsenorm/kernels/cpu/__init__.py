@@ -9,7 +9,9 @@ compiling. An ordinary function call never compiles anything unless asked to:
 * ``SPARSENORM_CPU_KERNELS=0`` (or ``sparsenorm.use_cpu_kernels(False)``): never used;
 * ``SPARSENORM_CPU_KERNELS=1`` (or ``sparsenorm.use_cpu_kernels(True)``): built on first use.
 
-A failed build prints one line (a ``RuntimeWarning``) and leaves the reference path. The library
+A failed build prints one line (a ``RuntimeWarning``) and leaves the reference path; so does the
+first call that would have used a kernel that is not built (once per process, naming
+``sparsenorm build-kernels``; ``SPARSENORM_CPU_KERNELS=0`` chooses the reference path silently). The library
 file's name carries a hash of its source and of its compiler flags, so a stale build is never loaded.
 
 Concurrent builds (two processes, e.g. pytest-xdist workers or two users of one cache) are safe:
@@ -26,6 +28,7 @@ import importlib.machinery
 import importlib.util
 import os
 import shutil
+import sys
 import sysconfig
 import tempfile
 import threading
@@ -41,6 +44,20 @@ _HERE = Path(__file__).resolve().parent
 
 _COMPLETE = "BUILD_COMPLETE"  # marker file written after a successful build
 _code_setting: Optional[bool] = None  # set by use_cpu_kernels; None: the environment decides
+_warned_not_built = False  # the one "not built" warning of this process was given
+
+
+def _warn_not_built(what: str) -> None:
+    global _warned_not_built
+    _warned_not_built = True
+    frame, level = sys._getframe(0), 1  # point the warning at the caller's line, outside sparsenorm and torch
+    while frame.f_back is not None and frame.f_globals.get("__name__", "").partition(".")[0] in ("sparsenorm", "torch"):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(
+        f"sparsenorm: the C++ CPU kernels are not built, so {what} and the others run the pure-PyTorch "
+        "reference path (same results, slower). Build them once with `sparsenorm build-kernels` (needs a C++ "
+        "compiler and `pip install 'sparsenorm[fast]'`); SPARSENORM_CPU_KERNELS=0 uses the reference path "
+        "without this warning.", RuntimeWarning, stacklevel=level)
 
 
 class _ThreadState(threading.local):
@@ -229,7 +246,10 @@ class Extension:
         # (is_cpu: no Device object)
         if not x.is_cpu or x.dtype not in (torch.float32, torch.float64) or x.numel() == 0:
             return None
-        return self.get()
+        module = self.get()
+        if module is None and not _warned_not_built and self.error is None and _policy() is None:
+            _warn_not_built(self.what)  # once per process: not built, and nothing asked for the reference path
+        return module
 
 
 EVIDENTIAL = Extension("evidential", "ev-softmax")
