@@ -119,7 +119,8 @@ def test_ignore_index(name, ignore_index):
     y[1] = 5
     y[::3] = ignore_index
     for reduction in ("mean", "sum", "none"):
-        got = sparsenorm.fused_linear_loss(h, w, y, normalizer=name, bias=b, ignore_index=ignore_index, reduction=reduction)
+        got = sparsenorm.fused_linear_loss(h, w, y, normalizer=name, bias=b, ignore_index=ignore_index,
+                                           reduction=reduction)
         ref = _materialised(name, h, w, b, y, reduction) if ignore_index == -100 else \
             registry.get(name).single_label_loss(F.linear(h, w, b), y, ignore_index=ignore_index, reduction=reduction)
         _close(got.detach(), ref.detach(), _tol(h, w, torch.float64), f"{reduction} loss")
@@ -160,7 +161,8 @@ def test_vocab_entries_not_there(name, vocab_chunk):
     _close(got.detach(), ref.detach(), tol, "loss (mask)")
     for a, r in zip(_grads(got, (h, w, b)), rg):
         _close(a, r, tol, "grad (mask)")
-    got_b = sparsenorm.fused_linear_loss(h, w, y, normalizer=name, bias=b_pad, reduction="none", vocab_chunk=vocab_chunk)
+    got_b = sparsenorm.fused_linear_loss(h, w, y, normalizer=name, bias=b_pad, reduction="none",
+                                             vocab_chunk=vocab_chunk)
     _close(got_b.detach(), ref.detach(), tol, "loss (bias)")
     gh, gw, gb = _grads(got_b, (h, w, b_pad))
     _close(gh, rg[0], tol, "grad hidden (bias)")

@@ -67,7 +67,8 @@ def _or_empty(t: Optional[Tensor], like: Tensor) -> Tensor:
 def linear_loss(hidden: Tensor, weight: Tensor, bias: Optional[Tensor], target: Tensor,
                 vocab_mask: Optional[Tensor], row_weight: Optional[Tensor], kind: str, param: float,
                 ignore_index: int, with_grads: bool, token_chunk: int, vocab_chunk: int,
-                k: int, label_smoothing: float = 0.0, softcap: float = 0.0) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+                k: int, label_smoothing: float = 0.0,
+                softcap: float = 0.0) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """``(loss, grad_hidden, grad_weight, grad_bias, stats)`` of the rows ``hidden`` (N, d) against
     ``target`` (N,) with the classifier ``weight`` (V, d), ``bias`` (V,) or None.
 
