@@ -1,7 +1,56 @@
 """Shared by every test: the header line saying which SIMD level and which C++ kernels this run
-used, and the fixtures every test folder uses."""
+used, and the fixtures every test folder uses.
+
+No test reads or writes the user's caches (issue 50, item 6): every test gets its own, empty
+sparsenorm cache (``SPARSENORM_CACHE``: data sets, pinned artifacts, converted models) and the
+session its own Hugging Face home (``HF_HOME``), both in a temporary folder removed at the end, so
+the suite passes the same whether the caches are empty or full after the main job. The C++ kernels
+stay where they are built (``TORCH_EXTENSIONS_DIR`` is pinned to their folder first), so the suite
+still runs them.
+"""
+import os
+import shutil
+import tempfile
+import zlib
+from pathlib import Path
+
 import pytest
 import torch
+
+_CACHES = {}  # "root": this process's temporary folder for the isolated caches
+USER_CACHE_ENV = "SPARSENORM_TEST_USER_CACHE"
+"""Names the user's own sparsenorm cache, for the one kind of test that may look into it: read-only, copying a
+pinned file out into its ``tmp_path`` (and skipping when it is not there)."""
+
+
+def pytest_configure(config):
+    from sparsenorm._cache import cache_dir
+
+    # Before SPARSENORM_CACHE moves: the kernels' build folder stays the user's (cache_dir()/torch_extensions).
+    os.environ.setdefault(USER_CACHE_ENV, str(cache_dir()))  # xdist workers inherit the first value
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(cache_dir() / "torch_extensions"))
+    root = Path(tempfile.mkdtemp(prefix="sparsenorm-test-caches-"))
+    _CACHES["root"] = root
+    os.environ["HF_HOME"] = str(root / "huggingface")
+    os.environ["SPARSENORM_CACHE"] = str(root / "session")  # replaced per test by _isolated_caches
+
+
+def pytest_unconfigure(config):
+    root = _CACHES.pop("root", None)
+    if root is not None:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def isolated_cache_path(nodeid: str) -> Path:
+    """The sparsenorm cache a test sees: a folder of its own under this process's temporary root."""
+    return _CACHES["root"] / "tests" / f"{zlib.crc32(nodeid.encode()):08x}"
+
+
+@pytest.fixture(autouse=True)
+def _isolated_caches(request, monkeypatch):
+    """Each test starts with an empty sparsenorm cache of its own (created by whatever writes to it)."""
+    monkeypatch.setenv("SPARSENORM_CACHE", str(isolated_cache_path(request.node.nodeid)))
+    yield
 
 
 def pytest_report_header(config):
@@ -51,7 +100,6 @@ def _seeded_and_isolated(request):
     switch) are restored afterwards.
     """
     import random
-    import zlib
 
     import numpy as np
 

@@ -289,10 +289,70 @@ def test_yeast_cache_has_the_standard_split(tmp_path, monkeypatch):
     assert md.load_yeast(tmp_path).x_train.shape == (1500, d)
 
 
-def test_failed_fetch_says_what_to_do(tmp_path, monkeypatch):
+def _package_in_the_default_cache(monkeypatch, content: bytes = b"the pinned package") -> Path:
+    """r-cran-mlr as after the main job: pinned (to fake bytes) and already in the default artifact cache
+    (this test's own, tests/conftest.py), where fetch_yeast finds it whatever its data folder."""
+    import hashlib
+    from dataclasses import replace
+
+    from sparsenorm.experiments._shared import artifacts, provenance
+
+    pinned = b"the pinned package"
+    monkeypatch.setitem(artifacts.ARTIFACTS, md.MLR_ARTIFACT, replace(
+        artifacts.ARTIFACTS[md.MLR_ARTIFACT], sha256=hashlib.sha256(pinned).hexdigest(), size=len(pinned)))
+    cached = provenance.artifact_dir() / artifacts.ARTIFACTS[md.MLR_ARTIFACT].filename
+    cached.parent.mkdir(parents=True)
+    cached.write_bytes(content)
+    return cached
+
+
+def _dpkg_deb(monkeypatch, returncode: int, stderr: str = ""):
+    import subprocess
+
     from sparsenorm.experiments._shared import debian
 
+    monkeypatch.setattr(debian.shutil, "which", lambda name: f"/usr/bin/{name}")
+    monkeypatch.setattr(debian.subprocess, "run", lambda cmd, **kw: subprocess.CompletedProcess(cmd, returncode, "",
+                                                                                              stderr))
+
+
+def _no_tool(monkeypatch):
+    from sparsenorm.experiments._shared import debian, provenance
+
     monkeypatch.setattr(debian.shutil, "which", lambda name: None)
-    with pytest.raises(UserFacingError, match="r-cran-mlr") as info:
-        md.fetch_yeast(tmp_path / "cache")
+    monkeypatch.setattr(provenance.shutil, "which", lambda name: None)
+
+
+# Every step of fetch_yeast that can fail, each from the state of the caches where it is reached.
+FETCH_FAILURES = {
+    "no apt-get, nothing cached": (lambda mp, tmp: _no_tool(mp), "apt-get is not available"),
+    "cached package, no dpkg-deb": (lambda mp, tmp: (_package_in_the_default_cache(mp), _no_tool(mp)),
+                                    "dpkg-deb is needed"),
+    "cached package, dpkg-deb fails": (lambda mp, tmp: (_package_in_the_default_cache(mp),
+                                                        _dpkg_deb(mp, 2, "not a Debian format archive")),
+                                       "not a Debian format archive"),
+    "cached package without the data": (lambda mp, tmp: (_package_in_the_default_cache(mp), _dpkg_deb(mp, 0)),
+                                        "no mlr/data/Rdata.rdb inside"),
+    "cached package of other bytes": (lambda mp, tmp: _package_in_the_default_cache(mp, b"other bytes"),
+                                      "SHA-256 mismatch"),
+    "artifact folder cannot be made": (lambda mp, tmp: ((tmp / "data").mkdir(), (tmp / "data" / "artifacts")
+                                                        .write_text("a file")), "cannot create the cache folder"),
+}
+
+
+@pytest.mark.parametrize("step", list(FETCH_FAILURES))
+def test_failed_fetch_says_what_to_do(tmp_path, monkeypatch, step):
+    """Issue 50 item 6: at every step where fetching yeast can fail, the message names --data-dir, whatever the
+    caches hold (the main job leaves r-cran-mlr in the artifact cache: the dpkg-deb step is then the first)."""
+    prepare, what = FETCH_FAILURES[step]
+    prepare(monkeypatch, tmp_path)
+    with pytest.raises(UserFacingError, match=what) as info:
+        md.fetch_yeast(tmp_path / "data")
+    assert "--data-dir" in str(info.value), str(info.value)
+
+
+def test_data_folder_that_cannot_be_made_says_what_to_do(tmp_path):
+    (tmp_path / "file").write_text("not a folder")
+    with pytest.raises(UserFacingError, match="cannot create the data folder") as info:
+        md.fetch_yeast(tmp_path / "file" / "data")
     assert "--data-dir" in str(info.value)

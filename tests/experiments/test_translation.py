@@ -2,6 +2,7 @@
 run."""
 import json
 import math
+import os
 import random
 from pathlib import Path
 
@@ -193,9 +194,9 @@ def test_meteor_stem_only():
 
 
 def test_meteor_with_debian_wordnet_when_cached(tmp_path):
-    from sparsenorm._cache import cache_dir
-
-    debs = sorted(cache_dir().glob("wordnet-base_*.deb")) or sorted((cache_dir() / "..").glob("wordnet-base_*.deb"))
+    user_cache = Path(os.environ["SPARSENORM_TEST_USER_CACHE"])  # read-only: copied out (tests/conftest.py)
+    cached = [user_cache, user_cache / "artifacts"]
+    debs = sorted(deb for folder in cached for deb in folder.glob("wordnet-base_*.deb"))
     if not debs:
         pytest.skip("no wordnet-base_*.deb in the cache (the first METEOR run fetches it)")
     import shutil

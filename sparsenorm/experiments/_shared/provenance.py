@@ -201,7 +201,10 @@ def fetch_artifact(name: str, folder: Optional[Path] = None, *, search: Sequence
     store = artifact_dir(folder)
     for cached in dict.fromkeys((store / art.filename, artifact_dir() / art.filename)):
         if cached.is_file():
-            verify(cached, art)
+            try:
+                verify(cached, art)
+            except ArtifactMismatch as exc:
+                raise ArtifactMismatch(f"{exc}; {how_to}" if how_to else str(exc)) from None
             return _recorded(art, cached, "cached, verified")
     if not download:
         raise UserFacingError(missing or f"{art.what} ({art.registry} {art.spec}) is not in {store} "
@@ -211,7 +214,7 @@ def fetch_artifact(name: str, folder: Optional[Path] = None, *, search: Sequence
         store.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise UserFacingError(f"cannot create the cache folder {store}: {exc}; set SPARSENORM_CACHE to a writable "
-                              f"folder") from None
+                              f"folder, {how_to}") from None
     print(f"sparsenorm: fetching {art.what} ({art.registry} {art.spec}, {art.size / 1e6:.0f} MB) into {store} (once)",
           file=sys.stderr)
     with tempfile.TemporaryDirectory(dir=store) as tmp:

@@ -178,10 +178,10 @@ def fetch_libreoffice(folder: Path) -> Path:
         for lang in PACKAGES:
             deb = provenance.fetch_artifact(PACKAGES[lang], Path(folder), how_to=how_to)
             debs.append(deb)
-            root = extract_deb(deb, work / lang,
-                               f"extract {HELP_ROOTS[lang]} from {deb.name} yourself") / HELP_ROOTS[lang]
+            by_hand = "or give your own train/valid/test.en/.de files with --data-dir DIR"
+            root = extract_deb(deb, work / lang, by_hand) / HELP_ROOTS[lang]
             if not root.is_dir():
-                raise UserFacingError(f"{deb.name} has no {HELP_ROOTS[lang]} folder")
+                raise UserFacingError(f"{deb.name} has no {HELP_ROOTS[lang]} folder; {by_hand}")
             roots[lang] = root
         pairs = clean_pairs(align_help_pages(roots["en"], roots["de"]))
     if len(pairs) < 100:

@@ -319,12 +319,15 @@ _MLR_HOW_TO = (f"or download {MLR_PACKAGE}_*.deb by hand (https://packages.debia
                f"--data-dir FILE.npz|FILE.csv")
 
 
+_RDATA_HOW_TO = ("extract usr/lib/R/site-library/mlr/data/Rdata.rdb and Rdata.rdx into a folder yourself and pass "
+                 "it with --data-dir DIR, or pass your own data with --data-dir FILE.npz|FILE.csv")
+
+
 def _extract_rdata(deb: Path, workdir: Path) -> Tuple[Path, Path]:
-    target = extract_deb(deb, workdir / "extracted", "extract usr/lib/R/site-library/mlr/data/Rdata.rdb and "
-                                                      "Rdata.rdx into the data folder yourself")
+    target = extract_deb(deb, workdir / "extracted", _RDATA_HOW_TO)
     rdbs = sorted(target.glob("**/mlr/data/Rdata.rdb"))
     if not rdbs:
-        raise UserFacingError(f"could not unpack {deb}: no mlr/data/Rdata.rdb inside")
+        raise UserFacingError(f"could not unpack {deb}: no mlr/data/Rdata.rdb inside; {_RDATA_HOW_TO}")
     return rdbs[0], rdbs[0].with_suffix(".rdx")
 
 
@@ -333,7 +336,7 @@ def yeast_npz_from_rdata(rdb: Path, rdx: Path, target: Path) -> Path:
     x, y, _, label_names = read_mlr_multilabel_task(rdb, rdx, YEAST_OBJECT)
     if (x.shape[0], x.shape[1], y.shape[1]) != YEAST_SHAPE:
         raise UserFacingError(f"{rdb}: yeast.task has shape {x.shape[0]}x{x.shape[1]} with {y.shape[1]} labels, "
-                              f"expected {YEAST_SHAPE[0]}x{YEAST_SHAPE[1]} with {YEAST_SHAPE[2]}")
+                              f"expected {YEAST_SHAPE[0]}x{YEAST_SHAPE[1]} with {YEAST_SHAPE[2]}; {_MLR_HOW_TO}")
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(target.name + ".part")
     with open(tmp, "wb") as handle:  # a file handle: np.savez would append .npz to the name
@@ -354,7 +357,12 @@ def fetch_yeast(data_dir: Optional[Path] = None) -> Path:
     target = folder / YEAST_CACHE_NAME
     if provenance.use_derived(target, "yeast cache (--data-dir)", user_folder=data_dir is not None):
         return target
-    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserFacingError(f"cannot create the data folder {folder}: {exc}; pass a writable folder with "
+                              f"--data-dir DIR (or set $SPARSENORM_CACHE), or your own data with "
+                              f"--data-dir FILE.npz|FILE.csv") from None
     rdb, rdx = folder / "Rdata.rdb", folder / "Rdata.rdx"
     if rdb.is_file() and rdx.is_file():
         provenance.record_user_path(folder, "mlr's Rdata.rdb/.rdx (--data-dir)", [rdb, rdx])
