@@ -35,6 +35,14 @@ class PaperClaim:
     """For a cost claim: the committed benchmark that measures it (no experiment verdict)."""
     not_run: str = ""
     """Why no experiment judges it, and what running it would take."""
+    quote: str = ""
+    """For a claim an experiment judges: the paper's own sentence that makes it, verbatim from the text in
+    ``shared/papers/`` (or, where the extract lacks the section, what the extract does say, and that it lacks it)."""
+    primary: str = ""
+    """For a claim an experiment judges: the comparison that sentence states, which the experiment judges as the
+    primary part (the rivals it names, all of them when it names a group or says "highest of"/"best"; a further
+    clause, another metric or a row the sentence does not name is secondary). Judged so by the experiment's
+    ``claims.py``; the judged claim's evidence names its primary parts."""
 
 
 EV_THEORY: Tuple[PaperClaim, ...] = (

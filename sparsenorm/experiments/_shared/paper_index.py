@@ -120,7 +120,9 @@ def index_rows(root: Path, claims: Sequence[PaperClaim]
         else:
             verdict, seeds, mode, ours, link = NOT_RUN, "–", "–", entry.not_run, "–"
         verdicts.append(regime.tally_key(verdict))
-        rows.append([entry.key, _cell(entry.paper.split(" (")[0]), _cell(entry.where), _cell(entry.claim),
+        claim = entry.claim + (f" — the paper: “{entry.quote}”" if entry.quote else "") + (
+            f" *Primary:* {entry.primary}." if entry.primary else "")
+        rows.append([entry.key, _cell(entry.paper.split(" (")[0]), _cell(entry.where), _cell(claim),
                      _cell(entry.paper_value), _cell(ours), str(seeds), mode, _cell(gate), f"**{verdict}**", link])
     return rows, counts(verdicts), runs
 

@@ -105,11 +105,18 @@ _MONTE_CARLO = "Sec. 4.2, Table 2 (Monte Carlo rows)"
 PAPER_CLAIMS = (
     PaperClaim("ev.ssvae.most_accurate", EV, SOURCE, "ev-softmax gives the highest accuracy of the "
                "marginalisation methods", f"{PAPER_ACC['ev_softmax']} vs {PAPER_ACC['entmax15']} (entmax-1.5), "
-               f"{PAPER_ACC['softmax']} (softmax) %", "ssvae"),
+               f"{PAPER_ACC['softmax']} (softmax) %", "ssvae",
+               quote=('Table 2 shows that using ev-softmax yields the highest classification accuracy of models using '
+                      'either Monte Carlo methods or marginalization.'),
+               primary=("ev-softmax vs every marginalisation method: softmax, sparsemax, entmax-1.5 (post-hoc's "
+                        "accuracy is softmax's by construction)")),
     PaperClaim("ev.ssvae.beats_monte_carlo", EV, _MONTE_CARLO, "ev-softmax is more accurate than the Monte-Carlo "
                "gradient estimators SFE (moving-average baseline), NVIL, Gumbel and ST Gumbel (one decoder call per "
                "example each)", f"{PAPER_ACC['ev_softmax']} vs " + ", ".join(PAPER_ACC[e] for e in ONE_CALL_ESTIMATORS)
-               + " % (Correia et al.'s numbers)", "ssvae"),
+               + " % (Correia et al.'s numbers)", "ssvae",
+               quote=('Table 2 shows that using ev-softmax yields the highest classification accuracy of models using '
+                      'either Monte Carlo methods or marginalization.'),
+               primary='ev-softmax vs each one-call Monte-Carlo estimator: SFE, NVIL, Gumbel, ST Gumbel'),
     PaperClaim("ev.ssvae.paper_scale", EV, SOURCE, f"Table 2's values at the paper's scale ({FULL['pretrain_epochs']} "
                f"warm-start and {FULL['epochs']} semi-supervised epochs of full passes, {FULL['seeds']} seeds)",
                f"ev-softmax {PAPER_ACC['ev_softmax']} %, {PAPER_CALLS['ev_softmax']} calls",
@@ -119,18 +126,37 @@ PAPER_CLAIMS = (
     PaperClaim("ev.ssvae.sum_and_sample", EV, _MONTE_CARLO, "ev-softmax is more accurate than SFE with a self-critic "
                "baseline (SFE+) and sum-and-sample (two decoder calls per example each)",
                f"{PAPER_ACC['ev_softmax']} vs " + ", ".join(PAPER_ACC[e] for e in TWO_CALL_ESTIMATORS)
-               + " (Correia et al.'s numbers)", "ssvae"),
+               + " (Correia et al.'s numbers)", "ssvae",
+               quote=('Table 2 shows that using ev-softmax yields the highest classification accuracy of models using '
+                      'either Monte Carlo methods or marginalization.'),
+               primary='ev-softmax vs each two-call Monte-Carlo estimator: SFE+, sum-and-sample'),
     PaperClaim("ev.ssvae.fewer_calls", EV, SOURCE, f"sparse normalizers cut the decoder calls by {PAPER_CALL_CUTS}",
                f"sparsemax {PAPER_CALLS['sparsemax']}, entmax-1.5 {PAPER_CALLS['entmax15']}, ev-softmax "
-               f"{PAPER_CALLS['ev_softmax']} of {PAPER_TABLE2['softmax']['decoder_calls']:g}", "ssvae"),
+               f"{PAPER_CALLS['ev_softmax']} of {PAPER_TABLE2['softmax']['decoder_calls']:g}", "ssvae",
+               quote=('Compared to sparsemax and entmax-1.5, ev-softmax maintains higher multimodality in the output '
+                      'distribution, reducing the latent space by 84% on average. In particular, both sparsemax and '
+                      'entmax-1.5 reduce the latent space by almost 90%, but at the cost of decreased accuracy.'),
+               primary=("ev-softmax's cut (the first sentence; judged: at most 2 calls of 10); secondary: sparsemax's "
+                        "and entmax-1.5's (the second)")),
     PaperClaim("ev.ssvae.more_modes", EV, SOURCE, "ev-softmax keeps more latent classes than sparsemax and entmax-1.5",
-               f"{PAPER_CALLS['ev_softmax']} vs {PAPER_CALLS['sparsemax']}, {PAPER_CALLS['entmax15']}", "ssvae"),
+               f"{PAPER_CALLS['ev_softmax']} vs {PAPER_CALLS['sparsemax']}, {PAPER_CALLS['entmax15']}", "ssvae",
+               quote=('Compared to sparsemax and entmax-1.5, ev-softmax maintains higher multimodality in the output '
+                      'distribution, reducing the latent space by 84% on average.'),
+               primary='ev-softmax vs sparsemax and vs entmax-1.5 in decoder calls (both named)'),
     PaperClaim("ev.ssvae.posthoc_worse", EV, SOURCE, "post-hoc evidential keeps more classes than ev-softmax, with a "
                "higher variance, and is less accurate",
                " vs ".join(f"{PAPER_CALLS[n]} ± {PAPER_TABLE2[n]['decoder_calls_se']:.2f}"
                            for n in ("posthoc_evidential", "ev_softmax"))
-               + f"; {PAPER_ACC['posthoc_evidential']} vs {PAPER_ACC['ev_softmax']} %", "ssvae"),
+               + f"; {PAPER_ACC['posthoc_evidential']} vs {PAPER_ACC['ev_softmax']} %", "ssvae",
+               quote=('On the other hand, post-hoc evidential sparsification preserves more latent classes than '
+                      'ev-softmax but with a higher variance, and it also achieves a lower accuracy.'),
+               primary=('post-hoc keeps more classes than ev-softmax (the main clause); secondary: the higher variance '
+                        'and the lower accuracy')),
     PaperClaim("ev.ssvae.cheaper", EV, "Sec. 1, Sec. 6", "sparse marginalisation makes training cheaper than dense "
-               "marginalisation", "qualitative", "ssvae"),
+               "marginalisation", "qualitative", "ssvae",
+               quote=('Normalization functions that yield sparse probability distributions can make exact '
+                      'marginalization more computationally tractable.'),
+               primary=('every sparse trained normalizer (ev-softmax, sparsemax, entmax-1.5) vs softmax, CPU time per '
+                        'semi-supervised epoch')),
 )
 """Sec. 4.2's claims, as the index lists them (:mod:`sparsenorm.experiments.catalogue`)."""

@@ -110,18 +110,49 @@ GATE = Gate(
 # ------------------------------------------------------------------------------------------ the paper's claims
 PAPER_CLAIMS = (
     PaperClaim("ev.mt.highest_bleu", EV, SOURCE, "ev-softmax attention gives the highest BLEU",
-               f"{_ev_vs_baselines('bleu')} ({PAPER_SEEDS} seeds)", "mt"),
+               f"{_ev_vs_baselines('bleu')} ({PAPER_SEEDS} seeds)", "mt",
+               quote=('As shown in Table 4, our method obtains the highest BLEU [36], METEOR [37], and ROUGE [38] '
+                      'scores of the considered normalization functions while reducing the average number of words '
+                      'attended to 8.2.'),
+               primary=('ev-softmax vs every other normalizer (softmax, sparsemax, entmax-1.5, post-hoc evidential) in '
+                        'BLEU')),
     PaperClaim("ev.mt.attended_order", EV, SOURCE, "attended keys: ev-softmax keeps the most of the sparse "
                "normalizers, fewer than softmax",
-               "# attended " + ", ".join(paper_value(n, "attended") for n in ATTENDED_ORDER), "mt"),
+               "# attended " + ", ".join(paper_value(n, "attended") for n in ATTENDED_ORDER), "mt",
+               quote=('In comparison with the other sparse normalization functions, ours maintains the highest number '
+                      'of attended source words.'),
+               primary=("ev-softmax above the nearest sparse rival in the paper's order (post-hoc) and below softmax "
+                        '("reducing the average number of words attended to 8.2"); secondary: the order of the other '
+                        'sparse rivals (Table 4)')),
     PaperClaim("ev.mt.rouge", EV, SOURCE, "ev-softmax has the highest ROUGE-1/2/L, significantly (0.05 / 0.01) above "
-               "sparsemax, entmax-1.5 and post-hoc", f"ROUGE-L {_ev_vs_baselines('rouge_l')}", "mt"),
+               "sparsemax, entmax-1.5 and post-hoc", f"ROUGE-L {_ev_vs_baselines('rouge_l')}", "mt",
+               quote=('As shown in Table 4, our method obtains the highest BLEU [36], METEOR [37], and ROUGE [38] '
+                      'scores of the considered normalization functions while reducing the average number of words '
+                      'attended to 8.2. … Our method outperforms all baselines in all metrics and maintains a higher '
+                      'number of nonzero attended elements than other sparse normalization functions. … The asterisk * '
+                      'denotes that ev-softmax outperformed the method with a significance level of 0.05, and ** '
+                      'denotes a significance of 0.01.'),
+               primary=('ev-softmax vs the rivals Table 4 marks as significantly below it in ROUGE (sparsemax, '
+                        'entmax-1.5, post-hoc evidential), ROUGE-1/2/L; secondary: vs softmax, which Table 4 does not '
+                        'mark (ROUGE-1 59.31 vs 59.32)')),
     PaperClaim("ev.mt.meteor", EV, SOURCE, "ev-softmax has the highest METEOR, significantly above every other "
-               "normalizer", _ev_vs_baselines("meteor"), "mt"),
+               "normalizer", _ev_vs_baselines("meteor"), "mt",
+               quote=('As shown in Table 4, our method obtains the highest BLEU [36], METEOR [37], and ROUGE [38] '
+                      'scores of the considered normalization functions while reducing the average number of words '
+                      'attended to 8.2. … Our method outperforms all baselines in all metrics and maintains a higher '
+                      'number of nonzero attended elements than other sparse normalization functions. … The asterisk * '
+                      'denotes that ev-softmax outperformed the method with a significance level of 0.05, and ** '
+                      'denotes a significance of 0.01.'),
+               primary=('ev-softmax vs every other normalizer (Table 4 marks all four as significantly below it in '
+                        'METEOR)')),
     PaperClaim("ev.mt.fig4_maps", EV, "Sec. 4.4, Fig. 4", "on a short sentence sparsemax and entmax-1.5 attend over "
                "two source words while ev-softmax and softmax attend over the whole source (the paper: \"Sparsemax "
                "and entmax-1.5 both attend over two words while ev-softmax and softmax attend over the entire "
-               "source\")", "one example sentence", "mt"),
+               "source\")", "one example sentence", "mt",
+               quote=('For short sentences, ev-softmax maintains nonzero attention over the entire sentence, as Fig. 4 '
+                      'demonstrates.'),
+               primary=("ev-softmax attends over the entire source (at least 90 %); secondary: sparsemax's and "
+                        "entmax-1.5's two words (Fig. 4)")),
     PaperClaim("ev.mt.iwslt", EV, SOURCE, "Table 4's values on IWSLT 2014 EN-DE with a transformer-base",
                f"BLEU {paper_value('ev_softmax', 'bleu')}",
                not_run="IWSLT 2014 is not reachable here; the mt experiment runs a small model on LibreOffice help "

@@ -115,13 +115,26 @@ def _top(name: str, k: int = 5) -> str:
 PAPER_CLAIMS = (
     PaperClaim("ev.vqvae.most_accurate", EV, SOURCE, "ev-softmax's samples are the most accurate (classifier top-k)",
                f"top-5/10 {_top('ev_softmax')}/{_top('ev_softmax', 10)} vs sparsemax "
-               f"{_top('sparsemax')}/{_top('sparsemax', 10)}", "vqvae"),
+               f"{_top('sparsemax')}/{_top('sparsemax', 10)}", "vqvae",
+               quote=('Table 3 shows that ev-softmax outperforms other sparse methods in accuracy and is able to '
+                      'generate images with the most resemblance to the ground truth.'),
+               primary=('ev-softmax vs the other sparse methods (sparsemax, entmax-1.5, post-hoc evidential), top-1 '
+                        'and top-3; secondary: vs softmax (Table 3\'s caption: "the highest top-5 and top-10 accuracy '
+                        'scores")')),
     PaperClaim("ev.vqvae.k_order", EV, SOURCE, "nonzero codes K: sparsemax < ev-softmax < entmax-1.5 < post-hoc < "
                f"softmax ({100 * (1 - PAPER_TABLE3['ev_softmax'][2] / PAPER_TABLE3['softmax'][2]):.0f} % fewer than "
-               "softmax for ev-softmax)", f"K {PAPER_K}", "vqvae"),
+               "softmax for ev-softmax)", f"K {PAPER_K}", "vqvae",
+               quote=('Our method reduces the number of latent classes by 85% on average, more than the 83% of '
+                      'entmax-1.5 but less than the 91% of sparsemax.'),
+               primary=("ev-softmax's place between sparsemax and entmax-1.5; secondary: Table 3's entmax-1.5 < "
+                        'post-hoc < softmax')),
     PaperClaim("ev.vqvae.sparse_beats_softmax", EV, SOURCE, "the sparse priors trained sparse beat softmax; post-hoc "
                "does not", "top-5 " + ", ".join(_top(n) for n in ("sparsemax", "entmax15", "ev_softmax"))
-               + f" vs {_top('softmax')}; post-hoc {_top('posthoc_evidential')}", "vqvae"),
+               + f" vs {_top('softmax')}; post-hoc {_top('posthoc_evidential')}", "vqvae",
+               quote=('With the exception of post-hoc evidential sparsification, the sparse methods all outperform '
+                      'softmax'),
+               primary=('sparsemax, entmax-1.5 and ev-softmax each above softmax (top-1); secondary: post-hoc gains '
+                        'nothing over softmax (the exception)')),
     PaperClaim("ev.vqvae.tinyimagenet", EV, SOURCE, "Table 3's values on tinyImageNet (200 classes, WRN classifier, "
                "10 x 128 PixelCNN)",
                f"{_top('ev_softmax')} / {_top('ev_softmax', 10)} / {PAPER_TABLE3['ev_softmax'][2]}",
