@@ -41,6 +41,11 @@ class ResolvedNormalizer:
         return None if self.entry is None else self.entry.attention_threshold
 
     @property
+    def name(self) -> Optional[str]:
+        """The registry name (None for a callable): the CUDA record is kept per name."""
+        return None if self.entry is None else self.entry.name
+
+    @property
     def alpha(self) -> Optional[float]:
         return None if self.entry is None else self.entry.alpha
 
@@ -213,7 +218,7 @@ def sparse_attention(
     registry capability where one applies -- for ev-softmax (threshold known before the pass) the
     Triton flash kernel on CUDA (boolean key-padding masks and ``key_lengths`` only), else the
     exact blockwise kernel (O(L) extra memory) once ``L * S`` reaches
-    :data:`sparsenorm.kernels.attention_dispatch.BLOCKWISE_MIN_SCORES` -- and the dense path
+    :data:`sparsenorm.kernels.auto_plan.BLOCKWISE_MIN_SCORES` -- and the dense path
     otherwise, which builds the L x S weights. ``"dense"``, ``"blockwise"``, ``"triton"``,
     ``"flex"`` ask for one (``ValueError`` where it has no kernel for the normalizer or does not
     apply; the memory-efficient ones return no weights, apply no dropout and do not
@@ -260,7 +265,7 @@ def sparse_attention_from_parts(
         alpha=normalizer.alpha, count_support=recording, query_lengths=query_lengths, causal_offset=offset,
     )
     out, weights, support, valid = run_attention_kernel(normalizer.fn, normalizer.threshold, call, dropout_p,
-                                                        return_weights, backend)
+                                                        return_weights, backend, name=normalizer.name)
     if recording:
         stats.observe(support, valid, stats_module)
     out = out.to(query.dtype)

@@ -9,7 +9,9 @@ Public switches:
 * ``with sparsenorm.kernels.disabled(): ...`` runs the reference path on this thread;
 * :func:`build` compiles the CPU kernels once into the cache (``make venv`` and
   ``sparsenorm build-kernels`` call it); built kernels are then used by default;
-* :func:`use_cpu_kernels` / ``SPARSENORM_CPU_KERNELS`` (see ``kernels/cpu``).
+* :func:`use_cpu_kernels` / ``SPARSENORM_CPU_KERNELS`` (see ``kernels/cpu``);
+* :func:`plan` -- which kernel a row-wise function runs for a device, dtype and row length, and
+  why (on CUDA: only kernels a committed GPU run proved, :mod:`.cuda_proof`).
 """
 from __future__ import annotations
 
@@ -18,6 +20,8 @@ from typing import Dict, Iterator, Optional
 
 from . import cpu
 from .cpu import cpu_kernels_enabled, use_cpu_kernels
+from .auto_plan import RowPlan
+from .auto_plan import plan_rows as plan
 
 
 @contextlib.contextmanager
@@ -46,4 +50,4 @@ def available() -> Dict[str, bool]:
     return {ext.stem: ext.get() is not None for ext in cpu.EXTENSIONS}
 
 
-__all__ = ["disabled", "build", "available", "use_cpu_kernels", "cpu_kernels_enabled"]
+__all__ = ["disabled", "build", "available", "use_cpu_kernels", "cpu_kernels_enabled", "plan", "RowPlan"]

@@ -4,8 +4,7 @@ Attention ops: ``sparsenorm::ev_softmax_attention_blockwise`` and ``..._flash``
 (:mod:`.ops.evidential_attention`), ``sparsenorm::projection_attention``
 (:mod:`.ops.projection_attention`: sparsemax / 1.5-entmax / alpha-entmax in O(L) extra memory by a
 blockwise threshold search), ev-softmax on PyTorch's FlexAttention (:mod:`.flex_attention`; not an
-op of ours: FlexAttention is itself compilable; ``backend="flex"`` only, never chosen by
-``"auto"``), and the dense path (:mod:`.dense_attention`).
+op of ours: FlexAttention is itself compilable), and the dense path (:mod:`.dense_attention`).
 
 Dispatch. The registry says what attention may do with a normalizer
 (``Normalizer.attention_threshold``: ``"known"``, ``"searched"`` or None); :data:`KERNELS` maps
@@ -16,16 +15,16 @@ Adding "this normalizer's attention op is X" is one line::
 
     register_attention_kernel("searched", "blockwise", my_kernel)
 
-:func:`run_attention_kernel` picks the kernel: an explicit ``backend`` must apply (else
-``ValueError``); ``"auto"`` tries :data:`AUTO_ORDER` (the blockwise kernels from
-:data:`BLOCKWISE_MIN_SCORES` scores on) and falls back to
-:func:`~.dense_attention.dense_attention`, which builds the L x S weights and works for every
-normalizer, weights, dropout and float-mask gradients included. The device is looked at here,
-never above.
+:func:`run_attention_kernel` runs the kernel: an explicit ``backend`` must apply (else
+``ValueError``; an unproven CUDA device kernel warns once, :mod:`.cuda_proof`); ``"auto"`` runs what
+:func:`.auto_plan.choose_attention` names for the call's shapes and masks -- on CUDA only device kernels
+that passed the CUDA suite in a committed GPU run -- else :func:`~.dense_attention.dense_attention`,
+which builds the L x S weights and works for every normalizer, weights, dropout and float-mask
+gradients included. The device is looked at here and in :mod:`.auto_plan`, never above.
 """
 from __future__ import annotations
 
-import os
+import dataclasses
 from typing import Callable, Dict, Optional
 
 import torch
@@ -33,52 +32,24 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .._validation import compute_dtype
-from . import cpu, flex_attention
+from . import cpu, cuda_proof, flex_attention
 from .attention_call import AttentionCall, AttentionKernel, kernel_mask, lengths_keep
 from .dense_attention import dense_attention
-from .ops._common import triton_launchers
+from .auto_plan import DECODE_MAX_QUERIES, DEVICE_KERNELS, AttentionSpec, applies, choose_attention  # noqa: F401
 from .ops.evidential_attention import ev_softmax_attention_blockwise, ev_softmax_attention_flash_op
 from .ops.projection_attention import projection_attention_op
 from .reference.evidential_attention import few_queries
 
-BLOCKWISE_MIN_SCORES = 1 << 20
-"""``backend="auto"`` takes a blockwise kernel once ``L * S`` reaches this (below it the dense
-path is as fast and its memory is small)."""
-
 BACKENDS = ("auto", "dense", "blockwise", "triton", "flex", "sdpa", "decode")
 """Valid values of ``backend``: ``"auto"``, the dense path, and the memory-efficient kernel kinds
-(``"sdpa"``: torch's fused ``scaled_dot_product_attention``, for softmax itself; ``"decode"``: a
-few queries over many keys, as in decoding with a key/value cache)."""
-
-AUTO_ORDER = ("sdpa", "triton", "decode", "blockwise")
-"""The memory-efficient backends ``backend="auto"`` tries, in this order, before the dense path."""
-
-
-DECODE_MAX_QUERIES = 16
-"""The most queries the ``"decode"`` kernel takes (decoding: 1 per sequence; speculative or
-chunked steps: a few)."""
-
-
-KNOWN_BLOCKWISE_MIN_SCORES = 1 << 14
-"""``backend="auto"`` takes the blockwise ev-softmax kernel from this many scores on where its C++
-kernel runs (CPU). One thread, 9 query / 3 key-value heads, E = 64, causal, L = S = 64 / 128 /
-256 / 512: the dense path 0.53 / 1.64 / 6.03 / 31.7 ms, the blockwise C++ kernel (64 x 128 tiles)
-0.62 / 1.24 / 3.02 / 7.74 ms (SDPA: 0.15 / 0.57 / 2.10 / 8.06 ms; thread CPU time, loaded cores,
-/tmp micro-benchmark of 2026-11-27)."""
+(``"sdpa"``: torch's fused ``scaled_dot_product_attention``, for softmax itself; ``"flex"``:
+ev-softmax on FlexAttention; ``"triton"``: the flash ev-softmax kernel; ``"decode"``: a few queries
+over many keys, as in decoding with a key/value cache)."""
 
 CPU_BLOCKS_KNOWN = (64, 128)
 """Query and key tile of the blockwise ev-softmax C++ kernel (CPU): one thread, L = S = 512, causal,
 9 heads, E = 64: 7.2 ms at 64 x 128 against 8.5 ms at the reference's 256 x 512 (5.6 ms against
 2.7 ms at 256); the pure-PyTorch reference keeps its larger blocks (fewer Python steps)."""
-
-
-def _auto_min_scores(backend: str, threshold: Optional[str] = None, call: Optional[AttentionCall] = None) -> int:
-    """The least ``L * S`` at which ``backend="auto"`` takes ``backend``."""
-    if backend != "blockwise":
-        return 0
-    if threshold == "known" and call is not None and _cpp_known(call):
-        return min(BLOCKWISE_MIN_SCORES, KNOWN_BLOCKWISE_MIN_SCORES)
-    return BLOCKWISE_MIN_SCORES
 
 
 def _cpp_known(call: AttentionCall) -> bool:
@@ -131,7 +102,7 @@ def _ev_softmax_blockwise(call: AttentionCall):
 
 
 def _ev_softmax_decode(call: AttentionCall):
-    """ev-softmax for a few queries (at most :data:`DECODE_MAX_QUERIES`) over the keys, the
+    """ev-softmax for a few queries (at most :data:`.DECODE_MAX_QUERIES`) over the keys, the
     grouped-query heads stacked against their key/value head (no copy of the keys or values; see
     :func:`.reference.evidential_attention.few_queries`): 4-D inputs with one batch size, no float
     mask, a mask that varies over keys only (padding), ``key_lengths``, causal at any alignment."""
@@ -151,34 +122,12 @@ def _ev_softmax_decode(call: AttentionCall):
                        call.count_support)
 
 
-_FLASH_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-
-
-@torch._dynamo.assume_constant_result
-def _triton_runs_on(device_type: str) -> bool:
-    """Whether the Triton kernels can run on this device type here: CUDA with triton installed (and
-    kernels allowed), or CPU under Triton's interpreter. Constant for ``torch.compile``."""
-    interpreting = os.environ.get("TRITON_INTERPRET") == "1"
-    if device_type != "cuda" and not (device_type == "cpu" and interpreting):
-        return False
-    launchers = triton_launchers()
-    if launchers is None:
-        return False
-    from .triton._common import INTERPRET
-    return INTERPRET == (device_type == "cpu")
-
-
 def _ev_softmax_flash(call: AttentionCall):
     """The flash op where it applies: 4-D (B, H, L, E) inputs with one batch size, E <= 128, the
     value's head dim equal to the query's, a float32/float16/bfloat16 dtype, no float mask, no
     support counting, a mask that varies over keys only (padding); else None."""
     q, k, v = call.q, call.k, call.v
-    if not _triton_runs_on(q.device.type) or call.bias is not None or call.count_support:
-        return None
-    if any(t.dim() != 4 for t in (q, k, v)) or q.dtype not in _FLASH_DTYPES:
-        return None
-    B, E = q.shape[0], q.shape[-1]
-    if E > 128 or v.shape[-1] != E or k.shape[0] != B or v.shape[0] != B:
+    if _applies("triton", *_spec_fields(call_spec(None, "known", call))) is not None:
         return None
     key_mask = kernel_mask(call, "keys")
     if key_mask is NotImplemented:
@@ -224,15 +173,15 @@ def _searched_blockwise(call: AttentionCall):
 
 def _ev_softmax_flex(call: AttentionCall):
     """ev-softmax on FlexAttention (:mod:`.flex_attention`) where this torch has it and,
-    on CPU, only outside autograd (FlexAttention has no CPU backward); no float mask, no counts."""
-    if not flex_attention.flex_available() or call.bias is not None or call.count_support:
-        return None
-    if call.q.device.type == "cpu" and torch.is_grad_enabled() and any(
-            t.requires_grad for t in (call.q, call.k, call.v)):
+    on CPU, only outside autograd (FlexAttention has no CPU backward); float masks (not
+    differentiated), no counts."""
+    if _applies("flex", *_spec_fields(call_spec(None, "known", call))) is not None:
         return None
     q, k, v, keep, key_lengths, unflatten = _batch_head_inputs(call)
+    bias = None if call.bias is None else call.bias.expand(call.scores_shape).reshape(q.shape[0], q.shape[1],
+                                                                                     *call.scores_shape[-2:])
     out = flex_attention.ev_softmax_flex_attention(q, k, v, keep, key_lengths, call.is_causal, call.scale,
-                                                   call.causal_offset)
+                                                   call.causal_offset, bias=bias)
     return unflatten(out), None, None
 
 
@@ -289,17 +238,57 @@ def check_backend(backend: str) -> None:
         raise ValueError(f"backend must be one of {', '.join(map(repr, BACKENDS))}, got {backend!r}")
 
 
+def call_spec(name: Optional[str], threshold: Optional[str], call: AttentionCall, dropout_p: float = 0.0,
+              return_weights: bool = False) -> AttentionSpec:
+    """The call's :class:`~.plan.AttentionSpec` (what the choice of kernel depends on)."""
+    q, k, v = call.q, call.k, call.v
+    if call.bias is not None:
+        mask = "float"
+    elif call.keep is None and call.key_lengths is None:
+        mask = None
+    elif call.keep is None:
+        mask = "keys"
+    else:  # kernel_mask's "keys" form exists: a mask that varies over keys (and batch) only
+        shape = (1,) * (4 - call.keep.dim()) + tuple(call.keep.shape)
+        mask = "keys" if len(shape) == 4 and shape[1] == 1 and shape[2] == 1 else "general"
+    one_batch_4d = all(t.dim() == 4 for t in (q, k, v)) and q.shape[0] == k.shape[0] == v.shape[0]
+    return AttentionSpec(
+        name or "", threshold, q.device.type, q.dtype, call.is_causal, call.scores_shape[-2], call.scores_shape[-1],
+        q.shape[-1], v.shape[-1], mask, one_batch_4d,
+        bias_requires_grad=call.bias is not None and call.bias.requires_grad, needs_weights=return_weights,
+        dropout=dropout_p > 0.0, count_support=call.count_support,
+        requires_grad=torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)))
+
+
+def _spec_fields(spec: AttentionSpec) -> tuple:
+    return tuple(getattr(spec, f.name) for f in dataclasses.fields(spec))
+
+
+# The plan reads the environment (kernels built, allowed, proven; triton importable): constant for
+# torch.compile, which then traces only the chosen kernel.
+@torch._dynamo.assume_constant_result
+def _planned(*fields) -> str:
+    return choose_attention(AttentionSpec(*fields)).backend
+
+
+@torch._dynamo.assume_constant_result
+def _applies(backend: str, *fields) -> Optional[str]:
+    return applies(backend, AttentionSpec(*fields))
+
+
 def run_attention_kernel(fn: Callable[..., Tensor], threshold: Optional[str], call: AttentionCall,
-                         dropout_p: float = 0.0, return_weights: bool = False, backend: str = "auto"):
+                         dropout_p: float = 0.0, return_weights: bool = False, backend: str = "auto",
+                         name: Optional[str] = None):
     """``(out, weights or None, support or None, valid or None)`` by the kernel ``backend`` names.
 
     ``fn`` is the normalizer's map of the scores (for the dense path), ``threshold`` its registry
-    capability (which memory-efficient kernels apply). The memory-efficient kernels return no
+    capability (which memory-efficient kernels apply), ``name`` its registry name (the CUDA record
+    is kept per name; None for a callable). The memory-efficient kernels return no
     weights, apply no dropout and do not differentiate a float mask: an explicit ``backend`` asked
     for with any of those, or that does not apply to the inputs, raises ``ValueError``. Query rows
     past ``call.query_lengths`` are zeroed here (output, weights; left out of the counts).
     """
-    out, weights, support, valid = _run(fn, threshold, call, dropout_p, return_weights, backend)
+    out, weights, support, valid = _run(fn, threshold, call, dropout_p, return_weights, backend, name)
     rows = kernel_mask(call, "query_rows")
     if rows is not None:
         out = out.masked_fill(~rows.unsqueeze(-1), 0.0)
@@ -308,21 +297,19 @@ def run_attention_kernel(fn: Callable[..., Tensor], threshold: Optional[str], ca
     return out, weights, support, valid
 
 
-def _run(fn, threshold, call, dropout_p, return_weights, backend):
+def _run(fn, threshold, call, dropout_p, return_weights, backend, name):
     check_backend(backend)
     kernels = KERNELS.get(threshold, {}) if threshold is not None else {}
     if backend == "dense":
         return dense_attention(fn, call, dropout_p)
-    efficient = not return_weights and dropout_p == 0.0 and (call.bias is None or not call.bias.requires_grad)
     if backend == "auto":
-        n_scores = call.scores_shape[-2] * call.scores_shape[-1]
-        for name in AUTO_ORDER if efficient else ():
-            kernel = kernels.get(name)
-            if kernel is not None and n_scores >= max(_auto_min_scores(name, threshold, call), 1):
-                result = kernel(call)
-                if result is not None:
-                    return (result[0], None, *result[1:])
-        return dense_attention(fn, call, dropout_p)
+        chosen = _planned(*_spec_fields(call_spec(name, threshold, call, dropout_p, return_weights)))
+        kernel = kernels.get(chosen) if chosen != "dense" else None
+        result = None if kernel is None else kernel(call)
+        if result is None:  # the dense path (planned, or an adapter's own limit the plan does not model)
+            return dense_attention(fn, call, dropout_p)
+        return (result[0], None, *result[1:])
+    efficient = not return_weights and dropout_p == 0.0 and (call.bias is None or not call.bias.requires_grad)
     if not efficient:
         raise ValueError(f"backend={backend!r} returns no weights, applies no dropout and does not differentiate "
                          "a float mask; use backend='dense' (or 'auto') for those")
@@ -339,8 +326,10 @@ def _run(fn, threshold, call, dropout_p, return_weights, backend):
     if result is None:
         raise ValueError(f"backend={backend!r} does not apply to these inputs (device, dtype, shapes or mask form); "
                          "use backend='auto'")
+    if call.q.device.type == "cuda" and backend in DEVICE_KERNELS and name:
+        cuda_proof.warn_unproven("attention", name, call.q.dtype, backend)
     return (result[0], None, *result[1:])
 
 
-__all__ = ["AttentionCall", "KERNELS", "BACKENDS", "AUTO_ORDER", "BLOCKWISE_MIN_SCORES", "register_attention_kernel",
-           "run_attention_kernel", "dense_attention", "searched_block_q"]
+__all__ = ["AttentionCall", "KERNELS", "BACKENDS", "register_attention_kernel", "run_attention_kernel", "call_spec",
+           "dense_attention", "searched_block_q"]

@@ -32,7 +32,7 @@ def masks(L, S):
 
 @pytest.fixture
 def always_blockwise(monkeypatch):
-    monkeypatch.setattr(attention_ops, "BLOCKWISE_MIN_SCORES", 0)
+    monkeypatch.setattr("sparsenorm.kernels.auto_plan.BLOCKWISE_MIN_SCORES", 0)
     monkeypatch.setattr("sparsenorm.kernels.reference.evidential_attention.BLOCK_Q", 16)
     monkeypatch.setattr("sparsenorm.kernels.reference.evidential_attention.BLOCK_K", 16)
 
@@ -121,15 +121,15 @@ def test_empty_rows_give_zero_and_zero_gradient():
 def test_automatic_choice(monkeypatch):
     # more queries than the few-queries ("decode") kernel takes, which "auto" tries first
     q, k, v = qkv(1, 2, L=20, S=20)
-    monkeypatch.setattr(attention_ops, "BLOCKWISE_MIN_SCORES", 400)
+    monkeypatch.setattr("sparsenorm.kernels.auto_plan.BLOCKWISE_MIN_SCORES", 400)
     assert "ev_softmax_attention_blockwise" in type(sparse_attention(q, k, v).grad_fn).__name__
     # weights requested, another normalizer, dropout, or a float mask with a gradient: dense
     for kwargs in ({"normalizer": "sparsemax"}, {"dropout_p": 0.1},
                    {"attn_mask": torch.zeros(20, 20, requires_grad=True)}):
         assert "ev_softmax_attention_blockwise" not in type(sparse_attention(q, k, v, **kwargs).grad_fn).__name__
-    monkeypatch.setattr(attention_ops, "BLOCKWISE_MIN_SCORES", 401)
+    monkeypatch.setattr("sparsenorm.kernels.auto_plan.BLOCKWISE_MIN_SCORES", 401)
     assert "ev_softmax_attention_blockwise" not in type(sparse_attention(q, k, v).grad_fn).__name__
-    monkeypatch.setattr(attention_ops, "BLOCKWISE_MIN_SCORES", 1)
+    monkeypatch.setattr("sparsenorm.kernels.auto_plan.BLOCKWISE_MIN_SCORES", 1)
     few = qkv(1, 2, L=attention_ops.DECODE_MAX_QUERIES, S=20)  # a few queries: the "decode" kernel, any size
     assert "ev_softmax_attention_blockwise" not in type(sparse_attention(*few).grad_fn).__name__
 

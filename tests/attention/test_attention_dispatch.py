@@ -100,7 +100,7 @@ def test_a_kernel_is_one_table_entry(monkeypatch):
     sparse_attention(q, k, v, "sparsemax", backend="blockwise")
     sparse_attention(q, k, v, "entmax_bisect", alpha=1.7, backend="blockwise")
     sparse_attention(q, k, v, "sparsemax")  # auto, below the size threshold: dense
-    monkeypatch.setattr(attention_ops, "BLOCKWISE_MIN_SCORES", 1)
+    monkeypatch.setattr("sparsenorm.kernels.auto_plan.BLOCKWISE_MIN_SCORES", 1)
     sparse_attention(q, k, v, "entmax15")
     assert calls == [2.0, 1.7, 1.5]
     with pytest.raises(ValueError, match="backend must be one of"):

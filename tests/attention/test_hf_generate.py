@@ -65,7 +65,7 @@ def kernels_at_every_size(request, monkeypatch):
     """"kernels forced": the blockwise kernels from one score on (``BLOCKWISE_MIN_SCORES = 1``), so
     that the tiny model runs the memory-efficient ev-softmax / sparsemax / entmax kernels too."""
     if request.param == "kernels forced":
-        monkeypatch.setattr(attention_dispatch, "BLOCKWISE_MIN_SCORES", 1)
+        monkeypatch.setattr("sparsenorm.kernels.auto_plan.BLOCKWISE_MIN_SCORES", 1)
     return request.param
 
 

@@ -337,7 +337,7 @@ def test_gradcheck_float64_through_the_kernel(spy, causal, mask):
 
 
 def test_sparse_attention_uses_the_kernel_by_default_with_key_lengths_and_gqa(spy, monkeypatch):
-    monkeypatch.setattr(attention_dispatch, "BLOCKWISE_MIN_SCORES", 0)
+    monkeypatch.setattr("sparsenorm.kernels.auto_plan.BLOCKWISE_MIN_SCORES", 0)
     g = torch.Generator().manual_seed(1)
     q = torch.randn(2, 4, 21, 8, generator=g, dtype=torch.float64)
     k = torch.randn(2, 2, 30, 8, generator=g, dtype=torch.float64)

@@ -37,8 +37,10 @@ def _ev_softmax_cpu(x: Tensor, eps: Optional[float], log: bool) -> Tensor:
 
 @ev_softmax.register_kernel("cuda")
 def _ev_softmax_cuda(x: Tensor, eps: Optional[float], log: bool) -> Tensor:
+    from ..auto_plan import row_backend  # (here: plan imports this package)
+
     launchers = triton_launchers()
-    if launchers is not None and launchers.ev_softmax_supports(x):
+    if launchers is not None and launchers.ev_softmax_supports(x) and row_backend("ev_softmax", x) == "triton":
         return launchers.ev_softmax_forward(x, eps, log)
     return ref_evidential.ev_softmax_forward(x, eps, log)
 
@@ -96,8 +98,10 @@ def _ev_softmax_backward_cpu(grad: Tensor, out: Tensor, log: bool) -> Tensor:
 
 @ev_softmax_backward.register_kernel("cuda")
 def _ev_softmax_backward_cuda(grad: Tensor, out: Tensor, log: bool) -> Tensor:
+    from ..auto_plan import row_backend
+
     launchers = triton_launchers()
-    if launchers is not None and launchers.ev_softmax_supports(out):
+    if launchers is not None and launchers.ev_softmax_supports(out) and row_backend("ev_softmax", out) == "triton":
         return launchers.ev_softmax_backward(grad, out, log)
     return _differentiable_backward(grad_as(grad, out), out, log)
 

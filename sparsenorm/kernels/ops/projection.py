@@ -51,8 +51,10 @@ def _project_cpu(x: Tensor, kind: str, k: Optional[int]) -> Tensor:
 
 @project.register_kernel("cuda")
 def _project_cuda(x: Tensor, kind: str, k: Optional[int]) -> Tensor:
+    from ..auto_plan import row_backend  # (here: plan imports this package)
+
     launchers = triton_launchers()
-    if launchers is not None and launchers.project_supports(x):
+    if launchers is not None and launchers.project_supports(x) and row_backend(kind, x) == "triton":
         return launchers.project(x, kind)  # exact threshold without sorting: ``k`` has no use there
     return ref_projection.project_sorted(x, kind)
 
@@ -79,8 +81,10 @@ def _project_backward_cpu(p: Tensor, grad: Tensor, kind: str) -> Tensor:
 
 @project_backward.register_kernel("cuda")
 def _project_backward_cuda(p: Tensor, grad: Tensor, kind: str) -> Tensor:
+    from ..auto_plan import row_backend
+
     launchers = triton_launchers()
-    if launchers is not None and launchers.project_supports(p):
+    if launchers is not None and launchers.project_supports(p) and row_backend(kind, p) == "triton":
         return launchers.project_backward(p, grad.to(p.dtype).expand_as(p), kind)
     return ref_projection.dense_backward(p, grad, kind)
 

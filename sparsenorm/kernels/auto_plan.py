@@ -1,0 +1,298 @@
+"""What ``auto`` will run, and why: the one place the choice of kernel is made, from shapes alone.
+
+:func:`plan_rows` (``sparsenorm.kernels.plan``) answers for the row-wise functions, :func:`plan_attention`
+(``sparsenorm.attention.plan``) for attention; neither needs a tensor or a GPU. The kernels follow
+these answers: the row-wise ops ask :func:`row_backend` (the same function on a tensor's
+properties), and ``sparse_attention(..., backend="auto")`` runs :func:`plan_attention` on the call's
+shapes and masks, then exactly the backend it names.
+
+Rules. On CUDA a device kernel (Triton, FlexAttention, SDPA) is chosen only where the committed
+record (:mod:`.cuda_proof`) shows it passed the CUDA suite on a GPU; the pure-PyTorch paths
+(reference, dense, blockwise, decode) need no record. On CPU the C++ kernels run where built and
+allowed; the blockwise attention from a number of scores on (below it the dense path is as fast).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Optional, Tuple
+
+import torch
+
+from . import cpu, cuda_proof
+from .ops._common import triton_launchers
+
+# --------------------------------------------------------------------------------------- row-wise
+TRITON_ROW_FAMILIES = ("ev_softmax", "sparsemax", "entmax15")
+"""The row-wise families with a Triton kernel (CUDA)."""
+
+CPP_ROW_FAMILIES = {"ev_softmax": cpu.EVIDENTIAL, "sparsemax": cpu.PROJECTION, "entmax15": cpu.PROJECTION,
+                    "sparsehourglass": cpu.PROJECTION, "r_softmax": cpu.RSOFTMAX, "t_softmax": cpu.RSOFTMAX}
+"""The row-wise families with a C++ kernel (CPU), and its extension."""
+
+_FLOATS = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
+
+@dataclass(frozen=True)
+class RowPlan:
+    """Which kernel a row-wise function runs: ``backend`` is ``"triton"``, ``"cpp"`` or
+    ``"reference"`` (pure PyTorch), ``reason`` says why, ``proof`` cites the GPU run behind a CUDA kernel."""
+
+    name: str
+    device: str
+    dtype: torch.dtype
+    row_len: int
+    backend: str
+    reason: str
+    proof: Optional[str] = None
+
+
+def _device_type(device) -> str:
+    return torch.device(device).type if not isinstance(device, str) or ":" in device else device
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def plan_rows(name: str, *, device="cpu", dtype=torch.float32, row_len: int = 1) -> RowPlan:
+    """Which kernel ``sparsenorm.<name>`` runs on rows of ``row_len`` entries of ``dtype`` on ``device``.
+
+    ``name`` is a row-wise family (``"ev_softmax"``, ``"sparsemax"``, ``"entmax15"``, ``"r_softmax"``,
+    ...; the registry's names). Example::
+
+        >>> sparsenorm.kernels.plan("ev_softmax", device="cuda", dtype=torch.bfloat16, row_len=4096)
+        RowPlan(name='ev_softmax', device='cuda', ..., backend='triton', reason='...', proof='results/gpu/...')
+    """
+    from .. import registry
+
+    if name not in registry.names():
+        raise ValueError(f"name must be one of {', '.join(registry.names())}, got {name!r}")
+    if dtype not in _FLOATS:
+        raise TypeError(f"dtype must be a floating dtype ({', '.join(map(str, _FLOATS))}), got {dtype}")
+    if isinstance(row_len, bool) or not isinstance(row_len, int) or row_len < 0:
+        raise ValueError(f"row_len must be a non-negative int, got {row_len!r}")
+    kind = _device_type(device)
+    backend, reason, proof = _row_choice(name, kind, dtype, row_len)
+    return RowPlan(name, kind, dtype, row_len, backend, reason, proof)
+
+
+def _row_choice(name: str, kind: str, dtype, row_len: int) -> Tuple[str, str, Optional[str]]:
+    if getattr(cpu._local, "disabled", 0):
+        return "reference", "inside kernels.disabled()", None
+    if row_len == 0:
+        return "reference", "an empty row", None
+    if kind == "cuda" or (kind == "cpu" and _interpreting() and name in TRITON_ROW_FAMILIES
+                          and dtype != torch.float64):
+        if name not in TRITON_ROW_FAMILIES:
+            return "reference", f"{name} has no Triton kernel", None
+        if dtype == torch.float64:
+            return "reference", "the Triton kernels take float32/float16/bfloat16", None
+        if triton_launchers() is None:
+            return "reference", "triton is not installed (pip install 'sparsenorm[gpu]') or kernels are disabled", None
+        if kind == "cpu":
+            return "triton", "Triton's interpreter (TRITON_INTERPRET=1)", None
+        proof = cuda_proof.proven("rows", name, dtype, "triton")
+        if proof is None and not cuda_proof.trusted():
+            return "reference", f"no committed GPU run proves the Triton {name} kernel in {str(dtype)[6:]}", None
+        return "triton", "passed the CUDA suite" if proof else "unproven, allowed by cuda_proof.trusting()", proof
+    if kind == "cpu":
+        ext = CPP_ROW_FAMILIES.get(name)
+        if ext is None:
+            return "reference", f"{name} has no C++ kernel", None
+        if dtype not in (torch.float32, torch.float64):
+            return "reference", "the C++ kernels take float32/float64 (16-bit input is computed in float32)", None
+        if ext.get() is None:
+            return "reference", "the C++ kernels are not built or not allowed (sparsenorm build-kernels)", None
+        return "cpp", "the C++ kernel is built", None
+    return "reference", f"no fused kernel on {kind}", None
+
+
+def row_backend(name: str, x: torch.Tensor) -> str:
+    """The backend :func:`plan_rows` names for rows ``x`` (what the row-wise ops' CUDA kernels run)."""
+    if x.dim() == 0:
+        return "reference"
+    return _row_choice(name, x.device.type, x.dtype, x.shape[-1])[0]
+
+
+# -------------------------------------------------------------------------------------- attention
+MASK_KINDS = (None, "keys", "general", "float")
+"""``mask`` of :func:`plan_attention`: None; ``"keys"`` -- a key-padding mask or key lengths (varies
+over keys only); ``"general"`` -- a boolean mask that varies over queries or heads; ``"float"`` -- an
+additive float mask."""
+
+BLOCKWISE_MIN_SCORES = 1 << 20
+"""``auto`` takes a blockwise kernel once ``L * S`` reaches this (below it the dense path is as fast
+and its memory is small)."""
+
+KNOWN_BLOCKWISE_MIN_SCORES = 1 << 14
+"""... and the blockwise ev-softmax kernel from this many scores on where its C++ kernel runs (CPU).
+One thread, 9 query / 3 key-value heads, E = 64, causal, L = S = 64 / 128 / 256 / 512: the dense
+path 0.53 / 1.64 / 6.03 / 31.7 ms, the blockwise C++ kernel (64 x 128 tiles) 0.62 / 1.24 / 3.02 /
+7.74 ms (SDPA: 0.15 / 0.57 / 2.10 / 8.06 ms; thread CPU time, loaded cores, micro-benchmark of
+2026-11-27)."""
+
+DECODE_MAX_QUERIES = 16
+"""The most queries the ``"decode"`` kernel takes (decoding: 1 per sequence; speculative or
+chunked steps: a few)."""
+
+FLASH_MAX_HEAD_DIM = 128
+
+DEVICE_KERNELS = ("sdpa", "flex", "triton")
+"""The backends that need a committed GPU record before ``auto`` runs them on CUDA."""
+
+AUTO_ORDER = {
+    "cpu": {"softmax": ("sdpa",), "known": ("triton", "decode", "blockwise"), "searched": ("blockwise",)},
+    # Decoding (few queries over a growing cache) stays on the decode path on CUDA: FlexAttention
+    # compiles per shape, so a cache that grows by one key per step would recompile at every step.
+    "cuda": {"softmax": ("sdpa",), "known": ("decode", "flex", "blockwise"), "searched": ("blockwise",)},
+}
+"""The memory-efficient backends ``auto`` tries, in order, per device and threshold kind, before
+the dense path."""
+
+
+@dataclass(frozen=True)
+class AttentionSpec:
+    """What the choice of attention kernel depends on (no tensors)."""
+
+    normalizer: str
+    threshold: Optional[str]
+    device: str
+    dtype: torch.dtype
+    causal: bool
+    q_len: int
+    k_len: int
+    head_dim: int
+    value_dim: int
+    mask: Optional[str] = None
+    one_batch_4d: bool = True
+    bias_requires_grad: bool = False
+    needs_weights: bool = False
+    dropout: bool = False
+    count_support: bool = False
+    requires_grad: bool = False
+
+
+@dataclass(frozen=True)
+class AttentionPlan:
+    """``backend`` is what ``sparse_attention(..., backend="auto")`` runs; ``reason`` why; ``proof``
+    the committed GPU run behind a CUDA device kernel; ``rejected`` each backend tried before it, with why not."""
+
+    backend: str
+    reason: str
+    proof: Optional[str] = None
+    rejected: Tuple[Tuple[str, str], ...] = field(default_factory=tuple)
+
+
+def applies(backend: str, spec: AttentionSpec) -> Optional[str]:
+    """None where ``backend`` can run ``spec``, else why not (capability and shape limits)."""
+    if spec.needs_weights or spec.dropout or spec.bias_requires_grad:
+        return "the memory-efficient kernels return no weights, apply no dropout, do not differentiate a float mask"
+    if backend == "sdpa":
+        if spec.threshold != "softmax":
+            return "SDPA computes softmax only"
+        if spec.mask == "float" or spec.count_support or not spec.one_batch_4d:
+            return "SDPA here takes 4-D inputs of one batch size, no float mask, no support counts"
+        return None
+    if backend == "triton":
+        if spec.threshold != "known":
+            return "the flash kernel computes ev-softmax only"
+        if spec.device != "cuda" and not (spec.device == "cpu" and _interpreting()):
+            return f"Triton does not run on {spec.device}"
+        if triton_launchers() is None:
+            return "triton is not installed or kernels are disabled"
+        if spec.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+            return "the flash kernel takes float32/float16/bfloat16"
+        if spec.mask in ("general", "float") or spec.count_support or not spec.one_batch_4d:
+            return "the flash kernel takes 4-D inputs of one batch size, a key-padding mask only, no counts"
+        if spec.head_dim > FLASH_MAX_HEAD_DIM or spec.value_dim != spec.head_dim:
+            return f"the flash kernel takes head dims up to {FLASH_MAX_HEAD_DIM}, equal for values"
+        return None
+    if backend == "flex":
+        from . import flex_attention
+        if spec.threshold != "known":
+            return "the Flex path computes ev-softmax only"
+        if not flex_attention.flex_available():
+            return f"torch {torch.__version__} has no FlexAttention"
+        if spec.count_support:
+            return "the Flex path returns no support counts"
+        if spec.device == "cpu" and spec.requires_grad:
+            return "FlexAttention has no backward on CPU"
+        return None
+    if backend == "decode":
+        if spec.threshold != "known":
+            return "the decode path computes ev-softmax only"
+        if spec.q_len > DECODE_MAX_QUERIES:
+            return f"more than {DECODE_MAX_QUERIES} queries"
+        if spec.mask in ("general", "float") or not spec.one_batch_4d:
+            return "the decode path takes 4-D inputs of one batch size and a key-padding mask only"
+        return None
+    if backend == "blockwise":
+        if spec.threshold not in ("known", "searched"):
+            return "no blockwise kernel for this normalizer"
+        if spec.threshold == "searched" and (spec.mask == "float" or spec.count_support):
+            return "the searched-threshold kernel takes no float mask and returns no counts"
+        least = BLOCKWISE_MIN_SCORES
+        if spec.threshold == "known" and spec.device == "cpu" and cpu.EVIDENTIAL_ATTENTION.get() is not None:
+            least = min(least, KNOWN_BLOCKWISE_MIN_SCORES)
+        if spec.q_len * spec.k_len < least:
+            return f"fewer than {least} scores (the dense path is as fast there)"
+        return None
+    return f"unknown backend {backend!r}"
+
+
+def choose_attention(spec: AttentionSpec) -> AttentionPlan:
+    """The plan ``auto`` follows for ``spec`` (see :func:`plan_attention`)."""
+    rejected = []
+    if spec.q_len * spec.k_len == 0:
+        return AttentionPlan("dense", "no query or no key: the answer is empty or zeros")
+    order = AUTO_ORDER.get(spec.device, {}).get(spec.threshold or "", ())
+    for backend in order:
+        why = applies(backend, spec)
+        proof = None
+        if why is None and spec.device == "cuda" and backend in DEVICE_KERNELS:
+            proof = cuda_proof.proven("attention", spec.normalizer, spec.dtype, backend)
+            if proof is None and not cuda_proof.trusted():
+                why = f"no committed GPU run proves it for {spec.normalizer} in {str(spec.dtype)[6:]}"
+        if why is None:
+            reason = {"sdpa": "torch's fused softmax attention", "flex": "FlexAttention with the threshold folded in",
+                      "triton": "the flash ev-softmax kernel", "decode": "few queries over many keys",
+                      "blockwise": "O(L) memory, threshold per query block"}[backend]
+            return AttentionPlan(backend, reason + (" (passed the CUDA suite)" if proof else ""), proof,
+                                 tuple(rejected))
+        rejected.append((backend, why))
+    return AttentionPlan("dense", "the L x S weights: every normalizer, mask, weights and dropout", None,
+                         tuple(rejected))
+
+
+def plan_attention(normalizer: str, *, device="cpu", dtype=torch.float32, causal: bool = False, q_len: int,
+                   k_len: int, head_dim: int, value_dim: Optional[int] = None, mask: Optional[str] = None,
+                   need_weights: bool = False, dropout_p: float = 0.0, requires_grad: bool = False,
+                   count_support: bool = False) -> AttentionPlan:
+    """Which backend ``sparse_attention(q, k, v, normalizer, backend="auto")`` runs, and why.
+
+    No tensors and no GPU needed: ``device`` (``"cpu"``, ``"cuda"``), ``dtype``, ``causal``, ``q_len``
+    (L), ``k_len`` (S), ``head_dim`` (E), ``value_dim`` (default E), ``mask`` one of
+    :data:`MASK_KINDS`, and what the call asks for (``need_weights``, ``dropout_p``,
+    ``requires_grad``: the inputs require grad). Inputs are taken as 4-D (B, H, L, E) of one batch size.
+    """
+    from .. import registry
+
+    if normalizer not in registry.names():
+        raise ValueError(f"normalizer must be one of {', '.join(registry.names())}, got {normalizer!r}")
+    if mask not in MASK_KINDS:
+        raise ValueError(f"mask must be one of {MASK_KINDS}, got {mask!r}")
+    if dtype not in _FLOATS:
+        raise TypeError(f"dtype must be a floating dtype, got {dtype}")
+    for arg, value in (("q_len", q_len), ("k_len", k_len), ("head_dim", head_dim)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{arg} must be a non-negative int, got {value!r}")
+    spec = AttentionSpec(normalizer, registry.get(normalizer).attention_threshold, _device_type(device), dtype,
+                         bool(causal), q_len, k_len, head_dim, head_dim if value_dim is None else value_dim, mask,
+                         needs_weights=bool(need_weights), dropout=dropout_p > 0, requires_grad=bool(requires_grad),
+                         count_support=bool(count_support))
+    return choose_attention(spec)
+
+
+__all__ = ["RowPlan", "plan_rows", "row_backend", "AttentionSpec", "AttentionPlan", "plan_attention",
+           "choose_attention", "applies", "AUTO_ORDER", "MASK_KINDS"]
