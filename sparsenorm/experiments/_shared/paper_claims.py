@@ -35,6 +35,8 @@ class PaperClaim:
     """For a cost claim: the committed benchmark that measures it (no experiment verdict)."""
     not_run: str = ""
     """Why no experiment judges it, and what running it would take."""
+    caveat: str = ""
+    """What the judging run leaves out that bears on this claim, said beside its verdict in the index."""
     quote: str = ""
     """For a claim an experiment judges: the paper's own sentence that makes it, verbatim from the text in
     ``shared/papers/`` (or, where the extract lacks the section, what the extract does say, and that it lacks it)."""
@@ -87,9 +89,12 @@ R_THEORY: Tuple[PaperClaim, ...] = (
 
 SM_THEORY: Tuple[PaperClaim, ...] = (
     PaperClaim("sm.properties", SM, "Sec. 2, Prop. 1-2", "sparsemax is the Euclidean projection onto the simplex, "
-               "translation-invariant, permutation-equivariant, monotonic, idempotent; closed-form threshold",
+               "translation-invariant, permutation-equivariant, monotonic, idempotent; closed-form threshold; "
+               "rho(0) = 1/K and, as the temperature goes to zero, uniform on the argmax (for sparsemax exactly, "
+               "for every eps <= gamma(z) |A(z)|)",
                "Prop. 1-2", tests="tests/unit/test_sparsemax.py::test_property_* (hypothesis), checked against the "
-                                  "entmax package"),
+                                  "entmax package; Prop. 2.1 (rho(0), the zero-temperature limit and sparsemax's "
+                                  "bound): tests/experiments/test_paper_properties.py::test_prop2_*"),
     PaperClaim("sm.jacobian", SM, "Sec. 2.5", "the Jacobian is diag(s) - s s^T / |S|", "closed form",
                tests="tests/unit/test_sparsemax.py::test_gradients_match_entmax_package, ::test_gradcheck_exact"),
     PaperClaim("sm.loss", SM, "Sec. 3", "the sparsemax loss is convex, differentiable, zero iff sparsemax(z) = "

@@ -104,7 +104,7 @@ def index_rows(root: Path, claims: Sequence[PaperClaim]
             run, c = judged
             verdict = label_mode(c["verdict"], run["base_mode"] == "quick")
             seeds = c.get("units") or (c.get("seeds") if c.get("seeds") is not None else run["seeds"])
-            ours = _short(c["evidence"])
+            ours = (f"*Caveat: {entry.caveat}.* " if entry.caveat else "") + _short(c["evidence"])
             link = f"[{run['folder']}]({run['folder']}/report.md)"
             mode = run["mode"]
             gate = regime.status(run.get("regime"))
