@@ -12,7 +12,8 @@ compiling. An ordinary function call never compiles anything unless asked to:
 A failed build prints one line (a ``RuntimeWarning``) and leaves the reference path; so does the
 first call that would have used a kernel that is not built (once per process, naming
 ``sparsenorm build-kernels``; ``SPARSENORM_CPU_KERNELS=0`` chooses the reference path silently). The library
-file's name carries a hash of its source and of its compiler flags, so a stale build is never loaded.
+file's name carries a hash of its source, its compiler flags and torch's version, so a stale build
+(or one made for another torch) is never loaded.
 
 Concurrent builds (two processes, e.g. pytest-xdist workers or two users of one cache) are safe:
 a build holds a file lock (``<name>.lock`` next to the build folder; ``filelock``, which torch
@@ -137,7 +138,9 @@ class Extension:
 
     def _name_and_flags(self):
         suffix, flags = _capability_flags()
-        digest = hashlib.sha256(self.source.read_bytes() + " ".join(_COMMON_FLAGS + flags).encode()).hexdigest()[:10]
+        # torch's version too: a library built against another torch's headers is another binary (its ABI).
+        digest = hashlib.sha256(self.source.read_bytes() + " ".join(_COMMON_FLAGS + flags).encode()
+                                + torch.__version__.encode()).hexdigest()[:10]
         return f"sparsenorm_{self.stem}_{suffix}_{digest}", flags
 
     def _library_path(self, name: str) -> Path:
