@@ -1,7 +1,7 @@
 """The one entry path of every normalizer, and every argument check.
 
 Every public function goes through :func:`run_on_rows`: check ``x`` -> normalize ``dim`` -> upcast
-(float16/bfloat16 are computed in float32) -> apply the "not there" rule and ``mask`` -> call the
+(float16/bfloat16 are computed in float32; an op whose kernel takes them does that inside) -> apply the "not there" rule and ``mask`` -> call the
 algorithm on rows along the LAST dimension -> move the dimension back and cast to the input dtype.
 Bad input fails here with a message that names the argument, never deep inside a kernel.
 
@@ -260,6 +260,14 @@ def per_row_tensor(rows: Tensor, value: Union[float, Tensor]) -> Tensor:
     return torch.full(rows.shape[:-1] + (1,), value, dtype=rows.dtype, device=rows.device)
 
 
+@torch._dynamo.assume_constant_result
+def _takes_low_precision(fn, device_type: str, dtype: torch.dtype, row_len: int) -> bool:
+    """Whether op ``fn`` takes 16-bit rows as they are here (it reads the kernel choice: constant for
+    ``torch.compile``)."""
+    takes = getattr(fn, "takes_low_precision", None)
+    return bool(takes is not None and takes(device_type, dtype, row_len))
+
+
 def run_on_rows(
     fn: Callable[..., Tensor],
     x: Tensor,
@@ -275,7 +283,11 @@ def run_on_rows(
     ``fn`` receives a tensor of rows along its last dimension in the compute dtype, in which
     every entry that is not there is ``-inf`` (with ``marks_not_there=False`` only ``mask`` and
     the low-precision upcast are applied: ``fn`` then treats entries ``<= finfo.min / 2`` itself,
-    which saves a pass), and the per-row ``params`` (see :func:`row_param`). Its output has the
+    which saves a pass), and the per-row ``params`` (see :func:`row_param`). An op that takes
+    float16/bfloat16 rows itself (its ``takes_low_precision(device_type, dtype, row_len)`` says so:
+    ev-softmax's Triton kernel, which accumulates in float32 inside) gets them as they are, with
+    ``mask`` applied and nothing else: no upcast, marking or cast-back pass (``marks_not_there=False``
+    only). Its output has the
     rows' shape; it is moved back and cast to ``x``'s dtype. A 0-d ``x`` is one row of one
     entry; an empty dimension gives an empty result.
     """
@@ -288,7 +300,10 @@ def run_on_rows(
     if scalar:
         x = x.reshape(1)
         mask = None if mask is None else mask.reshape(1)
-    if marks_not_there or x.dtype in _LOW_PRECISION:
+    if (not marks_not_there and x.dtype in _LOW_PRECISION
+            and _takes_low_precision(fn, x.device.type, x.dtype, x.shape[d])):
+        z = x if mask is None else x.masked_fill(~mask, -math.inf)  # 16-bit rows as they are (see below)
+    elif marks_not_there or x.dtype in _LOW_PRECISION:
         z = mark_not_there(x, mask)
     elif mask is not None:
         z = x.masked_fill(~mask, -math.inf)

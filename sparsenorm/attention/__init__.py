@@ -11,10 +11,10 @@
 """
 from ..kernels.attention_dispatch import BACKENDS
 from ..kernels.auto_plan import BLOCKWISE_MIN_SCORES, AttentionPlan
-from ..kernels.auto_plan import plan_attention as plan
 from ..kernels.ops.evidential_attention import ev_softmax_attention_blockwise
 from .functional import sparse_attention
 from .masks import split_mask
+from .planning import plan
 from .modules import MultiheadAttention
 from .stats import AttentionStats, LayerStats, record
 

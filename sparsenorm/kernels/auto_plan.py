@@ -1,10 +1,12 @@
 """What ``auto`` will run, and why: the one place the choice of kernel is made, from shapes alone.
 
-:func:`plan_rows` (``sparsenorm.kernels.plan``) answers for the row-wise functions, :func:`plan_attention`
-(``sparsenorm.attention.plan``) for attention; neither needs a tensor or a GPU. The kernels follow
+:func:`plan_rows` (``sparsenorm.kernels.plan``) answers for the row-wise functions,
+:func:`choose_attention` (behind ``sparsenorm.attention.plan``) for attention; neither needs a
+tensor or a GPU. The kernels follow
 these answers: the row-wise ops ask :func:`row_backend` (the same function on a tensor's
-properties), and ``sparse_attention(..., backend="auto")`` runs :func:`plan_attention` on the call's
-shapes and masks, then exactly the backend it names.
+properties), and ``sparse_attention(..., backend="auto")`` runs :func:`choose_attention` on the call's
+shapes and masks (:func:`~sparsenorm.kernels.attention_dispatch.call_spec`), then exactly the
+backend it names.
 
 Rules. On CUDA a device kernel (Triton, FlexAttention, SDPA) is chosen only where the committed
 record (:mod:`.cuda_proof`) shows it passed the CUDA suite on a GPU; the pure-PyTorch paths
@@ -30,7 +32,7 @@ CPP_ROW_FAMILIES = {"ev_softmax": cpu.EVIDENTIAL, "sparsemax": cpu.PROJECTION, "
                     "sparsehourglass": cpu.PROJECTION, "r_softmax": cpu.RSOFTMAX, "t_softmax": cpu.RSOFTMAX}
 """The row-wise families with a C++ kernel (CPU), and its extension."""
 
-_FLOATS = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
 
 @dataclass(frozen=True)
@@ -58,26 +60,25 @@ def _interpreting() -> bool:
 def plan_rows(name: str, *, device="cpu", dtype=torch.float32, row_len: int = 1) -> RowPlan:
     """Which kernel ``sparsenorm.<name>`` runs on rows of ``row_len`` entries of ``dtype`` on ``device``.
 
-    ``name`` is a row-wise family (``"ev_softmax"``, ``"sparsemax"``, ``"entmax15"``, ``"r_softmax"``,
-    ...; the registry's names). Example::
+    ``name`` is a registry name; the families with a fused kernel are :data:`TRITON_ROW_FAMILIES`
+    (CUDA) and :data:`CPP_ROW_FAMILIES` (CPU), every other name runs its reference path. Example::
 
         >>> sparsenorm.kernels.plan("ev_softmax", device="cuda", dtype=torch.bfloat16, row_len=4096)
         RowPlan(name='ev_softmax', device='cuda', ..., backend='triton', reason='...', proof='results/gpu/...')
     """
-    from .. import registry
-
-    if name not in registry.names():
-        raise ValueError(f"name must be one of {', '.join(registry.names())}, got {name!r}")
-    if dtype not in _FLOATS:
-        raise TypeError(f"dtype must be a floating dtype ({', '.join(map(str, _FLOATS))}), got {dtype}")
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"name must be a normalizer's registry name, got {name!r}")
+    if dtype not in FLOAT_DTYPES:
+        raise TypeError(f"dtype must be a floating dtype ({', '.join(map(str, FLOAT_DTYPES))}), got {dtype}")
     if isinstance(row_len, bool) or not isinstance(row_len, int) or row_len < 0:
         raise ValueError(f"row_len must be a non-negative int, got {row_len!r}")
     kind = _device_type(device)
-    backend, reason, proof = _row_choice(name, kind, dtype, row_len)
+    backend, reason, proof = row_choice(name, kind, dtype, row_len)
     return RowPlan(name, kind, dtype, row_len, backend, reason, proof)
 
 
-def _row_choice(name: str, kind: str, dtype, row_len: int) -> Tuple[str, str, Optional[str]]:
+def row_choice(name: str, kind: str, dtype, row_len: int) -> Tuple[str, str, Optional[str]]:
+    """``(backend, reason, proof)`` of :func:`plan_rows` for a device type (the ops call this)."""
     if getattr(cpu._local, "disabled", 0):
         return "reference", "inside kernels.disabled()", None
     if row_len == 0:
@@ -85,7 +86,7 @@ def _row_choice(name: str, kind: str, dtype, row_len: int) -> Tuple[str, str, Op
     if kind == "cuda" or (kind == "cpu" and _interpreting() and name in TRITON_ROW_FAMILIES
                           and dtype != torch.float64):
         if name not in TRITON_ROW_FAMILIES:
-            return "reference", f"{name} has no Triton kernel", None
+            return "reference", f"{name} has no Triton kernel (those with one: {', '.join(TRITON_ROW_FAMILIES)})", None
         if dtype == torch.float64:
             return "reference", "the Triton kernels take float32/float16/bfloat16", None
         if triton_launchers() is None:
@@ -112,12 +113,12 @@ def row_backend(name: str, x: torch.Tensor) -> str:
     """The backend :func:`plan_rows` names for rows ``x`` (what the row-wise ops' CUDA kernels run)."""
     if x.dim() == 0:
         return "reference"
-    return _row_choice(name, x.device.type, x.dtype, x.shape[-1])[0]
+    return row_choice(name, x.device.type, x.dtype, x.shape[-1])[0]
 
 
 # -------------------------------------------------------------------------------------- attention
 MASK_KINDS = (None, "keys", "general", "float")
-"""``mask`` of :func:`plan_attention`: None; ``"keys"`` -- a key-padding mask or key lengths (varies
+"""``mask`` of ``sparsenorm.attention.plan``: None; ``"keys"`` -- a key-padding mask or key lengths (varies
 over keys only); ``"general"`` -- a boolean mask that varies over queries or heads; ``"float"`` -- an
 additive float mask."""
 
@@ -242,7 +243,7 @@ def applies(backend: str, spec: AttentionSpec) -> Optional[str]:
 
 
 def choose_attention(spec: AttentionSpec) -> AttentionPlan:
-    """The plan ``auto`` follows for ``spec`` (see :func:`plan_attention`)."""
+    """The plan ``auto`` follows for ``spec`` (``sparsenorm.attention.plan`` is its public form)."""
     rejected = []
     if spec.q_len * spec.k_len == 0:
         return AttentionPlan("dense", "no query or no key: the answer is empty or zeros")
@@ -265,34 +266,5 @@ def choose_attention(spec: AttentionSpec) -> AttentionPlan:
                          tuple(rejected))
 
 
-def plan_attention(normalizer: str, *, device="cpu", dtype=torch.float32, causal: bool = False, q_len: int,
-                   k_len: int, head_dim: int, value_dim: Optional[int] = None, mask: Optional[str] = None,
-                   need_weights: bool = False, dropout_p: float = 0.0, requires_grad: bool = False,
-                   count_support: bool = False) -> AttentionPlan:
-    """Which backend ``sparse_attention(q, k, v, normalizer, backend="auto")`` runs, and why.
-
-    No tensors and no GPU needed: ``device`` (``"cpu"``, ``"cuda"``), ``dtype``, ``causal``, ``q_len``
-    (L), ``k_len`` (S), ``head_dim`` (E), ``value_dim`` (default E), ``mask`` one of
-    :data:`MASK_KINDS`, and what the call asks for (``need_weights``, ``dropout_p``,
-    ``requires_grad``: the inputs require grad). Inputs are taken as 4-D (B, H, L, E) of one batch size.
-    """
-    from .. import registry
-
-    if normalizer not in registry.names():
-        raise ValueError(f"normalizer must be one of {', '.join(registry.names())}, got {normalizer!r}")
-    if mask not in MASK_KINDS:
-        raise ValueError(f"mask must be one of {MASK_KINDS}, got {mask!r}")
-    if dtype not in _FLOATS:
-        raise TypeError(f"dtype must be a floating dtype, got {dtype}")
-    for arg, value in (("q_len", q_len), ("k_len", k_len), ("head_dim", head_dim)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"{arg} must be a non-negative int, got {value!r}")
-    spec = AttentionSpec(normalizer, registry.get(normalizer).attention_threshold, _device_type(device), dtype,
-                         bool(causal), q_len, k_len, head_dim, head_dim if value_dim is None else value_dim, mask,
-                         needs_weights=bool(need_weights), dropout=dropout_p > 0, requires_grad=bool(requires_grad),
-                         count_support=bool(count_support))
-    return choose_attention(spec)
-
-
-__all__ = ["RowPlan", "plan_rows", "row_backend", "AttentionSpec", "AttentionPlan", "plan_attention",
-           "choose_attention", "applies", "AUTO_ORDER", "MASK_KINDS"]
+__all__ = ["RowPlan", "plan_rows", "row_backend", "row_choice", "AttentionSpec", "AttentionPlan", "choose_attention",
+           "applies", "AUTO_ORDER", "MASK_KINDS"]

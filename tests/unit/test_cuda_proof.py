@@ -117,7 +117,9 @@ def test_plans_reject_bad_arguments_naming_them():
     with pytest.raises(ValueError, match="q_len"):
         attention_plan("ev_softmax", q_len=-1, k_len=1, head_dim=8)
     with pytest.raises(ValueError, match="name"):
-        sparsenorm.kernels.plan("evsoftmax", device="cpu", dtype=torch.float32, row_len=3)
+        sparsenorm.kernels.plan("", device="cpu", dtype=torch.float32, row_len=3)
+    with pytest.raises(TypeError, match="dtype"):
+        sparsenorm.kernels.plan("ev_softmax", device="cpu", dtype=torch.int64, row_len=3)
     with pytest.raises(ValueError, match="row_len"):
         sparsenorm.kernels.plan("ev_softmax", device="cpu", dtype=torch.float32, row_len=2.5)
 

@@ -131,4 +131,16 @@ def _ev_softmax_log_backward_fake(grad: Tensor, out: Tensor) -> Tensor:
     return empty_like_contiguous(out)
 
 
+def _takes_low_precision(device_type: str, dtype: torch.dtype, row_len: int) -> bool:
+    """Whether :func:`ev_softmax` takes float16/bfloat16 rows as they are: where its kernel is the
+    Triton one (CUDA, proven), which accumulates in float32 inside and treats the entries at or below
+    ``finfo(input dtype).min / 2`` itself, so the entry path skips its upcast and marking passes
+    (``sparsenorm._validation.run_on_rows``). Elsewhere 16-bit rows are computed in float32."""
+    from ..auto_plan import row_choice
+
+    return device_type == "cuda" and row_choice("ev_softmax", device_type, dtype, row_len)[0] == "triton"
+
+
+ev_softmax.takes_low_precision = _takes_low_precision
+
 OPS = (ev_softmax, ev_softmax_backward, ev_softmax_log_backward)
