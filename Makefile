@@ -63,7 +63,9 @@ bench: venv
 
 # The documentation site into site/ (open site/index.html): strict, so a broken link, a page missing
 # from the navigation or an object mkdocstrings cannot find fails the build. tests/unit/test_docs.py runs it too.
-docs: venv
+# It installs only what the docs need (torch, the library, the docs extra: scripts/bootstrap.sh docs), no kernel build.
+docs:
+	bash scripts/bootstrap.sh docs
 	NO_MKDOCS_2_WARNING=1 .venv/bin/python -m mkdocs build --strict
 
 # On a CUDA machine, with its own Python (no venv, no network): the CUDA suite, the Triton tests and

@@ -108,6 +108,20 @@ def test_site_has_every_nav_page_and_the_generated_results(site):
     assert not list(site.rglob("*bench*.py")) and not (site / "hooks.py").exists()
 
 
+@needs_docs_tools
+def test_search_works_from_disk_without_network(site):
+    """Issue 50 item 7: the README opens the site from disk (file://), so its search must work there: the
+    offline plugin's inlined index, the vendored WebWorker shim, and no script or font from the network."""
+    assert (site / "search" / "search_index.js").read_text().startswith("var __index = {")
+    for page in ("index.html", "guide/losses.html", "api/normalizers.html"):
+        html = (site / page).read_text()
+        scripts = re.findall(r'<script[^>]*\bsrc="([^"]+)"', html)
+        assert scripts and not [s for s in scripts if s.startswith(("http:", "https:", "//"))], (page, scripts)
+        assert any(s.endswith("javascripts/iframe-worker-shim.js") for s in scripts), page
+        assert "fonts.googleapis" not in html and 'href="https://fonts' not in html, page
+    assert (site / "javascripts" / "iframe-worker-shim.js").is_file()
+
+
 def test_errors_table_messages_occur_in_the_source():
     """Each message fragment in docs/guide/errors.md is written by the code (so the table cannot drift)."""
     source = "\n".join(p.read_text() for p in (REPO / "sparsenorm").rglob("*.py"))
