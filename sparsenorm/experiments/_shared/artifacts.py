@@ -93,4 +93,7 @@ ARTIFACTS: Dict[str, Artifact] = _rows(
     Artifact("r-cran-janeaustenr", "deb", "r-cran-janeaustenr", "1.0.0-1", "r-cran-janeaustenr_1.0.0-1_all.deb",
              "df6bddf211906d1ff404f8ff662c21b34e6660e7f54a311084e749050c019c95", 1_626_392,
              "Jane Austen's six novels (janeaustenr/data/Rdata.rdb)"),
+    Artifact("debian-policy", "deb", "debian-policy", "4.6.2.0", "debian-policy_4.6.2.0_all.deb",
+             "ef9d01b625c3b87c3a845c2cd1b66f1a16e9240b2b9e5bee53472a00e8457a39", 2_300_356,
+             "the Debian Policy Manual (debian-policy/policy.txt.gz)"),
 )

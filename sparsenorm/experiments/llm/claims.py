@@ -1,6 +1,6 @@
 """Summaries of the job records and this experiment's claims, judged by the one rule (``_shared.verdict``).
 
-The paired unit of every claim is an evaluation chunk (held-out text): each attention variant and
+The paired unit of every claim is an evaluation chunk (text not used for calibration): each attention variant and
 each next-token method is scored on the same chunks, so a claim compares two of them chunk by chunk.
 The claims are ours (no paper states them); their keys start with ``own.llm.``.
 """
@@ -13,8 +13,8 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 
 from .._shared import verdict
-from .._shared.verdict import NOT_TESTABLE, Claim
-from .paper import ALPHA, NLL_MARGIN, TRUNCATIONS
+from .._shared.verdict import NEW, NOT_TESTABLE, Claim
+from .paper import ALPHA, MATCH_TOLERANCE, MATCHED_RIVALS, NLL_MARGIN, TRUNCATIONS
 
 POSTHOC = "posthoc_evidential"
 UNITS = "chunks"
@@ -48,6 +48,7 @@ def aggregate(records: List[Dict[str, Any]]) -> Dict[str, Any]:
             "nll": _mean(r["nll"]), "perplexity": math.exp(_mean(r["nll"])), "kept": _mean(r["kept"]),
             "kept_layer": [float(np.mean(row)) if row else None for row in matrix],
             "kept_layer_head": matrix, "greedy_agreement": _mean(agree) if agree else None,
+            "match": r.get("match"),
         }
         summary["per_chunk"][label] = {"nll": r["nll"], "kept": r["kept"], "greedy_agreement": agree}
     for r in records:
@@ -69,7 +70,7 @@ def aggregate(records: List[Dict[str, Any]]) -> Dict[str, Any]:
 
 
 def _claim(text: str, parts: List[verdict.Test], **kwargs) -> Claim:
-    """:func:`verdict.claim` with each part's paired units named (held-out chunks)."""
+    """:func:`verdict.claim` with each part's paired units named (evaluation chunks)."""
     return verdict.claim(text, [dataclasses.replace(t, unit=UNITS) for t in parts], **kwargs)
 
 
@@ -88,7 +89,31 @@ def _nll_parts(summary, subject: str, rivals: List[str], words: Dict[str, str]) 
 
 
 WORDS = {"softmax": "softmax", POSTHOC: "post-hoc ev-softmax", "entmax15": "1.5-entmax", "sparsemax": "sparsemax",
-         "entmax_a1.25": "1.25-entmax", "entmax_a1.75": "1.75-entmax"}
+         "entmax_a1.25": "1.25-entmax", "entmax_a1.75": "1.75-entmax",
+         "entmax_matched": "alpha-entmax at post-hoc's kept fraction", "topk_matched": "top-k at post-hoc's kept "
+         "fraction per layer"}
+MATCHED = tuple(MATCHED_RIVALS)
+
+
+def _match_words(summary, label: str) -> str:
+    """How a matched rival was calibrated, in words (alpha or the k per layer, and the kept fractions)."""
+    m = summary["attention"].get(label, {}).get("match") or {}
+    how = (f"alpha {m['alpha']:.4f}" if "alpha" in m else
+           f"k per layer {min(m['k_per_layer'])}-{max(m['k_per_layer'])}" if m.get("k_per_layer") else "?")
+    return (f"{label}: {how}, kept {m.get('calibration_kept', float('nan')):.3f} on the calibration chunks vs "
+            f"post-hoc's {m.get('target', float('nan')):.3f}; on the evaluation chunks "
+            f"{summary['attention'].get(label, {}).get('kept', float('nan')):.3f} vs "
+            f"{summary['attention'].get(POSTHOC, {}).get('kept', float('nan')):.3f}")
+
+
+def _unmatched(summary, labels) -> List[str]:
+    """The matched rivals whose calibration missed post-hoc's kept fraction by more than :data:`MATCH_TOLERANCE`."""
+    out = []
+    for label in labels:
+        m = summary["attention"].get(label, {}).get("match") or {}
+        if not m or abs(m.get("calibration_kept", math.inf) - m.get("target", math.inf)) > MATCH_TOLERANCE:
+            out.append(label)
+    return out
 
 
 def judge_claims(summary: Dict[str, Any]) -> List[Claim]:
@@ -112,13 +137,28 @@ def judge_claims(summary: Dict[str, Any]) -> List[Claim]:
             margin_source="our choice: about the gap between neighbouring sizes of a model family")],
             key=key))
 
-    rivals = [r for r in ("entmax15", "sparsemax", "entmax_a1.25", "entmax_a1.75") if r in have]
-    text = ("Of the sparse attentions swapped in without training, post-hoc ev-softmax costs the least perplexity: "
-            "lower "
-            "NLL than 1.5-entmax (primary), sparsemax and alpha-entmax at 1.25 and 1.75")
+    text = ("At equal kept fraction of attention weights (matched on the calibration chunks), post-hoc ev-softmax "
+            "swapped in without training costs less NLL per token than alpha-entmax (alpha matched) and top-k "
+            "attention (k matched per layer); both primary (pre-registered, paper.PREREGISTERED)")
     key = "own.llm.posthoc_least_cost"
-    if not missing(text, key, [POSTHOC, "entmax15"]):
-        claims.append(_claim(text, _nll_parts(summary, POSTHOC, rivals, WORDS), key=key))
+    if not missing(text, key, [POSTHOC, *MATCHED]):
+        off = _unmatched(summary, MATCHED)
+        if off:
+            claims.append(Claim(text, NOT_TESTABLE, "the match missed post-hoc's kept fraction by more than "
+                                f"{MATCH_TOLERANCE:g}: " + "; ".join(_match_words(summary, m) for m in off), key=key))
+        else:
+            claims.append(_claim(text, _nll_parts(summary, POSTHOC, list(MATCHED), WORDS), key=key,
+                                 primary=len(MATCHED), note="; ".join(_match_words(summary, m) for m in MATCHED)))
+    rivals = [r for r in ("entmax_a1.25", "entmax15", "entmax_a1.75", "sparsemax") if r in have]
+    if POSTHOC in have and rivals:
+        kept = summary["attention"]
+        parts = _nll_parts(summary, POSTHOC, rivals, WORDS)
+        claims.append(Claim(
+            "post-hoc ev-softmax against the sparser attentions at unequal kept fraction (issue 37's comparison; "
+            "lower NLL largely follows from keeping more weights)", NEW,
+            f"kept fraction: post-hoc {kept[POSTHOC]['kept']:.3f}, " + ", ".join(
+                f"{WORDS[r]} {kept[r]['kept']:.3f}" for r in rivals) + "; " + "; ".join(
+                f"{t.label}: mean {t.mean:+.3f} nats, p {t.p:.2g}" if t.p is not None else t.label for t in parts)))
 
     order = [label for label, _ in sorted(ALPHA.items(), key=lambda kv: kv[1]) if label != "softmax" and label in have]
     text = ("The larger alpha-entmax's alpha (1.25, 1.5, 1.75, 2 = sparsemax), the higher the NLL per token "
@@ -138,15 +178,20 @@ def judge_claims(summary: Dict[str, Any]) -> List[Claim]:
         claims.append(_claim(text, parts, key=key, primary=len(order) - 1))
 
     text = ("Greedy continuations with post-hoc ev-softmax attention follow softmax's for longer than those with "
-            "1.5-entmax (primary) and sparsemax (fraction of the continuation before the first differing token)")
+            "alpha-entmax and top-k attention at the same kept fraction (both primary; the fraction of the "
+            "continuation before the first differing token)")
     key = "own.llm.greedy_agreement"
-    if not missing(text, key, ["softmax", POSTHOC, "entmax15"]):
+    off = [] if any(m not in have for m in MATCHED) else _unmatched(summary, MATCHED)
+    if off:
+        claims.append(Claim(text, NOT_TESTABLE, "the match missed post-hoc's kept fraction by more than "
+                            f"{MATCH_TOLERANCE:g}: " + "; ".join(_match_words(summary, m) for m in off), key=key))
+    elif not missing(text, key, ["softmax", POSTHOC, *MATCHED]):
         parts = []
-        for rival in [r for r in ("entmax15", "sparsemax") if r in have]:
+        for rival in MATCHED:
             d = verdict.paired_differences(summary["per_chunk"][POSTHOC]["greedy_agreement"],
                                            summary["per_chunk"][rival]["greedy_agreement"])
             parts.append(verdict.direction(d, f"agreement with softmax, post-hoc ev-softmax above {WORDS[rival]}"))
-        claims.append(_claim(text, parts, key=key))
+        claims.append(_claim(text, parts, key=key, primary=len(parts)))
 
     coverage = summary["per_chunk"].get("next_token", {})
     # (ev-softmax's own support is about half the vocabulary: it and its truncations keep the true token at nearly

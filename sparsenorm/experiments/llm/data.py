@@ -11,9 +11,11 @@ of them (used as given, digest recorded).
 
 Chunks (:func:`make_chunks`): the text's paragraphs (blank-line separated; lines joined), and
 ``n`` start paragraphs spaced evenly over the whole text; a chunk is the first ``chunk_tokens``
-tokens of the paragraphs from its start on. Every chunk is held out: no weight is trained here, and
-the few chunks that calibrate the truncation samplers (:mod:`.evaluate`) are interleaved with the
-evaluation chunks and never evaluated.
+tokens of the paragraphs from its start on. No weight is trained here, and the few chunks that calibrate
+the truncation samplers and the sparsity-matched rivals (:mod:`.evaluate`) are interleaved with the
+evaluation chunks and never evaluated: the evaluation chunks are *not used for calibration*. They are
+not held out from pretraining: public texts such as these are very likely in the model's pretraining
+data (see :data:`.paper.TEXT_WORDS`).
 """
 from __future__ import annotations
 
@@ -38,7 +40,7 @@ MIN_PARAGRAPH_CHARS = 200
 
 @dataclass
 class Chunk:
-    """One held-out stretch of text: its token ids and where it starts."""
+    """One stretch of text (evaluation or calibration): its token ids and where it starts."""
 
     ids: List[int]
     source: str
@@ -100,8 +102,50 @@ def _first(value) -> object:
         return value
 
 
-def load_texts(data_dir: Optional[Path] = None) -> Tuple[List[Tuple[str, str]], str]:
-    """``([(name, text), ...], description)``: the user's ``.txt`` file or folder of them, else Austen's novels."""
+POLICY_ARTIFACT = "debian-policy"
+POLICY_SUBDIR = "debian-policy"
+POLICY_IN_PACKAGE = "usr/share/doc/debian-policy/policy.txt.gz"
+
+
+def policy_folder() -> Path:
+    """The cache folder with ``policy.txt``, the Debian Policy Manual, made once from the pinned Debian package (the
+    second text of issue 49: technical prose, another domain than the novels)."""
+    import gzip
+
+    folder = cache_dir() / POLICY_SUBDIR
+    if (folder / "policy.txt").is_file() and provenance.use_derived(folder, "the Debian Policy Manual",
+                                                                    user_folder=False):
+        return folder
+    from .._shared.debian import extract_deb
+
+    deb = provenance.fetch_artifact(POLICY_ARTIFACT, how_to="or pass your own English text with --data-dir")
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=folder.parent) as tmp:
+        unpacked = extract_deb(deb, Path(tmp) / "deb", "pass your own English text with --data-dir")
+        try:
+            text = gzip.decompress((unpacked / POLICY_IN_PACKAGE).read_bytes()).decode("utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UserFacingError(f"cannot read {POLICY_IN_PACKAGE} from {deb.name} ({type(exc).__name__}: {exc}); "
+                                  "pass your own English text with --data-dir") from None
+        staging = Path(tmp) / "text"
+        staging.mkdir()
+        (staging / "policy.txt").write_text(text)
+        if folder.exists():  # a half-written folder from an interrupted run
+            shutil.rmtree(folder)
+        os.replace(staging, folder)
+    provenance.write_derived(folder, [deb])
+    return folder
+
+
+def load_texts(data_dir: Optional[Path] = None, text: str = "austen") -> Tuple[List[Tuple[str, str]], str]:
+    """``([(name, text), ...], description)``: the user's ``.txt`` file or folder of them, else the built-in ``text``:
+    ``"austen"`` (Austen's novels) or ``"debian-policy"`` (the Debian Policy Manual)."""
+    if data_dir is None and text == "debian-policy":
+        folder = policy_folder()
+        return [("policy", (folder / "policy.txt").read_text())], \
+            "the Debian Policy Manual (Debian debian-policy 4.6.2.0, policy.txt)"
+    if data_dir is None and text != "austen":
+        raise ValueError(f"unknown built-in text {text!r} (austen or debian-policy)")
     if data_dir is None:
         folder = austen_folder()
         return [(n, (folder / f"{n}.txt").read_text()) for n in NOVELS], \

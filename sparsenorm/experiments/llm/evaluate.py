@@ -227,3 +227,93 @@ def next_token_run(model, calibration: Sequence[Chunk], chunks: Sequence[Chunk],
 
 def _name(label: str, truncation) -> str:
     return label if truncation is None else f"{truncation}@{label}"
+
+
+# ---------------------------------------------------------------- sparsity-matched rivals (issue 49)
+
+@torch.no_grad()
+def kept_on(model, chunks: Sequence[Chunk], implementation: str) -> Dict[str, Any]:
+    """The kept fraction of attention weights with ``implementation`` over ``chunks``: overall (every layer and head)
+    and per layer (mean over its heads, which see the same keys)."""
+    from sparsenorm.attention import stats as attention_stats
+
+    model.set_attn_implementation(implementation)
+    recorded = []
+    for chunk in chunks:
+        with attention_stats.record(model) as one:
+            model(_ids(chunk))
+        recorded.append(one)
+    matrix = _kept_matrix(recorded)
+    layers = [sum(row) / max(len(row), 1) for row in matrix]
+    return {"overall": sum(layers) / max(len(layers), 1), "layers": layers}
+
+
+def topk_kept(k: int, lengths: Sequence[int]) -> float:
+    """The kept fraction of causal top-k attention over chunks of ``lengths`` tokens: query ``i`` sees ``i + 1`` keys
+    and keeps ``min(k, i + 1)`` of them, whatever the scores."""
+    kept = sum(min(k, i + 1) for n in lengths for i in range(n))
+    return kept / max(sum(n * (n + 1) // 2 for n in lengths), 1)
+
+
+def topk_for(target: float, lengths: Sequence[int]) -> int:
+    """The ``k`` whose causal top-k kept fraction over ``lengths`` is closest to ``target`` (``topk_kept`` grows with
+    ``k``; the smaller ``k`` on a tie)."""
+    lo, hi = 1, max(lengths)
+    while lo < hi:  # the smallest k reaching the target
+        mid = (lo + hi) // 2
+        if topk_kept(mid, lengths) < target:
+            lo = mid + 1
+        else:
+            hi = mid
+    below = max(lo - 1, 1)
+    return below if abs(topk_kept(below, lengths) - target) <= abs(topk_kept(lo, lengths) - target) else lo
+
+
+def match_alpha(model, chunks: Sequence[Chunk], target: float, bracket: Sequence[float], steps: int,
+                progress=lambda xs: xs) -> Dict[str, Any]:
+    """alpha-entmax's alpha whose overall kept fraction on ``chunks`` is closest to ``target``: bisection on
+    ``bracket`` (the kept fraction falls as alpha grows), every alpha tried recorded with its kept fraction."""
+    from .model import attention_name
+
+    lo, hi = float(bracket[0]), float(bracket[1])
+    tried = []
+    for _ in progress(range(steps)):
+        mid = 0.5 * (lo + hi)
+        kept = kept_on(model, chunks, attention_name("alpha_match", "entmax_bisect", {"alpha": mid}))["overall"]
+        tried.append({"alpha": mid, "kept": kept})
+        if kept > target:
+            lo = mid
+        else:
+            hi = mid
+    best = min(tried, key=lambda t: abs(t["kept"] - target))
+    return {"alpha": best["alpha"], "kept": best["kept"], "tried": tried}
+
+
+@torch.no_grad()
+def matched_run(model, calibration: Sequence[Chunk], chunks: Sequence[Chunk], label: str, prompt_tokens: int,
+                new_tokens: int, bracket: Sequence[float] = (1.001, 1.5), steps: int = 12,
+                progress=lambda xs: xs) -> Dict[str, Any]:
+    """A sparsity-matched rival of post-hoc ev-softmax attention (``label``: ``entmax_matched`` or ``topk_matched``,
+    see :data:`.paper.MATCHED_RIVALS`): post-hoc's kept fraction measured on the calibration chunks, the rival
+    calibrated to it there, then scored on the evaluation chunks as :func:`attention_run` scores any variant."""
+    from .model import attention_name, per_layer_attention, topk_softmax
+
+    if not calibration:
+        raise ValueError("a matched rival needs calibration chunks")
+    target = kept_on(model, calibration, attention_name("posthoc_evidential", "posthoc_evidential", {}))
+    lengths = [len(c.ids) for c in calibration]
+    if label == "entmax_matched":
+        found = match_alpha(model, calibration, target["overall"], bracket, steps, progress)
+        implementation = attention_name(label, "entmax_bisect", {"alpha": found["alpha"]})
+        match = {"alpha": found["alpha"], "tried": found["tried"], "calibration_kept": found["kept"]}
+    elif label == "topk_matched":
+        ks = [topk_for(t, lengths) for t in target["layers"]]
+        implementation = per_layer_attention(f"sparsenorm_llm_{label}", {i: topk_softmax(k) for i, k in enumerate(ks)})
+        kept_layers = [topk_kept(k, lengths) for k in ks]
+        match = {"k_per_layer": ks, "calibration_kept_layers": kept_layers,
+                 "calibration_kept": sum(kept_layers) / max(len(kept_layers), 1)}
+    else:
+        raise ValueError(f"unknown matched rival {label!r}")
+    record = attention_run(model, chunks, implementation, prompt_tokens, new_tokens, progress)
+    record["match"] = {"target": target["overall"], "target_layers": target["layers"], **match}
+    return record

