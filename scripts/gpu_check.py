@@ -9,20 +9,27 @@ ends within ``--budget`` seconds (default 9 minutes):
    for the translation experiment) installed with
    ``pip --no-deps --no-index`` from ``scripts/gpu_wheels/`` into a temporary folder put on
    ``PYTHONPATH``, only where they are missing;
-3. ``cuda-suite``: ``pytest -m cuda tests/cuda`` (every kernel and CUDA dispatch against the
-   reference path, torch.compile, CUDA graphs, Hugging Face, one training step per experiment);
-4. ``triton-tests``: the Triton kernel tests of the default suite, which run in-process on CUDA;
-5. ``bench-rowwise``, ``bench-attention``, ``bench-memory-loss`` and ``bench-train``:
+3. ``failing-first``: the CUDA-suite tests that failed in any committed run (``results/gpu/*/*.log``),
+   alone, their tracebacks appended to the log as they happen (about a minute);
+4. ``cuda-suite-1`` .. ``-N``: every other test of ``pytest -m cuda tests/cuda`` (every kernel and
+   CUDA dispatch against the reference path, torch.compile, CUDA graphs, Hugging Face, one training
+   step per experiment) in ``--shards`` stages, each under the ``cuda-suite`` limit, so that a window
+   ends with a complete pass/fail list per shard; ``scripts/gpu_record.py`` then regenerates the
+   dispatch record (``sparsenorm/kernels/cuda_record.py``) from the log, here, once it is committed;
+5. ``bench-dispatch``: ``python -m benchmarks.bench_gpu_dispatch`` (the plan table, ev-softmax on
+   Flex causal and not, the decode path, the 16-bit entry path, one SmolLM2 training step), each
+   target met or missed;
+6. ``bench-rowwise``, ``bench-attention`` and ``bench-memory-loss``:
    ``python -m benchmarks.bench_gpu --only PART`` (row-wise kernels against ``torch.softmax`` and
    the measured copy bandwidth; flash ev-softmax attention against SDPA and FlexAttention, with the
    fraction of key blocks skipped; peak memory up to L = 32k; the fused vocabulary loss against the
-   materialised one; one training step of MiniLM- and SmolLM2-sized models with
-   ``attn_implementation="sparsenorm_ev_softmax"`` against ``"sdpa"``), each target met or missed.
+   materialised one), each target met or missed (``--only train``, the MiniLM step too, by hand);
+7. ``triton-tests``: the Triton kernel tests of the default suite, which run in-process on CUDA.
 
 Writes into ``--out`` (default ``$OUT``, else ``gpu-check-out``) at most 8 files: ``summary.md``,
 ``gpu_check.json`` (environment with ``nvidia-smi``'s output, every stage's status, time and
-detail), ``pytest.log``, ``bench.log``, ``bench_rowwise.json``, ``bench_attention.json``,
-``bench_memory_loss.json``, ``bench_train.json``; prints a one-screen summary; exits 1 if any
+detail), ``pytest.log``, ``bench.log``, ``bench_dispatch.json``, ``bench_rowwise.json``,
+``bench_attention.json``, ``bench_memory_loss.json``; prints a one-screen summary; exits 1 if any
 stage failed or ran out of time, else 0. On a machine without a CUDA device it says so in one
 line and exits 0.
 """
@@ -49,10 +56,11 @@ SUMMARY_LINES = 40  # what the printed summary may take: one screen
 
 # Stage time limits in seconds (they add up to under the default budget; each is also cut to the
 # budget left when it starts).
-LIMITS = {"environment": 20, "wheels": 20, "cuda-suite": 150, "bench-rowwise": 45, "bench-attention": 100,
-          "bench-memory-loss": 45, "bench-train": 45, "triton-tests": 45}
+LIMITS = {"environment": 20, "wheels": 20, "failing-first": 60, "cuda-suite": 95, "bench-dispatch": 90,
+          "bench-rowwise": 45, "bench-attention": 100, "bench-memory-loss": 45, "triton-tests": 45}
 BENCH_PARTS = {"bench-rowwise": ("rowwise",), "bench-attention": ("attention",),
-               "bench-memory-loss": ("memory", "loss"), "bench-train": ("train",)}
+               "bench-memory-loss": ("memory", "loss")}
+SHARDS = 3  # the CUDA suite in this many stages, each under the cuda-suite limit (a complete list per shard)
 PER_TEST_LIMIT = 90  # seconds, pytest-timeout's --timeout where it is installed
 # Modules the lent machine's image lacks, and the carried wheels that provide each (with the
 # dependencies it also lacks): the entmax package (peer comparisons) and ROUGE-L (translation).
@@ -81,6 +89,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument("--select", default=None, metavar="EXPR",
                         help="only the CUDA-suite tests matching this pytest -k expression (e.g. the failures of "
                              "the last window, so that their tracebacks come back first)")
+    parser.add_argument("--shards", type=int, default=SHARDS,
+                        help="split the CUDA suite into this many stages, each under the cuda-suite limit")
     parser.add_argument("--workers", type=int, default=4,
                         help="pytest-xdist processes for the CUDA suite where xdist is installed (0: none)")
     args = parser.parse_args(argv)
@@ -90,6 +100,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         parser.error("--select must be a non-empty pytest -k expression")
     if args.workers < 0:
         parser.error(f"--workers must be >= 0, got {args.workers}")
+    if args.shards < 1:
+        parser.error(f"--shards must be >= 1, got {args.shards}")
     args.limits = dict(LIMITS)
     for item in args.limit:
         stage, _, seconds = item.partition("=")
@@ -122,6 +134,37 @@ def pytest_outcome(log: str) -> str:
 def pytest_failures(log: str, limit: int = 20) -> List[str]:
     """The test ids pytest lists as FAILED/ERROR in its short summary."""
     return list(dict.fromkeys(re.findall(r"(?:^|\] )(?:FAILED|ERROR) (tests/\S+)", log, re.M)))[:limit]
+
+
+_OUTCOME = re.compile(r"(PASSED|FAILED|ERROR)\s+(tests/cuda/\S+::\S+)|(tests/cuda/\S+::\S+)\s+(PASSED|FAILED|ERROR)")
+
+
+def committed_failures(root: Path = ROOT) -> List[str]:
+    """The CUDA-suite tests that failed in any committed run (``results/gpu/*/*.log``), in order:
+    they run first, so that a window cut short still returns their tracebacks."""
+    failed: List[str] = []
+    for log in sorted((root / "results" / "gpu").glob("*/*.log")):
+        for m in _OUTCOME.finditer(log.read_text(errors="replace")):
+            outcome, test = (m.group(1), m.group(2)) if m.group(1) else (m.group(4), m.group(3))
+            if outcome != "PASSED" and test not in failed:
+                failed.append(test)
+    return failed
+
+
+def collect_suite(env: Dict[str, str], limit: float) -> List[str]:
+    """The CUDA suite's test ids as collected here (empty if collection fails)."""
+    try:
+        done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                               "-m", "cuda", "tests/cuda"], cwd=ROOT, env=env, capture_output=True, text=True,
+                              timeout=limit)
+    except (subprocess.TimeoutExpired, OSError):
+        return []
+    return [line.strip() for line in done.stdout.splitlines() if "::" in line and not line.startswith(" ")]
+
+
+def shards(tests: Sequence[str], n: int) -> List[List[str]]:
+    """``tests`` dealt into ``n`` shards in turn (so that each file's slow cases spread over them)."""
+    return [list(tests[i::n]) for i in range(n) if tests[i::n]]
 
 
 def run_stage(name: str, command: List[str], limit: float, env: Dict[str, str], log_path: Optional[Path] = None
@@ -277,6 +320,36 @@ def write_results(out: Path, info: Dict[str, object], stages: List[Stage], bench
     return text
 
 
+def run_suite_stages(name: str, pytest_command: List[str], args, env: Dict[str, str], limit, log: Path) -> List[Stage]:
+    """``failing-first``: the tests that failed in a committed run, alone (their tracebacks are
+    written as they happen); ``cuda-suite``: every other test, in ``args.shards`` stages, each under
+    the cuda-suite limit, so that a window ends with a complete pass/fail list of each shard."""
+    first = committed_failures()
+    collected = collect_suite(env, 60)
+    if name == "failing-first":
+        todo = [t for t in first if t in collected] if collected else []
+        if not todo:
+            return [Stage(name, "skipped", 0.0, "no committed failure still in the suite")]
+        stage = run_stage(name, pytest_command + todo, limit(name), env, log)
+        require_passes(stage)
+        stage.detail = f"{len(todo)} tests that failed in a committed run; " + stage.detail
+        print(f"gpu-check: {stage.name} {stage.status} ({stage.seconds:.0f} s) {stage.detail}", flush=True)
+        return [stage]
+    if not collected:  # collection failed: run the suite whole, and its errors show in the log
+        stage = run_stage(name, pytest_command + ["tests/cuda"], limit(name), env, log)
+        require_passes(stage)
+        return [stage]
+    rest = [t for t in collected if t not in set(first)]
+    stages = []
+    for i, part in enumerate(shards(rest, args.shards), 1):
+        stage = run_stage(f"{name}-{i}", pytest_command + part, limit(name), env, log)
+        require_passes(stage)
+        stage.detail = f"shard {i}/{args.shards}, {len(part)} tests; " + stage.detail
+        stages.append(stage)
+        print(f"gpu-check: {stage.name} {stage.status} ({stage.seconds:.0f} s) {stage.detail}", flush=True)
+    return stages
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     reason = cuda_unavailable_reason()
@@ -298,7 +371,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     info = environment(env, out, limit("environment"))
     stages.append(Stage("environment", "failed" if "error" in info else "passed",
                         round(time.monotonic() - start, 1), info.get("error", "")))
-    plan = ["wheels", "cuda-suite", *BENCH_PARTS, "triton-tests"]
+    plan = ["wheels", "failing-first", "cuda-suite", "bench-dispatch", *BENCH_PARTS, "triton-tests"]
     pytest_log, bench_log = out / "pytest.log", out / "bench.log"
     env["SPARSENORM_FAILURE_LOG"] = str(pytest_log.resolve())  # tests/cuda/conftest.py: tracebacks as they happen
     workers = ["-n", str(args.workers)] if args.workers and importable("xdist", env) else []
@@ -313,6 +386,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                          "tests/kernels/test_triton_rowwise.py", "tests/kernels/test_triton_attention.py",
                          "tests/kernels/test_triton_compile.py"],
     }
+    commands["bench-dispatch"] = [sys.executable, "-m", "benchmarks.bench_gpu_dispatch", "--rounds", "5",
+                                  "--json", str(out / "bench_dispatch.json")]
     for name, parts in BENCH_PARTS.items():
         commands[name] = [sys.executable, "-m", "benchmarks.bench_gpu", "--quick", "--rounds", "5",
                           *(a for p in parts for a in ("--only", p)),
@@ -324,6 +399,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             stages.append(Stage(name, "timeout", 0.0, "no time left in the budget"))
         elif name == "wheels":
             stages.append(install_missing_wheels(env, limit(name)))
+        elif name == "failing-first" and args.select:
+            stages.append(Stage(name, "skipped", 0.0, "--select"))
+        elif name in ("failing-first", "cuda-suite") and not args.select:
+            stages.extend(run_suite_stages(name, commands["cuda-suite"][:-1], args, env, limit, pytest_log))
+            continue
         else:
             log = bench_log if name in BENCH_PARTS else pytest_log
             stages.append(run_stage(name, commands[name], limit(name), env, log))
@@ -332,7 +412,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"gpu-check: {stages[-1].name} {stages[-1].status} ({stages[-1].seconds:.0f} s) {stages[-1].detail}",
               flush=True)
     bench = {}
-    for name in BENCH_PARTS:
+    for name in ("bench-dispatch", *BENCH_PARTS):
         path = out / f"{name.replace('-', '_')}.json"
         try:
             bench[name] = json.loads(path.read_text()) if path.exists() else None

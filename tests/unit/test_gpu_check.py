@@ -22,8 +22,11 @@ def test_arguments_and_defaults(monkeypatch):
     assert gpu_check.parse_args([]).out == "gpu-check-out"
     args = gpu_check.parse_args(["--out", "x", "--budget", "60", "--skip", "bench-attention", "--skip", "wheels"])
     assert (args.out, args.budget, args.skip) == ("x", 60, ["bench-attention", "wheels"])
-    # The stages fit the default budget up to the last (the Triton tests, cut to what is left).
-    assert sum(v for k, v in gpu_check.LIMITS.items() if k != "triton-tests") <= 480
+    # The stages that prove and measure (failing tests first, the suite's shards, the dispatch
+    # benchmark) fit the default budget; the later ones are cut to what is left.
+    limits = gpu_check.LIMITS
+    assert (limits["environment"] + limits["wheels"] + limits["failing-first"] + gpu_check.SHARDS * limits["cuda-suite"]
+            + limits["bench-dispatch"]) <= 480
 
 
 def test_a_stage_limit_can_be_overridden():
@@ -38,7 +41,7 @@ def test_the_cuda_suite_can_be_narrowed_to_a_selection(monkeypatch, tmp_path):
     monkeypatch.setattr(gpu_check, "environment", lambda env, out, limit: {"device": "Fake GPU", "torch": "x"})
     monkeypatch.setattr(gpu_check, "run_stage", lambda name, command, limit, env, log=None:
                         commands.setdefault(name, command) and gpu_check.Stage(name, "passed", 0.0, "1 passed"))
-    skips = [arg for name in ("wheels", *gpu_check.BENCH_PARTS) for arg in ("--skip", name)]
+    skips = [arg for name in ("wheels", "bench-dispatch", *gpu_check.BENCH_PARTS) for arg in ("--skip", name)]
     gpu_check.main(["--out", str(tmp_path), "--select", "flash or vqvae", *skips])
     suite = commands["cuda-suite"]
     assert suite[suite.index("-k") + 1] == "flash or vqvae" and suite[-1] == "tests/cuda"
@@ -136,7 +139,8 @@ def test_main_orchestrates_the_stages_and_writes_the_results(monkeypatch, tmp_pa
     carried wheel), results written, exit 0; with a budget already spent, the stages time out, exit 1."""
     monkeypatch.setattr(gpu_check, "cuda_unavailable_reason", lambda: None)
     monkeypatch.setattr(gpu_check, "environment", lambda env, out, limit: {"device": "Fake GPU", "torch": "x"})
-    skips = [arg for name in ("cuda-suite", "triton-tests", *gpu_check.BENCH_PARTS) for arg in ("--skip", name)]
+    skips = [arg for name in ("failing-first", "cuda-suite", "bench-dispatch", "triton-tests", *gpu_check.BENCH_PARTS)
+             for arg in ("--skip", name)]
     out = tmp_path / "out"
     assert gpu_check.main(["--out", str(out), *skips]) == 0
     printed = capsys.readouterr().out
@@ -190,3 +194,32 @@ def test_carried_wheels_are_installed_only_for_missing_packages(monkeypatch):
     assert gpu_check.install_missing_wheels(dict(os.environ), 60).detail == "nothing missing"
     monkeypatch.setattr(gpu_check, "OPTIONAL_WHEELS", {"not_a_module_here_xyz": ("no_such_wheel",)})
     assert gpu_check.install_missing_wheels(dict(os.environ), 60).status == "skipped"
+
+
+def test_committed_failures_come_first_and_the_rest_in_shards(monkeypatch, tmp_path):
+    """failing-first runs the tests that failed in a committed run (read from results/gpu logs),
+    then every other collected test in --shards stages; each stage names its tests explicitly."""
+    runs = tmp_path / "results" / "gpu" / "run1"
+    runs.mkdir(parents=True)
+    (runs / "pytest.log").write_text("[gw0] [ 1%] PASSED tests/cuda/test_a.py::test_x[1]\n"
+                                     "[gw1] [ 2%] FAILED tests/cuda/test_a.py::test_y\n"
+                                     "tests/cuda/test_b.py::test_z FAILED\n")
+    assert gpu_check.committed_failures(tmp_path) == ["tests/cuda/test_a.py::test_y", "tests/cuda/test_b.py::test_z"]
+    suite = ["tests/cuda/test_a.py::test_x[1]", "tests/cuda/test_a.py::test_y", "tests/cuda/test_a.py::test_w",
+             "tests/cuda/test_b.py::test_v"]
+    assert gpu_check.shards(suite, 3) == [[suite[0], suite[3]], [suite[1]], [suite[2]]]
+    assert gpu_check.shards(suite[:1], 3) == [suite[:1]]
+    commands = {}
+    monkeypatch.setattr(gpu_check, "committed_failures", lambda root=None: ["tests/cuda/test_a.py::test_y"])
+    monkeypatch.setattr(gpu_check, "collect_suite", lambda env, limit: suite)
+    monkeypatch.setattr(gpu_check, "cuda_unavailable_reason", lambda: None)
+    monkeypatch.setattr(gpu_check, "environment", lambda env, out, limit: {"device": "Fake GPU", "torch": "x"})
+    monkeypatch.setattr(gpu_check, "run_stage", lambda name, command, limit, env, log=None:
+                        commands.setdefault(name, command) and gpu_check.Stage(name, "passed", 0.0, "1 passed"))
+    skips = [arg for name in ("wheels", "bench-dispatch", "triton-tests", *gpu_check.BENCH_PARTS)
+             for arg in ("--skip", name)]
+    gpu_check.main(["--out", str(tmp_path / "out"), "--shards", "2", *skips])
+    assert list(commands) == ["failing-first", "cuda-suite-1", "cuda-suite-2"]
+    assert commands["failing-first"][-1:] == ["tests/cuda/test_a.py::test_y"]
+    ran = commands["cuda-suite-1"] + commands["cuda-suite-2"]
+    assert sorted(t for t in ran if t.startswith("tests/cuda/")) == sorted(set(suite) - {"tests/cuda/test_a.py::test_y"})
