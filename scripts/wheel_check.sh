@@ -14,6 +14,11 @@ export TORCH_EXTENSIONS_DIR=$work/extensions  # a private kernel cache: nothing 
 
 echo "=== build the sdist and the wheel, twine check"
 "$PY" -m build --sdist --wheel --outdir "$work/dist" "$repo" >"$work/build.log" 2>&1 || { cat "$work/build.log"; exit 1; }
+# No deprecation warning from the build backend (setuptools' license-table deprecation had a 2027-02-18 deadline).
+if grep -i "deprecat" "$work/build.log"; then
+    echo "wheel check: the build warns of a deprecation (above); fix pyproject.toml before it stops building"; exit 1
+fi
+echo "ok: the build emits no deprecation warning"
 "$PY" -m twine check --strict "$work/dist"/*
 wheel=$(ls "$work/dist"/*.whl)
 # The benchmarks live in benchmarks/ at the repository root: nothing benchmark-related is in the wheel.
