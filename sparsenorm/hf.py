@@ -43,6 +43,7 @@ Requires the ``[hf]`` extra (``pip install sparsenorm[hf]``).
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Callable, Optional, Union
 
@@ -62,7 +63,7 @@ from .attention.functional import resolve_normalizer, sparse_attention_from_part
 from .attention.masks import merge, split_mask
 
 __all__ = ["PREFIX", "make_attention_function", "key_padding_mask", "register", "REGISTERED", "SparseSampling",
-           "sampling_kwargs", "DEFAULT_SAMPLING"]  # the public names
+           "sampling_kwargs", "DEFAULT_SAMPLING", "check_attn_implementation"]  # the public names
 
 PREFIX = "sparsenorm_"
 """The prefix of every ``attn_implementation`` name registered here without an explicit ``name``."""
@@ -149,6 +150,48 @@ def register(normalizer: Union[str, Callable] = "ev_softmax", name: Optional[str
 
 REGISTERED = [register(n) for n in registry.names()]
 """The names registered on import: ``sparsenorm_<name>`` for every registry normalizer."""
+
+
+def check_attn_implementation(name) -> None:
+    """Raise sparsenorm's ``ValueError`` for an ``attn_implementation`` that looks like one of
+    sparsenorm's (it starts with ``sparsenorm``) but is not registered, listing the registered
+    ``sparsenorm_*`` names and the closest one. Any other name is left to transformers' own check.
+
+    ``import sparsenorm.hf`` runs it ahead of transformers' check
+    (``PreTrainedModel.get_correct_attn_implementation``), so that
+    ``from_pretrained(..., attn_implementation="sparsenorm_evsoftmax")`` says which names exist,
+    instead of transformers' list of eager/sdpa/flash/flex only."""
+    if not isinstance(name, str) or not name.lower().startswith(PREFIX.rstrip("_")):
+        return
+    known = [k for k in AttentionInterface().valid_keys() if k.lower().startswith(PREFIX.rstrip("_"))]
+    if name in known:
+        return
+    import difflib
+
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    raise ValueError(f"attn_implementation {name!r} is not a registered sparsenorm attention{hint}; registered: "
+                     f"{', '.join(sorted(known))} (sparsenorm.hf.register(normalizer, name=...) adds one)")
+
+
+def _install_name_check() -> None:
+    """Wrap transformers' ``get_correct_attn_implementation`` once with :func:`check_attn_implementation`."""
+    from transformers import PreTrainedModel
+
+    original = PreTrainedModel.get_correct_attn_implementation
+    if getattr(original, "_sparsenorm_checked", False):
+        return
+
+    @functools.wraps(original)
+    def get_correct_attn_implementation(self, requested_attention, *args, **kwargs):
+        check_attn_implementation(requested_attention)
+        return original(self, requested_attention, *args, **kwargs)
+
+    get_correct_attn_implementation._sparsenorm_checked = True
+    PreTrainedModel.get_correct_attn_implementation = get_correct_attn_implementation
+
+
+_install_name_check()
 
 
 DEFAULT_SAMPLING = "entmax15"
