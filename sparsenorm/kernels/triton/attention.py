@@ -9,7 +9,8 @@ or their prefix means under a causal mask), and the attention is softmax restric
 * Forward (grid: query blocks x batch*heads): each program computes its queries' thresholds
   ``q . kmean * scale`` from the precomputed float32 key means, then streams key blocks with the
   online-softmax recurrence (running max, sum, output). A key block in which no score of the
-  program's queries reaches its threshold (block-level test) skips the exponentials and ``P V``.
+  program's queries reaches its threshold is still computed (p = 0 there): a data-dependent skip
+  miscompiled in 16 bits on an H200 (see the dK/dV kernel).
   Rows whose threshold rounding put above every valid score (the mean never exceeds the maximum
   in exact arithmetic; e.g. a single valid key) are redone with the threshold capped at their
   maximum valid score, as the dense ev-softmax caps it. Saves the log-sum-exp and the threshold
@@ -17,8 +18,7 @@ or their prefix means under a causal mask), and the attention is softmax restric
 * Backward (FlashAttention-2): ``delta = rowsum(dO * O)``; one kernel per key block accumulates
   ``dK, dV`` over the query blocks of every query head of its group (GQA without atomics), one
   kernel per query block accumulates ``dQ``; both recompute scores and support from ``q, k``, the
-  saved threshold and log-sum-exp; the dQ kernel skips blocks with no support, the dK/dV kernel
-  computes every block it visits (its skip was miscompiled in 16 bits on an H200: see the kernel). The threshold carries no
+  saved threshold and log-sum-exp, and compute every block they visit (no data-dependent skip). The threshold carries no
   gradient (the support indicator is piecewise constant, Eq. 9).
 
 Masks: ``key_lengths`` (B,) gives each batch element's number of valid keys (keys ``j >= len``
@@ -108,18 +108,19 @@ def _fwd_pass(acc, l_i, m_i, m_all, q, thr, only, k_base, v_base, keymask, strid
         s = tl.where(valid, _scores(q, k, qk_scale, PRECISION), float("-inf"))
         m_all = tl.maximum(m_all, tl.max(s, 1))
         on = valid & (s >= thr[:, None]) & only[:, None]
-        if tl.sum(on.to(tl.int32)) > 0:  # skip P V where the whole block is off the support
-            s_on = tl.where(on, s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s_on, 1))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = tl.exp2(m_i - m_safe)
-            p = tl.exp2(s_on - m_safe[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
-            v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :], mask=kv_ok, other=0.0)
-            if UPCAST:
-                v = v.to(tl.float32)
-            acc = acc * alpha[:, None] + tl.dot(_operand(p, v, UPCAST), v, input_precision=PRECISION)
-            m_i = m_new
+        # Every visited block computes P V (no data-dependent skip: see the dK/dV kernel);
+        # off-support entries have p = 0.
+        s_on = tl.where(on, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s_on, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_safe)
+        p = tl.exp2(s_on - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :], mask=kv_ok, other=0.0)
+        if UPCAST:
+            v = v.to(tl.float32)
+        acc = acc * alpha[:, None] + tl.dot(_operand(p, v, UPCAST), v, input_precision=PRECISION)
+        m_i = m_new
     return acc, l_i, m_i, m_all
 
 
@@ -243,11 +244,12 @@ def _attn_bwd_dkdv_kernel(
             thr = tl.load(THR + bh * seq_q + offs_m, mask=row_ok, other=float("inf"))
             s = _scores(q, k, qk_scale, PRECISION)
             on = _valid(offs_m, offs_n, key_ok, seq_q, coff, CAUSAL) & (s >= thr[:, None])
-            # No data-dependent skip of the block here (the forward and dQ kernels keep theirs):
-            # on an H200 (triton 3.6, sm_90) the products accumulated into dK under such an ``if``
-            # came out wrong in float16/bfloat16 (results/gpu/h200-2026-11-28-window1: every one of
-            # the 20 16-bit failures was dK; the same kernel without the ``if`` passed them all).
-            # Off-support entries have p = 0, so computing every visited block is exact.
+            # No data-dependent skip of the block (nor in the forward and dQ kernels): on an H200
+            # (triton 3.6, sm_90) the products accumulated under such an ``if`` came out wrong in
+            # float16/bfloat16 (results/gpu/h200-2026-11-28-window1: every 16-bit failure was dK, and
+            # the kernels without the ``if`` passed those cases; window2: with the dK/dV kernel's ``if``
+            # alone removed, 4 cases at head dims 96/128 still had a few dK entries off). Off-support
+            # entries have p = 0, so computing every visited block is exact.
             lse = tl.load(LSE + bh * seq_q + offs_m, mask=row_ok, other=float("inf"))
             delta = tl.load(DELTA + bh * seq_q + offs_m, mask=row_ok, other=0.0)
             do = tl.load(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_dom + offs_d[None, :],
@@ -315,14 +317,14 @@ def _attn_bwd_dq_kernel(
         s = _scores(q, k, qk_scale, PRECISION)
         on = _valid(offs_m, offs_n, _key_ok(KEYMASK + b * seq_k, offs_n, klen, HAS_KEYMASK), seq_q, coff, CAUSAL)
         on = on & (s >= thr[:, None])
-        if tl.sum(on.to(tl.int32)) > 0:
-            v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :], mask=kv_ok, other=0.0)
-            if UPCAST:
-                v = v.to(tl.float32)
-            p = tl.where(on, tl.exp2(s - lse[:, None]), 0.0)
-            dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
-            ds = p * (dp - delta[:, None])
-            dq += tl.dot(_operand(ds, k, UPCAST), k, input_precision=PRECISION)
+        # No data-dependent skip (see the dK/dV kernel): off-support entries have p = 0.
+        v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_d[None, :], mask=kv_ok, other=0.0)
+        if UPCAST:
+            v = v.to(tl.float32)
+        p = tl.where(on, tl.exp2(s - lse[:, None]), 0.0)
+        dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
+        ds = p * (dp - delta[:, None])
+        dq += tl.dot(_operand(ds, k, UPCAST), k, input_precision=PRECISION)
     tl.store(DQ + b * stride_dqb + h * stride_dqh + offs_m[:, None] * stride_dqm + offs_d[None, :],
              (dq * sm_scale).to(DQ.dtype.element_ty), mask=q_ok)
 
