@@ -146,7 +146,9 @@ def test_rejudging_the_committed_decisive_runs_measures_each_gate_from_its_recor
         committed.rejudge(folder)
         results = json.loads(gzip.open(folder / "results.json.gz").read())["results"]
         gate = results["regime"]
-        assert gate["met"] in (True, False) and word in gate["measured"], (name, gate)
+        # cvae's committed runs predate issue 49's gate (no aggregate posterior recorded): unmeasured, a miss
+        unmeasured = name == "cvae" and gate["met"] is None and "no aggregate posterior" in gate["measured"]
+        assert (gate["met"] in (True, False) or unmeasured) and word in gate["measured"], (name, gate)
         verdicts = [c["verdict"] for c in results["claims"]]
         if not gate["met"]:
             assert verdict.NOT_REPRODUCED not in verdicts and verdict.REPRODUCED not in verdicts, name

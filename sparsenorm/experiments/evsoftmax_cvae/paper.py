@@ -24,7 +24,8 @@ PAPER_SETTING = {
 from .._shared.regime import Gate, Measured  # noqa: E402  (shared records; nothing of the experiment)
 
 GATE_FALL = 0.5
-"""The softmax prior must close at least half of its distance to the true prior that a prior can close."""
+"""The softmax prior must close at least half of its distance to its encoder's aggregate posterior (issue 49; before,
+half of its distance to the true prior through the decoder's digits, which no prior could meet here)."""
 
 
 def prior_distance(prior, decoded_digit) -> float:
@@ -54,10 +55,42 @@ def prior_distance_floor(decoded_digit) -> float:
                           for q in ("even", "odd")]))
 
 
+def total_variation(p, q) -> float:
+    """Total variation between two distributions over the latent classes."""
+    import numpy as np
+
+    return float(0.5 * np.abs(np.asarray(p, dtype=float) - np.asarray(q, dtype=float)).sum())
+
+
+def _old_gate_figure(runs) -> str:
+    """The gate before issue 49: the prior's distance to the true prior read through the decoder's digits."""
+    import numpy as np
+
+    start = np.array([prior_distance(r["initial_prior"], r["decoded_digit"]) for r in runs])
+    end = np.array([prior_distance(r["prior"], r["decoded_digit"]) for r in runs])
+    floor = np.array([prior_distance_floor(r["decoded_digit"]) for r in runs])
+    ratio = float(np.mean((end - floor) / np.maximum(start - floor, 1e-12)))
+    return (f"to the true prior through the decoder's digits {start.mean():.2f} -> {end.mean():.2f}, floor "
+            f"{floor.mean():.2f} (gap left {ratio:.2f})")
+
+
+def _fig3_figure(runs) -> str:
+    """Fig. 3's own metric (the authors' Wasserstein distance of the decoded digit distribution, so the decoder's
+    learning counts), softmax at the first and last checkpoint, mean over queries and seeds."""
+    import numpy as np
+
+    curves = [r["curve"]["w_authors"] for r in runs if "w_authors" in r.get("curve", {})]
+    if not curves:
+        return "Fig. 3's metric not recorded"
+    first = np.mean([np.mean([c[q][0] for q in c]) for c in curves])
+    last = np.mean([np.mean([c[q][-1] for q in c]) for c in curves])
+    return f"Fig. 3's metric (decoder's learning included) {first:.2f} -> {last:.2f}"
+
+
 def _measure_gate(summary, records, settings) -> Measured:
-    """Per seed of the lead setting, the softmax prior's distance to the true prior at initialisation and at the
-    end, both read through the trained decoder's digit per latent class (so only the prior's own learning counts),
-    less the floor no prior can go below with those digits; the mean over seeds of (end - floor) / (start - floor)."""
+    """Per seed of the lead setting, the softmax prior's total variation to the aggregate posterior of its own
+    encoder at the end (mean over the two queries), at initialisation and at the end; the mean over seeds of
+    end / start. Fig. 3's metric and the gate before issue 49 are reported beside it."""
     import numpy as np
 
     lead = summary["lead"]
@@ -65,29 +98,37 @@ def _measure_gate(summary, records, settings) -> Measured:
             if r.get("setting") == lead and "softmax" in r.get("normalizers", {})]
     if not runs:
         return Measured(None, "softmax did not run in the lead setting")
-    start = np.array([prior_distance(r["initial_prior"], r["decoded_digit"]) for r in runs])
-    end = np.array([prior_distance(r["prior"], r["decoded_digit"]) for r in runs])
-    floor = np.array([prior_distance_floor(r["decoded_digit"]) for r in runs])
-    ratio = float(np.mean((end - floor) / np.maximum(start - floor, 1e-12)))
-    figure = (f"softmax prior's distance {start.mean():.2f} -> {end.mean():.2f}, floor {floor.mean():.2f} (gap left "
-              f"{ratio:.2f}, {len(runs)} seeds)")
+    beside = f"{_fig3_figure(runs)}; {_old_gate_figure(runs)}"
+    if not all(r.get("aggregate_posterior") for r in runs):
+        return Measured(None, f"this run recorded no aggregate posterior (runs after issue 49 do); {beside}")
+    start = np.array([np.mean([total_variation(r["initial_prior"][q], r["aggregate_posterior"][q])
+                               for q in r["aggregate_posterior"]]) for r in runs])
+    end = np.array([np.mean([total_variation(r["prior"][q], r["aggregate_posterior"][q])
+                             for q in r["aggregate_posterior"]]) for r in runs])
+    ratio = float(np.mean(end / np.maximum(start, 1e-12)))
+    figure = (f"softmax prior's total variation to its encoder's aggregate posterior {start.mean():.2f} -> "
+              f"{end.mean():.2f} (gap left {ratio:.2f}, {len(runs)} seeds); {beside}")
     return Measured(bool(ratio <= GATE_FALL), figure)
 
 
 GATE = Gate(
-    condition=(f"in the lead setting, the softmax prior closes at least {1 - GATE_FALL:.0%} of its Wasserstein "
-               "distance to the true prior over training: (end - floor) / (start - floor) <= "
-               f"{GATE_FALL:g}, mean over seeds, where both priors are read through the trained decoder's digit per "
-               "latent class (so the decoder's own learning does not count) and the floor is the least distance any "
-               "prior reaches with those digits."),
-    short=f"softmax prior closes >= {1 - GATE_FALL:.0%} of its distance",
-    reason=("Fig. 3's claims rank how fast and how far each normalizer's prior converges to the true prior; in the "
-            "paper softmax's distance falls over training too, only more slowly and less far than ev-softmax's. A "
-            "setting where the softmax prior barely leaves its initialisation (the KL term too weak to move it) "
-            "compares priors that do not learn, so a lead there is not the paper's faster convergence."),
+    condition=(f"in the lead setting, the softmax prior closes at least {1 - GATE_FALL:.0%} of its total variation "
+               "to the aggregate posterior of its own encoder (the mean over a query's validation images of q(z | x, "
+               "y): the prior that maximises the ELBO given the encoder) over training: end / start <= "
+               f"{GATE_FALL:g}, mean over seeds. Fig. 3's own metric (the decoded digits' distribution, so the "
+               "decoder's learning counts) and the gate before issue 49 are reported beside it."),
+    short=f"softmax prior closes >= {1 - GATE_FALL:.0%} of its distance to its aggregate posterior",
+    reason=("Fig. 3's claims rank how fast and how far each normalizer's prior converges; in the paper softmax's "
+            "distance falls over training too, only more slowly and less far than ev-softmax's. A setting where the "
+            "softmax prior barely leaves its initialisation (the KL term too weak to move it) compares priors that do "
+            "not learn. The gate before issue 49 read the prior against the true prior through the decoder's digits, "
+            "which no prior can meet here: the latent classes are not one digit each, so even the prior's ELBO "
+            "optimum, the aggregate posterior, leaves 81-111 % of that distance (issue 49's probe). The prior's own "
+            "optimum is the target a learning prior can reach."),
     paper="Fig. 3: every normalizer's distance to the true prior falls over training; ev-softmax's lowest and fastest",
     measure=_measure_gate,
 )
+
 
 # ------------------------------------------------------------------------------------------ the paper's claims
 PAPER_CLAIMS = (

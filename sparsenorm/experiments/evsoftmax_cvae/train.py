@@ -13,7 +13,7 @@ of each query is scored three ways (Appendix E.1 and Sec. 4.1):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -32,22 +32,29 @@ OPTIMIZERS = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam}
 
 @dataclass(frozen=True)
 class TrainingSetting:
-    """What the KL-weight sweep varies: the optimizer, its learning rate and the KL weight."""
+    """What the KL-weight sweep varies: the optimizer, its learning rate and the KL weight; optionally a different
+    optimizer for the prior MLP alone (issue 49: with SGD at the authors' KL weight the softmax prior barely moves,
+    Adam on the prior alone lets it learn while the encoder and decoder train as the authors')."""
 
     optimizer: str
     learning_rate: float
     kl_weight: float
+    prior_optimizer: Optional[str] = None
+    prior_learning_rate: Optional[float] = None
 
     @property
     def label(self) -> str:
-        """A file-name-safe name, e.g. ``sgd-lr0.001-kl0.00015625``."""
-        return f"{self.optimizer}-lr{self.learning_rate:g}-kl{self.kl_weight:g}"
+        """A file-name-safe name, e.g. ``sgd-lr0.001-kl0.00015625`` (``-prior-adam0.001`` with a prior optimizer)."""
+        prior = f"-prior-{self.prior_optimizer}{self.prior_learning_rate:g}" if self.prior_optimizer else ""
+        return f"{self.optimizer}-lr{self.learning_rate:g}-kl{self.kl_weight:g}{prior}"
 
     @property
     def title(self) -> str:
         kl = {0.01 / 64: "0.01/64 (authors' code)", 1 / 64: "1/64", 1.0: "1 (textbook ELBO)"}.get(
             self.kl_weight, f"{self.kl_weight:g}")
-        return f"{self.optimizer.upper()} lr {self.learning_rate:g}, KL weight {kl}"
+        prior = (f", prior by {self.prior_optimizer.upper()} lr {self.prior_learning_rate:g}"
+                 if self.prior_optimizer else "")
+        return f"{self.optimizer.upper()} lr {self.learning_rate:g}, KL weight {kl}{prior}"
 
 
 def training_groups(names: Sequence[str]) -> List[List[str]]:
@@ -92,11 +99,17 @@ def evaluate_prior(model: CVAE, norm, classifier) -> Dict[str, Any]:
 
 
 @torch.no_grad()
-def posterior_statistics(model: CVAE, norm, x: Tensor, y: Tensor) -> Dict[str, float]:
-    """Mean support size of q(z | x, y) at evaluation, and how many latent classes are ever its argmax."""
+def posterior_statistics(model: CVAE, norm, x: Tensor, y: Tensor) -> Dict[str, Any]:
+    """Mean support size of q(z | x, y) at evaluation, how many latent classes are ever its argmax, and the
+    aggregate posterior per query, mean over the images of that query of q(z | x, y): the prior that maximises the
+    ELBO given this encoder (the regime gate of issue 49 reads the prior's distance to it)."""
     probs = norm.probs_from_linear(model.posterior_features(x, y), model.posterior_head)
+    query = y.argmax(-1)
+    aggregate = {q: probs[query == i].double().mean(0).cpu().tolist() for i, q in enumerate(QUERIES)
+                 if bool((query == i).any())}
     return {"posterior_mean_support": float((probs > 0).sum(-1).double().mean()),
-            "posterior_classes_used": int(probs.argmax(-1).unique().numel())}
+            "posterior_classes_used": int(probs.argmax(-1).unique().numel()),
+            "aggregate_posterior": aggregate}
 
 
 def _support(row: np.ndarray) -> List[int]:
@@ -190,10 +203,43 @@ class _SeedRun:
         return False
 
 
-def _optimizer(setting: TrainingSetting, params) -> torch.optim.Optimizer:
-    if setting.optimizer not in OPTIMIZERS:
-        raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {setting.optimizer!r}")
-    return OPTIMIZERS[setting.optimizer](params, lr=setting.learning_rate)
+PRIOR_PREFIX = "prior_"
+"""Parameters of the prior MLP (``prior_hidden``, ``prior_head``): what ``prior_optimizer`` trains."""
+
+
+class _Optimizers:
+    """One or two optimizers stepped together (the prior's own, when the setting has one)."""
+
+    def __init__(self, optimizers: Sequence[torch.optim.Optimizer]) -> None:
+        self.optimizers = list(optimizers)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for o in self.optimizers:
+            o.zero_grad(set_to_none=set_to_none)
+
+    def step(self) -> None:
+        for o in self.optimizers:
+            o.step()
+
+
+def _optimizer(setting: TrainingSetting, named_params) -> _Optimizers:
+    """The setting's optimizer over ``named_params`` ((name, tensor) pairs); with ``prior_optimizer``, the prior's
+    parameters go to that one instead (both are elementwise or plain SGD, so a stacked copy's step is its own)."""
+    for name in (setting.optimizer, setting.prior_optimizer):
+        if name is not None and name not in OPTIMIZERS:
+            raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {name!r}")
+    named = list(named_params)
+    if setting.prior_optimizer is None:
+        return _Optimizers([OPTIMIZERS[setting.optimizer]([p for _, p in named], lr=setting.learning_rate)])
+    if setting.prior_learning_rate is None or not setting.prior_learning_rate > 0:
+        raise ValueError(f"prior_learning_rate must be positive with a prior optimizer, got "
+                         f"{setting.prior_learning_rate!r}")
+    prior = [p for n, p in named if n.startswith(PRIOR_PREFIX)]
+    rest = [p for n, p in named if not n.startswith(PRIOR_PREFIX)]
+    if not prior:
+        raise ValueError(f"no parameter named {PRIOR_PREFIX}*: the prior optimizer would train nothing")
+    return _Optimizers([OPTIMIZERS[setting.optimizer](rest, lr=setting.learning_rate),
+                        OPTIMIZERS[setting.prior_optimizer](prior, lr=setting.prior_learning_rate)])
 
 
 def _total_steps(n: int, batch_size: int, epochs: int, max_steps) -> int:
@@ -216,7 +262,7 @@ def train_group(names: List[str], seed: int, setting: TrainingSetting, data: Dic
     total = _total_steps(len(x_train), batch_size, epochs, max_steps)
     run = _SeedRun(seed, names, len(x_train), batch_size, LATENT_CLASSES, eval_every, total, device)
     model = CVAE().to(device)
-    optimizer = _optimizer(setting, model.parameters())
+    optimizer = _optimizer(setting, model.named_parameters())
 
     clock = common.Stopwatch()
     run.checkpoint(model, norms, classifier, 0)
@@ -262,7 +308,7 @@ def train_group_stacked(names: List[str], seeds: Sequence[int], setting: Trainin
         runs.append(_SeedRun(seed, names, len(x_train), batch_size, LATENT_CLASSES, eval_every, total, device))
         models.append(CVAE().to(device))
     stacked = StackedModels(models)
-    optimizer = _optimizer(setting, stacked.parameters())
+    optimizer = _optimizer(setting, stacked.params.items())
     reader = models[0]  # a seed's current parameters are copied into it for its checkpoints
 
     def loss_of(model: CVAE, x: Tensor, y: Tensor, uniform: Tensor) -> Tensor:
