@@ -101,6 +101,8 @@ def test_submodules_are_attributes_of_the_package():
         try:
             importlib.import_module(f"sparsenorm.{name}")
         except ModuleNotFoundError as exc:
+            if name == "hf" and exc.name == "transformers":  # sparsenorm.hf needs the hf extra (not in the floor leg)
+                continue
             if exc.name != f"sparsenorm.{name}":
                 raise
             with pytest.raises(AttributeError, match=name):

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The torch floor (issue 50 item 5): `torch>=TORCH_FLOOR` in pyproject.toml and the README is the oldest torch
+# the tests pass on. This installs that torch in a second, throwaway venv (never .venv) with the test and
+# experiments extras, and runs the suites that exercise every registered operator (`sparsenorm::*`: its
+# kernel, fake/shape function, autograd, vmap rule and torch.compile; tests/unit, tests/kernels, tests/attention)
+# against the source tree, with the C++ kernels built for that torch in a kernel cache of its own.
+#
+# Why the floor is what it is: torch.library.custom_op with register_fake/register_autograd/register_kernel
+# needs 2.4; register_vmap and SDPA's enable_gqa need 2.5; the custom_op of 2.5 and 2.6 evaluates string
+# annotations such as `-> "Tuple[Tensor, Tensor, Tensor]"` (the library's modules use `from __future__ import
+# annotations`) in its own namespace and fails at `import sparsenorm`; 2.7 evaluates them in the function's
+# module (tried: 2.5.1 and 2.6.0 fail to import, 2.7.0 passes).
+#
+# PyPI has no CPU-only Linux wheel of an older torch (those live on PyTorch's own index, which this
+# project's machines cannot reach): PyPI's x86-64 wheel is the CUDA build, and it does not import without
+# NVIDIA's CUDA runtime packages, so they are installed too (about 3 GB, into this venv only, which is
+# deleted at the end). On a machine without a GPU they are loaded, never used: every test runs on CPU.
+set -euo pipefail
+TORCH_FLOOR=2.7.0
+repo=$(cd "$(dirname "$0")/.." && pwd)
+BASE=${PYTHON:-python3}
+work=${TORCH_FLOOR_WORK:-$(mktemp -d)}
+trap 'rm -rf "$work"' EXIT
+export TORCH_EXTENSIONS_DIR=$work/extensions  # kernels built against this torch, apart from .venv's
+
+echo "=== torch $TORCH_FLOOR (the floor) in a second venv"
+"$BASE" -m venv "$work/venv"
+py=$work/venv/bin/python
+"$py" -m pip install --quiet "torch==$TORCH_FLOOR"
+"$py" -m pip install --quiet "$repo[test,experiments]"  # torch>=floor is satisfied: no other torch comes in
+# PyPI's CUDA torch brings the triton it was built with; the CPU suite has no use for it (the Triton kernels are
+# tested under the interpreter with the gpu extra's triton in .venv), and without a GPU it fails at import.
+"$py" -m pip uninstall --quiet --yes triton
+"$py" -c "import torch; v = torch.__version__.split('+')[0]; assert v == '$TORCH_FLOOR', torch.__version__; print('torch', torch.__version__)"
+
+echo "=== the C++ kernels, built for torch $TORCH_FLOOR"
+(cd "$work" && "$py" -c "import sparsenorm.kernels as k; failed = {n: e for n, e in k.build().items() if e}; print('kernels built' if not failed else f'kernels NOT built: {failed}')")
+
+echo "=== every registered operator's tests on torch $TORCH_FLOOR"
+cd "$repo"
+# -p no:cacheprovider: nothing written into the source tree; the suite's own conftest isolates the caches.
+"$py" -m pytest -q -n 2 -p no:randomly -p no:cacheprovider tests/unit tests/kernels tests/attention
