@@ -178,8 +178,12 @@ def _ev_softmax_flex(call: AttentionCall):
     if _applies("flex", *_spec_fields(call_spec(None, "known", call))) is not None:
         return None
     q, k, v, keep, key_lengths, unflatten = _batch_head_inputs(call)
-    bias = None if call.bias is None else call.bias.expand(call.scores_shape).reshape(q.shape[0], q.shape[1],
-                                                                                     *call.scores_shape[-2:])
+    bias = call.bias
+    if bias is not None:
+        if q is call.q:  # 4-D inputs as given: the float mask stays in its broadcast form (no copy)
+            bias = bias.reshape((1,) * (4 - bias.dim()) + tuple(bias.shape))
+        else:  # flattened to single-head rows: the mask follows them
+            bias = bias.expand(call.scores_shape).reshape(q.shape[0], q.shape[1], *call.scores_shape[-2:])
     out = flex_attention.ev_softmax_flex_attention(q, k, v, keep, key_lengths, call.is_causal, call.scale,
                                                    call.causal_offset, bias=bias)
     return unflatten(out), None, None

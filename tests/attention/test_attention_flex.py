@@ -176,3 +176,15 @@ def test_float_mask_equals_dense_ev_softmax(causal):
     expected = sparse_attention(q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1), "ev_softmax",
                                 attn_mask=bias, is_causal=causal)
     torch.testing.assert_close(out, expected, rtol=0, atol=tolerance(q, k, v, torch.float64))
+
+
+def test_float_mask_through_sparse_attention_backend_flex():
+    """``sparse_attention(..., attn_mask=<float>, backend="flex")``: the float mask reaches the Flex
+    path in its broadcast form (GQA heads, a mask shared by the batch), equal to the dense path."""
+    q, k, v = qkv(dtype=torch.float64)
+    g = torch.Generator().manual_seed(9)
+    bias = torch.randn(24, 40, generator=g, dtype=torch.float64)
+    with torch.no_grad():
+        out = sparse_attention(q, k, v, "ev_softmax", attn_mask=bias, backend="flex")
+        expected = sparse_attention(q, k, v, "ev_softmax", attn_mask=bias, backend="dense")
+    torch.testing.assert_close(out, expected, rtol=0, atol=tolerance(q, k, v, torch.float64))
