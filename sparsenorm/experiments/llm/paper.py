@@ -83,6 +83,9 @@ PREREGISTERED = {
     "own.llm.coverage_sparsemax": "unchanged (as coverage_entmax15)",
 }
 """Each claim's primary parts, tests and margins as registered before the decisive run of issue 49."""
+PREREGISTRATION_COMMIT = "66a5f7c"
+"""The commit that registered :data:`MATCHED_RIVALS`, :data:`PREREGISTERED` and the margins, before any run judged
+them (the report cites it beside the commit of the run itself)."""
 TEXT_WORDS = ("not used for calibration", "Jane Austen's novels (public domain since the 19th century) are very "
               "likely in SmolLM2's pretraining data, so the evaluation chunks are not held out from pretraining: the "
               "NLLs are those of a model that has probably seen the text")

@@ -11,7 +11,7 @@ import numpy as np
 from .._shared.common import headless_pyplot, markdown_table, save_figure
 from .._shared.runner import Report
 from .claims import WORDS
-from .paper import ALPHA, MATCHED_RIVALS, MODEL_NAME, OUTPUT, TEXT_WORDS
+from .paper import ALPHA, MATCHED_RIVALS, MODEL_NAME, OUTPUT, PREREGISTRATION_COMMIT, TEXT_WORDS
 
 
 def _f(x: Optional[float], digits: int = 3) -> str:
@@ -40,7 +40,9 @@ def _setting(settings, context) -> List[str]:
            "Caveat: public texts such as this one are likely in the model's pretraining data, so the evaluation "
            "chunks are not held out from pretraining. ")
         + "NLL: the mean over a chunk's tokens of -log p(token | the tokens before it in the chunk), nats.",
-        "- Sparsity-matched rivals (issue 49, registered in `paper.py` before the run): " + "; ".join(
+        f"- Sparsity-matched rivals (issue 49; they, the claims' primaries and margins were registered in `paper.py` "
+        f"at commit {PREREGISTRATION_COMMIT}, before the run; the run's own commit is named with it in "
+        f"`results/decisive/README.md`): " + "; ".join(
             f"*{k}*: {v}" for k, v in MATCHED_RIVALS.items()) + ".",
         "- Attention: the normalizer replaces softmax in every layer (`attn_implementation` from `sparsenorm.hf`); "
         "post-hoc evidential is ev-softmax in eval mode (Theorem 3.1 of the ev-softmax paper with the keys as the "
