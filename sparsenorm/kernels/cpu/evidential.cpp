@@ -272,11 +272,11 @@ at::Tensor log_backward(const at::Tensor& g, const at::Tensor& y) {
 // ---------------------------------------------------------------------------------------------
 // The autograd kernel of sparsenorm::ev_softmax on CPU (dispatch key AutogradCPU).
 //
-// Why: the op's Python autograd (register_autograd in sparsenorm/kernels/ops.py) cost ~45 us per
+// Why: the op's Python autograd (register_autograd in sparsenorm/kernels/ops/evidential.py) cost ~45 us per
 // forward+backward in Python frames (the generated autograd.Function, redispatch, setup_context),
 // several times the row work at small shapes. This kernel, loaded with the extension, takes the
 // AutogradCPU key (more specific than the Autograd alias the Python one is registered under), so
-// CPU tensors get the same graph node from C++. The formulas are ops.py's, op for op, so gradients
+// CPU tensors get the same graph node from C++. The formulas are kernels/ops/evidential.py's, op for op, so gradients
 // are bit-identical; other devices keep the Python autograd.
 //
 // The forward always redispatches to the op below autograd (never the raw kernel above): the
@@ -317,7 +317,7 @@ class EvSoftmaxFunction : public torch::autograd::Function<EvSoftmaxFunction> {
     return out;
   }
 
-  // ops.py's _ev_softmax_backward: closed form from the saved output.
+  // kernels/ops/evidential.py's _ev_softmax_backward: closed form from the saved output.
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const at::Tensor out = ctx->get_saved_variables()[0];
     const at::Tensor& grad = grads[0];
@@ -326,7 +326,7 @@ class EvSoftmaxFunction : public torch::autograd::Function<EvSoftmaxFunction> {
       dx = at::_softmax_backward_data(grad, out, -1, out.scalar_type());  // differentiable: double backward
     } else if (!at::GradMode::is_enabled()) {
       dx = ev_softmax_log_backward_op(grad.to(out.scalar_type()).expand_as(out), out);  // the fused op
-    } else {  // create_graph: ops.py's _log_backward_reference, differentiable (a -inf output is constant)
+    } else {  // create_graph: kernels/ops/evidential.py's _log_backward_reference, differentiable (a -inf output is constant)
       const at::Tensor kept = grad.masked_fill(out == -std::numeric_limits<double>::infinity(), 0.0);
       dx = at::_log_softmax_backward_data(kept, out, -1, out.scalar_type());
     }

@@ -1,5 +1,5 @@
 // Fused CPU forward and backward of blockwise ev-softmax attention: the CPU kernels of the registered
-// ops sparsenorm::ev_softmax_attention_blockwise and ..._backward (Python side: kernels/attention_ops.py).
+// ops sparsenorm::ev_softmax_attention_blockwise and ..._backward (Python side: kernels/ops/evidential_attention.py).
 //
 // ev-softmax (ev-softmax paper, Eq. 7) keeps, in query row i, the valid keys whose score
 // s_ij = (q_i * scale) . k_j (+ b_ij) is at least the row's mean valid score t_i. The mean is

@@ -291,7 +291,7 @@ torch::Tensor forward(const torch::Tensor& x, bool entmax) {
 // Each row's threshold relative to its max, in units of x: p = [(x - max) - tau]_+ (sparsemax) or
 // [((x - max) - tau) / 2]_+^2 (1.5-entmax; tau = 2 x the half-unit threshold row_threshold finds,
 // exact: a product by 2). NaN rows give NaN, rows with no entry there 0. The blockwise attention
-// solves a query block's kept score rows with it (kernels/attention_projection_ops.py).
+// solves a query block's kept score rows with it (kernels/ops/projection_attention.py).
 torch::Tensor thresholds(const torch::Tensor& x, bool entmax) {
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.device().is_cpu(), "expected a contiguous 2-D CPU tensor");
   auto tau = torch::empty({x.size(0)}, x.options());
@@ -713,11 +713,11 @@ torch::Tensor bisect_backward(const torch::Tensor& p, const torch::Tensor& g, do
 // ---------------------------------------------------------------------------------------------
 // The autograd kernels of sparsenorm::project and sparsenorm::entmax_bisect on CPU (AutogradCPU).
 //
-// Why: the ops' Python autograd (register_autograd in sparsenorm/kernels/ops.py) costs tens of us
+// Why: the ops' Python autograd (register_autograd in sparsenorm/kernels/ops/projection.py) costs tens of us
 // per forward+backward in Python frames, several times the row work at small shapes. These
 // kernels take the AutogradCPU key (more specific than the Autograd alias the Python ones are
 // registered under) once the extension is loaded; other devices keep the Python autograd. The
-// backward formulas are ops.py's (bit-identical gradients): without create_graph the fused backward
+// backward formulas are kernels/ops/projection.py's (bit-identical gradients): without create_graph the fused backward
 // op, with it the differentiable Python reference itself.
 //
 // The forwards always redispatch to the op below autograd (never the raw kernels above): the
@@ -784,7 +784,7 @@ class ProjectFunction : public torch::autograd::Function<ProjectFunction> {
     return out;
   }
 
-  // ops.py's _project_autograd
+  // kernels/ops/projection.py's _project_autograd
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const at::Tensor p = ctx->get_saved_variables()[0];
     const std::string kind = ctx->saved_data["kind"].toStringRef();
@@ -806,11 +806,11 @@ class EntmaxBisectFunction : public torch::autograd::Function<EntmaxBisectFuncti
     return out;
   }
 
-  // ops.py's _entmax_bisect_autograd
+  // kernels/ops/projection.py's _entmax_bisect_autograd
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const at::Tensor p = ctx->get_saved_variables()[0];
     const double alpha = ctx->saved_data["alpha"].toDouble();
-    at::Tensor dx = at::GradMode::is_enabled()  // double backward: ops.py's _bisect_backward_reference
+    at::Tensor dx = at::GradMode::is_enabled()  // double backward: kernels/ops/projection.py's _bisect_backward_reference
                         ? python_reference("sparsenorm.kernels.ops", "_bisect_backward_reference", p, grads[0], alpha)
                                                : entmax_bisect_backward_op(p, grads[0], alpha);
     return {dx, at::Tensor(), at::Tensor(), at::Tensor()};  // alpha, n_iter, ensure_sum_one: no gradient
