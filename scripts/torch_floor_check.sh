@@ -39,4 +39,7 @@ echo "=== the C++ kernels, built for torch $TORCH_FLOOR"
 echo "=== every registered operator's tests on torch $TORCH_FLOOR"
 cd "$repo"
 # -p no:cacheprovider: nothing written into the source tree; the suite's own conftest isolates the caches.
-"$py" -m pytest -q -n 2 -p no:randomly -p no:cacheprovider tests/unit tests/kernels tests/attention
+# Left out: the two files whose oracle is torch.nn.functional.linear_cross_entropy, new in torch 2.13 (the
+# sparsenorm::linear_loss op itself is tested on this torch by tests/unit/test_linear_loss.py).
+"$py" -m pytest -q -n 2 -p no:randomly -p no:cacheprovider tests/unit tests/kernels tests/attention \
+    --ignore tests/unit/test_seam_fused_ce.py --ignore tests/unit/test_bench_linear_ce_torch.py
