@@ -27,14 +27,25 @@ echo "=== torch $TORCH_FLOOR (the floor) in a second venv"
 "$BASE" -m venv "$work/venv"
 py=$work/venv/bin/python
 "$py" -m pip install --quiet "torch==$TORCH_FLOOR"
-"$py" -m pip install --quiet "$repo[test,experiments]"  # torch>=floor is satisfied: no other torch comes in
+# The library's, the test extra's and the experiments extra's requirements (torch>=floor is satisfied: no other
+# torch comes in); the library itself is imported from the source tree, so nothing is built in it.
+mapfile -t requirements < <("$py" - "$repo/pyproject.toml" <<'PY'
+import sys
+import tomllib
+
+project = tomllib.load(open(sys.argv[1], "rb"))["project"]
+extras = project["optional-dependencies"]
+print("\n".join(project["dependencies"] + extras["test"] + extras["experiments"]))
+PY
+)
+"$py" -m pip install --quiet "${requirements[@]}"
 # PyPI's CUDA torch brings the triton it was built with; the CPU suite has no use for it (the Triton kernels are
 # tested under the interpreter with the gpu extra's triton in .venv), and without a GPU it fails at import.
 "$py" -m pip uninstall --quiet --yes triton
 "$py" -c "import torch; v = torch.__version__.split('+')[0]; assert v == '$TORCH_FLOOR', torch.__version__; print('torch', torch.__version__)"
 
 echo "=== the C++ kernels, built for torch $TORCH_FLOOR"
-(cd "$work" && "$py" -c "import sparsenorm.kernels as k; failed = {n: e for n, e in k.build().items() if e}; print('kernels built' if not failed else f'kernels NOT built: {failed}')")
+(cd "$repo" && "$py" -c "import sparsenorm.kernels as k; failed = {n: e for n, e in k.build().items() if e}; print('kernels built' if not failed else f'kernels NOT built: {failed}')")
 
 echo "=== every registered operator's tests on torch $TORCH_FLOOR"
 cd "$repo"
