@@ -1,5 +1,5 @@
 """Packaging promises (issue 50, item 5): `sparsenorm --version`, an SPDX licence with a setuptools
-that takes it, and one torch floor said alike in pyproject.toml, the README and CI's floor leg."""
+that takes it, and one torch floor said alike in pyproject.toml, the README and the floor check."""
 import importlib.metadata
 import re
 import sys
@@ -48,9 +48,11 @@ def test_spdx_licence_with_a_setuptools_that_takes_it():
     assert floor >= (77, 0, 3)  # the first setuptools with license expressions and license-files
 
 
-def test_the_torch_floor_is_the_one_ci_proves():
+def test_one_torch_floor_everywhere():
+    """pyproject.toml, the README and the floor check (scripts/torch_floor_check.sh, run by hand: its
+    torch from PyPI brings CUDA packages, which CI must not download) name one floor."""
     (torch_requirement,) = [d for d in _pyproject()["project"]["dependencies"] if d.startswith("torch")]
     floor = re.fullmatch(r"torch>=([\d.]+)", torch_requirement).group(1)
     assert f"torch >= {floor}" in (ROOT / "README.md").read_text()
     assert f"TORCH_FLOOR={floor}" in (ROOT / "scripts" / "torch_floor_check.sh").read_text()
-    assert "scripts/torch_floor_check.sh" in (ROOT / ".ci" / "run").read_text()
+    assert "scripts/torch_floor_check.sh  #" not in (ROOT / ".ci" / "run").read_text()
