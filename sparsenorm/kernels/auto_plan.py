@@ -267,4 +267,5 @@ def choose_attention(spec: AttentionSpec) -> AttentionPlan:
 
 
 __all__ = ["RowPlan", "plan_rows", "row_backend", "row_choice", "AttentionSpec", "AttentionPlan", "choose_attention",
-           "applies", "AUTO_ORDER", "MASK_KINDS"]
+           "applies", "AUTO_ORDER", "MASK_KINDS", "BLOCKWISE_MIN_SCORES", "KNOWN_BLOCKWISE_MIN_SCORES",
+           "DECODE_MAX_QUERIES", "DEVICE_KERNELS", "TRITON_ROW_FAMILIES", "CPP_ROW_FAMILIES"]
