@@ -206,7 +206,8 @@ def train_targets(rows: List[dict]) -> List[dict]:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_gpu_dispatch", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_gpu_dispatch",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("--only", action="append", choices=PARTS, help="run only these parts (repeatable)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--json", default=None, help="write the rows and targets here")
@@ -218,7 +219,8 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     report: Dict[str, object] = dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
                                      triton=triton.__version__, python=platform.python_version(),
-                                     command="python -m benchmarks.bench_gpu_dispatch " + " ".join(argv or sys.argv[1:]),
+                                     command="python -m benchmarks.bench_gpu_dispatch "
+                                     + " ".join(argv or sys.argv[1:]),
                                      rows=[], targets=[], errors=[])
 
     def save():

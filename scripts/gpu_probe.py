@@ -40,7 +40,8 @@ VARIANTS = {
     "noskip_stages1": [(SKIP_LINE, "if True:"), ("for s in (2, 3)", "for s in (1,)")],
 }
 FAILING_CASES = [  # run_case keyword arguments of failing tests of the last window
-    ("head_dims D=64", dict(dtype=torch.bfloat16, Hq=2, Hk=2, L=64, S=48, D=64, causal=True, key_lengths=[40], seed=64)),
+    ("head_dims D=64", dict(dtype=torch.bfloat16, Hq=2, Hk=2, L=64, S=48, D=64, causal=True, key_lengths=[40],
+                            seed=64)),
     ("head_dims D=16", dict(dtype=torch.bfloat16, Hq=2, Hk=2, L=64, S=48, D=16, causal=False, key_lengths=[40],
                             seed=16)),
     ("bf16 L128 D128 causal GQA", dict(dtype=torch.bfloat16, Hq=8, Hk=2, L=128, S=128, D=128, causal=True)),

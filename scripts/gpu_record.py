@@ -51,7 +51,8 @@ def proof(obligation, dtype: str, tests: List[str], seen: Dict[str, Set[str]]):
         return False, matched, "no test of the suite matches"
     bad = [t for t in matched if seen.get(t) != {"PASSED"}]
     if bad:
-        return False, matched, f"{len(bad)} of {len(matched)} not passed (e.g. {bad[0]}: {sorted(seen.get(bad[0], {'missing'}))})"
+        example = f"{bad[0]}: {sorted(seen.get(bad[0], {'missing'}))}"
+        return False, matched, f"{len(bad)} of {len(matched)} not passed (e.g. {example})"
     return True, matched, ""
 
 

@@ -1,7 +1,8 @@
 """The one entry path of every normalizer, and every argument check.
 
 Every public function goes through :func:`run_on_rows`: check ``x`` -> normalize ``dim`` -> upcast
-(float16/bfloat16 are computed in float32; an op whose kernel takes them does that inside) -> apply the "not there" rule and ``mask`` -> call the
+(float16/bfloat16 are computed in float32; an op whose kernel takes them does that inside) -> apply
+the "not there" rule and ``mask`` -> call the
 algorithm on rows along the LAST dimension -> move the dimension back and cast to the input dtype.
 Bad input fails here with a message that names the argument, never deep inside a kernel.
 

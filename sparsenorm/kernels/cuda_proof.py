@@ -27,7 +27,6 @@ import warnings
 from dataclasses import dataclass
 from typing import Dict, Iterator, Optional, Tuple
 
-import torch
 
 from .cuda_record import RECORD
 

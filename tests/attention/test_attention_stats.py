@@ -8,7 +8,6 @@ from torch import nn
 import sparsenorm.attention as attention
 from sparsenorm.attention import MultiheadAttention, record, sparse_attention
 from sparsenorm.attention import stats as stats_module
-from sparsenorm.kernels import attention_dispatch as attention_ops
 
 
 class TwoLayers(nn.Module):

@@ -15,7 +15,6 @@ transformers = pytest.importorskip(
     "transformers", reason="Hugging Face transformers is not installed (the [hf] extra); install .[hf] to run these")
 
 import sparsenorm.hf as hf  # noqa: E402
-from sparsenorm.kernels import attention_dispatch  # noqa: E402
 from transformers.masking_utils import AttentionMaskInterface  # noqa: E402
 
 VOCAB = 64

@@ -234,8 +234,10 @@ def test_claims_follow_the_paired_tests():
     # issue 49: least cost is judged at equal kept fraction, both matched rivals primary; the unmatched comparison
     # is a new comparison that names every kept fraction
     least = claims["own.llm.posthoc_least_cost"]
-    assert "primary: NLL per token, post-hoc ev-softmax below alpha-entmax at post-hoc's kept fraction" in least.evidence
-    assert "primary: NLL per token, post-hoc ev-softmax below top-k" in least.evidence and "alpha 1.0400" in least.evidence
+    assert ("primary: NLL per token, post-hoc ev-softmax below alpha-entmax at post-hoc's kept fraction"
+            in least.evidence)
+    assert "primary: NLL per token, post-hoc ev-softmax below top-k" in least.evidence
+    assert "alpha 1.0400" in least.evidence
     new = [c for c in judged if not c.key]
     assert len(new) == 1 and new[0].verdict == runner.NEW and "kept fraction: post-hoc 0.47" in new[0].evidence
     assert claims["own.llm.posthoc_on_par"].verdict == runner.REPRODUCED  # +0.03 nats, margin 0.1
@@ -258,12 +260,14 @@ def test_a_matched_rival_off_the_target_is_not_testable():
 
 def test_topk_kept_fraction_follows_from_k_and_the_causal_lengths():
     assert llm_eval.topk_kept(1, [4]) == pytest.approx(4 / 10)  # queries see 1, 2, 3, 4 keys; keep 1 each
-    assert llm_eval.topk_kept(4, [4]) == 1.0 and llm_eval.topk_kept(2, [4, 2]) == pytest.approx((1 + 2 + 2 + 2 + 1 + 2) / 13)
+    assert llm_eval.topk_kept(4, [4]) == 1.0
+    assert llm_eval.topk_kept(2, [4, 2]) == pytest.approx((1 + 2 + 2 + 2 + 1 + 2) / 13)
     lengths = [384] * 4
     for target in (0.02, 0.11, 0.48, 0.9):
         k = llm_eval.topk_for(target, lengths)
         assert abs(llm_eval.topk_kept(k, lengths) - target) <= abs(llm_eval.topk_kept(k + 1, lengths) - target)
-        assert k == 1 or abs(llm_eval.topk_kept(k, lengths) - target) <= abs(llm_eval.topk_kept(k - 1, lengths) - target)
+        miss = abs(llm_eval.topk_kept(k, lengths) - target)
+        assert k == 1 or miss <= abs(llm_eval.topk_kept(k - 1, lengths) - target)
 
 
 def test_topk_softmax_keeps_k_present_scores():

@@ -56,7 +56,6 @@ from hypothesis import strategies as st
 import sparsenorm
 from sparsenorm import kernels
 from sparsenorm.attention import sparse_attention
-from sparsenorm.kernels import attention_dispatch
 from sparsenorm.kernels.ops import evidential_attention
 from sparsenorm.kernels import cpu as cpu_kernels
 from sparsenorm.kernels.reference import evidential_attention as ref_attention

@@ -56,7 +56,8 @@ class LLMExperiment:
     name = "llm"
     regime_gate = GATE  # the regime (paper.py): checked on every run, see _shared/regime.py
     description = ("Post-hoc sparse attention and sparse next-token distributions in a pretrained LM (sparsenorm's own "
-                   f"experiment): {MODEL_NAME} without training, on chunks of Jane Austen's novels not used for calibration")
+                   f"experiment): {MODEL_NAME} without training, on chunks of Jane Austen's novels not used for "
+                   "calibration")
     paper = PAPER
     default_normalizers = ["softmax", "posthoc_evidential", "entmax_bisect", "entmax15", "sparsemax", "ev_softmax"]
     full_runtime = ("Full mode (48 chunks of 512 tokens, 32-token greedy continuations, the per-layer sweep on 8 "
