@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import traceback
 from typing import Callable, Dict, List, Optional
 
 import torch
+
+from .gpu_timing import time_interleaved  # the one timing helper of the GPU benchmarks
 
 DEVICE = "cuda"
 
@@ -45,32 +46,6 @@ def dram_bandwidth_gbs() -> Optional[float]:
     if not clock_khz or not bus_bits:
         return None
     return 2 * clock_khz * 1e3 * bus_bits / 8 / 1e9
-
-
-def time_interleaved(fns: Dict[str, Callable[[], object]], rounds: int, reps: int) -> Dict[str, object]:
-    """Median milliseconds per call of each function, over ``rounds`` interleaved rounds of ``reps``
-    calls; a function that fails gives its error message instead."""
-    times: Dict[str, List[float]] = {name: [] for name in fns}
-    failed: Dict[str, str] = {}
-    for name, fn in fns.items():  # warm-up: compilation, autotuning
-        try:
-            fn()
-        except Exception as e:  # noqa: BLE001 -- reported in the table, the others still run
-            failed[name] = "OOM" if isinstance(e, torch.cuda.OutOfMemoryError) else f"error: {type(e).__name__}"
-            torch.cuda.empty_cache()
-    torch.cuda.synchronize()
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            if name in failed:
-                continue
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(reps):
-                fn()
-            end.record()
-            end.synchronize()
-            times[name].append(start.elapsed_time(end) / reps)
-    return {name: failed.get(name) or statistics.median(times[name]) for name in fns}
 
 
 def _table(header: List[str], rows: List[List[str]]) -> str:

@@ -16,7 +16,7 @@
   --only train``). Target: <= 1.1x.
 
 Parts that need an unproven path run under ``cuda_proof.trusting()`` and say so in their rows.
-Every time is the median of interleaved rounds with CUDA events (``bench_gpu.time_interleaved``).
+Every time is the median of interleaved rounds with CUDA events (``benchmarks.gpu_timing.time_interleaved``).
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ from typing import Dict, List, Optional
 
 import torch
 
-from .bench_gpu import time_interleaved
+from .gpu_timing import time_interleaved
 
 DEVICE = "cuda"
 PARTS = ("plans", "entry", "attention", "train", "decode")

@@ -20,7 +20,7 @@ from typing import Callable, Dict, List
 import torch
 import torch.nn.functional as F
 
-from .bench_gpu import time_interleaved
+from .gpu_timing import time_interleaved
 
 DEVICE = "cuda"
 

@@ -125,11 +125,10 @@ def measure_peak(label: str, args) -> Optional[int]:
 
 def fused_plan(args) -> tuple:
     """(tokens, vocabulary entries) per block of the fused losses at these shapes (the op's own plan)."""
-    from sparsenorm.kernels.ops.linear_loss import _plan
+    from sparsenorm.kernels.reference.linear_loss import make_plan
 
-    h = torch.empty(args.tokens, args.dim, device="meta")
-    w = torch.empty(args.vocab, args.dim, device="meta")
-    plan = _plan(h, w, args.token_chunk, 0, 0)
+    itemsize = torch.empty((), dtype=torch.float32).element_size()  # the benchmark's float32 hidden states
+    plan = make_plan(args.tokens, args.vocab, args.token_chunk, 0, 0, itemsize=itemsize, n_hidden=args.dim)
     return plan.token_chunk, plan.vocab_chunk
 
 

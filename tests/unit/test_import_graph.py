@@ -1,5 +1,5 @@
-"""The package's import graph: no cycle anywhere (function-level imports included) and no private name
-imported across packages. Read from the source with ``ast`` (nothing is imported, so optional
+"""The import graph of the library and the benchmarks: no cycle anywhere (function-level imports
+included) and no private name imported across packages. Read from the source with ``ast`` (nothing is imported, so optional
 dependencies do not matter), which sees the imports that lazy loading hides from a run."""
 import ast
 from pathlib import Path
@@ -8,16 +8,18 @@ from typing import Dict, List, Set
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "sparsenorm"
+PACKAGES = (PACKAGE, PACKAGE.parent / "benchmarks")  # the library, and the benchmarks that import it
 
 
 def _modules() -> Dict[str, Path]:
-    """Dotted module name -> file, for every ``.py`` under the package (``pkg/__init__.py`` is ``pkg``)."""
+    """Dotted module name -> file, for every ``.py`` under the packages (``pkg/__init__.py`` is ``pkg``)."""
     found = {}
-    for path in sorted(PACKAGE.rglob("*.py")):
-        parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
-        if parts[-1] == "__init__":
-            parts = parts[:-1]
-        found[".".join(parts)] = path
+    for package in PACKAGES:
+        for path in sorted(package.rglob("*.py")):
+            parts = list(path.relative_to(package.parent).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            found[".".join(parts)] = path
     return found
 
 
@@ -119,6 +121,7 @@ def test_the_graph_is_read():
     assert "sparsenorm.registry" in graph["sparsenorm.experiments.evsoftmax_vqvae.train"]
     assert "sparsenorm.experiments._shared.runner" in graph["sparsenorm.experiments"]  # inside run()
     assert "sparsenorm.losses.rsoftmax" in graph["sparsenorm.registry"]  # from .losses import rsoftmax as r_losses
+    assert "benchmarks.gpu_timing" in graph["benchmarks.bench_gpu_training"]  # the benchmarks are read too
 
 
 def test_the_cycle_finder_finds_a_cycle_through_a_function_level_import():
