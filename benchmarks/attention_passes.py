@@ -23,7 +23,7 @@ import torch
 from sparsenorm._text import markdown_table
 from sparsenorm.kernels import disabled
 from sparsenorm.kernels.ops.projection_attention import projection_attention
-from sparsenorm.kernels.reference import attention_projection as ref
+from sparsenorm.kernels.reference import projection_attention as ref
 
 
 def count(kind: str, length: int, dim: int, recomputed: bool) -> List[str]:

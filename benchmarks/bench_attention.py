@@ -54,7 +54,7 @@ from benchmarks.bench import cpu_model, is_loaded, load_warning, machine_load
 from sparsenorm._text import markdown_table
 from sparsenorm.attention import sparse_attention
 from sparsenorm.kernels import disabled
-from sparsenorm.kernels.reference import attention_projection
+from sparsenorm.kernels.reference import projection_attention as attention_projection
 
 _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -6,7 +6,7 @@ sparsenorm's PyTorch path, and AdaSplash's ``triton_entmax`` where installed.
 
 Attention (causal and not, L = 1k..32k, head dims 64 and 128, B*L = 16k tokens, H*D = 2048):
 forward and forward+backward of the flash ev-softmax attention and of ev-softmax on FlexAttention
-(``sparsenorm.kernels.flex_attention``, where torch has it) beside ``F.scaled_dot_product_attention``
+(``sparsenorm.kernels.attention.flex``, where torch has it) beside ``F.scaled_dot_product_attention``
 restricted to its flash and its memory-efficient backends, FlashAttention-2 (``flash_attn``) and
 AdaSplash (``adasplash``, entmax-1.5 attention) where installed.
 
@@ -205,7 +205,7 @@ def attention_methods(with_flex: bool) -> Dict[str, Callable]:
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from sparsenorm.kernels.flex_attention import ev_softmax_flex_attention, flex_available
+    from sparsenorm.kernels.attention.flex import ev_softmax_flex_attention, flex_available
     from sparsenorm.kernels.ops.evidential_attention import flash_ev_softmax_attention
 
     def sdpa_with(backend):

@@ -133,7 +133,7 @@ def flex_part(rec: Recorder, deadline: float) -> None:
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     from sparsenorm.attention import sparse_attention
-    from sparsenorm.kernels import flex_attention as ours
+    from sparsenorm.kernels.attention import flex as ours
     from sparsenorm.kernels.reference.evidential_attention import threshold
 
     compiled = torch.compile(flex_attention, dynamic=False)

@@ -68,7 +68,7 @@ class Normalizer:
     """The ``entmax`` package's function computing the same map, if any (for comparisons)."""
     attention_threshold: Optional[str] = None
     """What attention may do with this map without the L x S score matrix
-    (``sparsenorm.kernels.attention_dispatch`` keys its memory-efficient kernels by this):
+    (``sparsenorm.kernels.attention.dispatch`` keys its memory-efficient kernels by this):
     ``"known"`` -- the threshold is known before the pass over the keys (ev-softmax: the mean score
     is ``q . mean(k)``);
     ``"searched"`` -- the threshold must be searched over key blocks (sparsemax, entmax: a

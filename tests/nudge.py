@@ -35,7 +35,7 @@ _INT_OF = {torch.float16: torch.int16, torch.bfloat16: torch.int16, torch.float3
 TARGETS = [
     ("sparsenorm.kernels.reference.evidential", "row_mean"),
     ("sparsenorm.kernels.reference.evidential_attention", "score_block"),
-    ("sparsenorm.kernels.reference.attention_projection", "_Grouped.scores"),
+    ("sparsenorm.kernels.reference.projection_attention", "_Grouped.scores"),
 ]
 
 

@@ -9,7 +9,7 @@
 * :func:`plan` -- which backend ``backend="auto"`` runs for given shapes, and why (no tensors, no GPU).
 * :mod:`.masks` -- the "not there" rule for attention masks.
 """
-from ..kernels.attention_dispatch import BACKENDS
+from ..kernels.attention.dispatch import BACKENDS
 from ..kernels.auto_plan import BLOCKWISE_MIN_SCORES, AttentionPlan
 from ..kernels.ops.evidential_attention import ev_softmax_attention_blockwise
 from .functional import sparse_attention

@@ -1,7 +1,7 @@
 """``sparse_attention``: scaled dot-product attention with any sparsenorm normalizer in place of softmax.
 
 This layer validates arguments, resolves the normalizer once, turns masks into ``(keep, bias,
-key_lengths)`` (:mod:`.masks`) and calls :func:`sparsenorm.kernels.attention_dispatch.run_attention_kernel`,
+key_lengths)`` (:mod:`.masks`) and calls :func:`sparsenorm.kernels.attention.dispatch.run_attention_kernel`,
 which picks the kernel; it never looks at the device or at a normalizer's name.
 """
 from __future__ import annotations
@@ -15,8 +15,8 @@ from torch import Tensor, nn
 
 from .. import registry
 from .._validation import check_attention_batch, check_floating, check_param, value_checks_enabled
-from ..kernels.attention_call import AttentionCall
-from ..kernels.attention_dispatch import BACKENDS, check_backend, run_attention_kernel
+from ..kernels.attention.call import AttentionCall
+from ..kernels.attention.dispatch import BACKENDS, check_backend, run_attention_kernel
 from . import stats
 from .masks import split_mask
 
@@ -222,7 +222,7 @@ def sparse_attention(
     otherwise, which builds the L x S weights. ``"dense"``, ``"blockwise"``, ``"triton"``,
     ``"flex"`` ask for one (``ValueError`` where it has no kernel for the normalizer or does not
     apply; the memory-efficient ones return no weights, apply no dropout and do not
-    differentiate a float mask). See :mod:`sparsenorm.kernels.attention_dispatch`.
+    differentiate a float mask). See :mod:`sparsenorm.kernels.attention.dispatch`.
 
     ``stats_module``: the module this call's attended-key counts are filed under while a
     :func:`sparsenorm.attention.record` block is open (default: ``"sparse_attention"``).

@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from .._validation import is_there, value_checks_enabled
-from ..kernels.attention_call import causal_keep, combine_keep, lengths_keep
+from ..kernels.attention.call import causal_keep, combine_keep, lengths_keep
 
 Mask = Tuple[Optional[Tensor], Optional[Tensor]]
 

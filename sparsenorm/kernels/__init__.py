@@ -1,8 +1,7 @@
 """The kernel layer: the registered operators with their autograd (``ops/``, one file per family),
 their pure-PyTorch reference (``reference/``), fused C++ CPU kernels (``cpu/``) and Triton kernels
-(``triton/``); for attention, the call and its masks (``attention_call``), the dense path
-(``dense_attention``), FlexAttention (``flex_attention``) and the choice of kernel
-(``attention_dispatch``).
+(``triton/``); for attention, the call and its masks, the dense path, FlexAttention and the
+kernels by backend (``attention/``), and what ``auto`` runs (``auto_plan``, ``cuda_proof``).
 
 Public switches:
 

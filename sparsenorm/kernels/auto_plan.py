@@ -5,7 +5,7 @@
 tensor or a GPU. The kernels follow
 these answers: the row-wise ops ask :func:`row_backend` (the same function on a tensor's
 properties), and ``sparse_attention(..., backend="auto")`` runs :func:`choose_attention` on the call's
-shapes and masks (:func:`~sparsenorm.kernels.attention_dispatch.call_spec`), then exactly the
+shapes and masks (:func:`~sparsenorm.kernels.attention.dispatch.call_spec`), then exactly the
 backend it names.
 
 Rules. On CUDA a device kernel (Triton, FlexAttention, SDPA) is chosen only where the committed
@@ -210,7 +210,7 @@ def applies(backend: str, spec: AttentionSpec) -> Optional[str]:
             return f"the flash kernel takes head dims up to {FLASH_MAX_HEAD_DIM}, equal for values"
         return None
     if backend == "flex":
-        from . import flex_attention
+        from .attention import flex as flex_attention
         if spec.threshold != "known":
             return "the Flex path computes ev-softmax only"
         if not flex_attention.flex_available():

@@ -71,7 +71,7 @@ def test_forward_only_times_the_forward_and_says_so(capsys):
 def test_recomputed_candidates_recompute_and_equal_the_kept_path_to_the_bit():
     """The '(blockwise recomputed)' candidates make one score product per tile and pass (more than
     the kept path's one per tile), with the same outputs and gradients to the bit (both searching)."""
-    from sparsenorm.kernels.reference import attention_projection
+    from sparsenorm.kernels.reference import projection_attention as attention_projection
 
     q, k, v, grad = bench_attention.make_inputs(2, 40, 8)
     results, products = {}, {}

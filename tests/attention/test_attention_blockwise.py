@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from sparsenorm.attention import ev_softmax_attention_blockwise, sparse_attention
-from sparsenorm.kernels import attention_dispatch as attention_ops
+from sparsenorm.kernels.attention import dispatch as attention_ops
 from sparsenorm.attention.masks import split_mask
 
 from knife_edge import assert_agree_by_contract, softmax_on

@@ -14,7 +14,7 @@ import torch
 from knife_edge import band
 from sparsenorm import kernels
 from sparsenorm.attention import sparse_attention
-from sparsenorm.kernels import flex_attention
+from sparsenorm.kernels.attention import flex as flex_attention
 from sparsenorm.kernels.ops.evidential_attention import ev_softmax_attention_blockwise
 from sparsenorm.kernels.ops.projection_attention import projection_attention
 

@@ -7,7 +7,7 @@ import sparsenorm
 from sparsenorm import registry
 from sparsenorm.attention import MultiheadAttention, sparse_attention
 from sparsenorm.attention.masks import merge, split_mask
-from sparsenorm.kernels import attention_dispatch as attention_ops
+from sparsenorm.kernels.attention import dispatch as attention_ops
 from sparsenorm.kernels.ops import evidential_attention
 
 NORMALIZERS = registry.names()

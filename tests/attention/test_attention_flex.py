@@ -3,11 +3,11 @@ import pytest
 import torch
 
 from sparsenorm.attention import sparse_attention
-from sparsenorm.kernels import flex_attention as flex
+from sparsenorm.kernels.attention import flex
 
 pytestmark = [
     pytest.mark.skipif(not flex.flex_available(), reason="this torch has no flex_attention"),
-    # On CPU the function calls eager flex_attention on purpose (see sparsenorm.kernels.flex_attention).
+    # On CPU the function calls eager flex_attention on purpose (see sparsenorm.kernels.attention.flex).
     pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile"),
 ]
 

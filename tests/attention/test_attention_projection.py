@@ -14,7 +14,7 @@ import sparsenorm
 from benchmarks import bench_attention
 from sparsenorm.kernels.ops import projection_attention as ops
 from sparsenorm.kernels import available, disabled
-from sparsenorm.kernels.reference import attention_projection as ref
+from sparsenorm.kernels.reference import projection_attention as ref
 
 ALPHA = 1.3  # alpha-entmax's alpha in these tests (passed to every kind; only entmax_bisect reads it)
 DENSE = {"sparsemax": sparsenorm.sparsemax, "entmax15": sparsenorm.entmax15,

@@ -269,7 +269,7 @@ def test_flash_route_equals_reference_path(device, launchers, dtype):
 def test_flex_backend_equals_reference_path(device, dtype):
     """``sparse_attention(..., backend="flex")`` (FlexAttention; its backward runs on CUDA only)
     against the dense reference path, values and gradients."""
-    pytest.importorskip("sparsenorm.kernels.flex_attention", reason="the FlexAttention path is not there yet")
+    pytest.importorskip("sparsenorm.kernels.attention.flex", reason="the FlexAttention path is not there yet")
     if device != "cuda":
         pytest.skip("FlexAttention's backward runs on CUDA only (the CPU forward is tested in tests/attention)")
     compare_with_reference_path(device, dtypes=(dtype,), backend="flex")

@@ -1,6 +1,7 @@
 """The import graph of the library and the benchmarks: no cycle anywhere (function-level imports
-included) and no private name imported across packages. Read from the source with ``ast`` (nothing is imported, so optional
-dependencies do not matter), which sees the imports that lazy loading hides from a run."""
+included) and no private name imported across packages. Read from the source with ``ast`` (nothing is
+imported, so optional dependencies do not matter), which sees the imports that lazy loading hides
+from a run."""
 import ast
 from pathlib import Path
 from typing import Dict, List, Set

@@ -9,7 +9,7 @@
   ``r_softmax_backward`` and ``RSoftmaxFunction`` / ``TSoftmaxFunction``;
 * :mod:`.fenchel_young` -- the Fenchel--Young loss's ``autograd.Function`` (backward ``p* - q``);
 * :mod:`.evidential_attention` and :mod:`.projection_attention` -- the attention ops (see
-  :mod:`sparsenorm.kernels.attention_dispatch` for which one runs).
+  :mod:`sparsenorm.kernels.attention.dispatch` for which one runs).
 
 Each row-wise op works on rows along the LAST dimension of its input (the entry path in
 ``sparsenorm._validation`` moves the normalized dimension there) and has

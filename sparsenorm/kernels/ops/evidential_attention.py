@@ -8,7 +8,7 @@ saved outputs (FlashAttention-2's backward on the support):
   kernel (:mod:`..triton.attention`), on CUDA (or on CPU tensors under ``TRITON_INTERPRET=1``).
 
 :func:`ev_softmax_attention_blockwise` and :func:`flash_ev_softmax_attention` are their checked
-entry points; :mod:`sparsenorm.kernels.attention_dispatch` picks between them.
+entry points; :mod:`sparsenorm.kernels.attention.dispatch` picks between them.
 """
 from __future__ import annotations
 

@@ -1,14 +1,14 @@
 """The registered operator for memory-efficient sparsemax / 1.5-entmax attention.
 
 ``sparsenorm::projection_attention`` runs the blockwise algorithm of
-:mod:`sparsenorm.kernels.reference.attention_projection` (exact threshold search over key blocks,
+:mod:`sparsenorm.kernels.reference.projection_attention` (exact threshold search over key blocks,
 then one ``P V`` pass; O(L) extra memory) on every device, with a fake (shape) implementation so
 ``torch.compile(fullgraph=True)`` treats it as one opaque node, and its closed-form blockwise
 backward ``sparsenorm::projection_attention_backward`` registered as its autograd formula. The
 backward is not itself differentiable (no double backward).
 
 :func:`projection_attention` is its checked entry point for direct calls; the attention layer calls
-the op through :mod:`sparsenorm.kernels.attention_dispatch`, which has checked the arguments.
+the op through :mod:`sparsenorm.kernels.attention.dispatch`, which has checked the arguments.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from torch import Tensor
 
 from ..._validation import check_floating, check_n_iter, check_param, compute_dtype
 from .. import cpu
-from ..reference import attention_projection as ref
+from ..reference import projection_attention as ref
 
 BLOCK_Q = ref.BLOCK_Q
 BLOCK_K = ref.BLOCK_K
@@ -162,7 +162,7 @@ def projection_attention(
     (``'entmax_bisect'``) attention in O(L) extra memory.
 
     ``out = P V`` with ``P = kind(query key^T * scale)`` over the keys there, row by row, without
-    the L x S matrix (see :mod:`sparsenorm.kernels.reference.attention_projection`). ``query``
+    the L x S matrix (see :mod:`sparsenorm.kernels.reference.projection_attention`). ``query``
     (B, Hq, L, E), ``key`` (B, Hk, S, E), ``value`` (B, Hk, S, Ev) of one floating dtype, ``Hk``
     dividing ``Hq`` (grouped-query attention) -> (B, Hq, L, Ev). ``scale`` defaults to
     ``1/sqrt(E)``. Masks, all optional and combined: ``keep`` boolean broadcastable to

@@ -23,7 +23,7 @@ is redone with the threshold capped at its maximum valid score, as the dense ev-
 inside the registered op ``sparsenorm::ev_softmax_attention_blockwise``, so it breaks no graph).
 
 The op and its autograd are in :mod:`sparsenorm.kernels.ops.evidential_attention`, the choice of
-kernel in :mod:`sparsenorm.kernels.attention_dispatch`.
+kernel in :mod:`sparsenorm.kernels.attention.dispatch`.
 """
 from __future__ import annotations
 

@@ -402,7 +402,7 @@ def bisect(tau_lo: Tensor, width: Tensor, n_iter: int, mass: Callable[[Tensor], 
 
     Variants differ only in their hook ``mass(tau) -> (row sums (..., 1), state)`` and their bracket:
     the dense rows here (:func:`bisect_rows`: ``state`` the weights) and the blockwise attention
-    search (``reference/attention_projection.py``: sums over key blocks, no state). Returns the last
+    search (``reference/projection_attention.py``: sums over key blocks, no state). Returns the last
     midpoint and the last ``state`` (None when ``n_iter`` is 0).
     """
     tau_m, state = tau_lo, None

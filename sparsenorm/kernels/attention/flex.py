@@ -35,10 +35,10 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from .._validation import check_param, compute_dtype
-from .attention_call import combine_keep
-from .ops.projection_attention import check_attention_inputs
-from .reference.evidential_attention import threshold
+from ..._validation import check_param, compute_dtype
+from .call import combine_keep
+from ..ops.projection_attention import check_attention_inputs
+from ..reference.evidential_attention import threshold
 
 try:
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
@@ -98,7 +98,7 @@ def key_padding_threshold(query: Tensor, key: Tensor, valid_keys: Optional[Tenso
     None, causal or not. The keys are summed per key/value head (no GQA copy); under a causal mask
     their prefix sums come from the op ``sparsenorm::key_prefix_sums`` (one pass on CUDA). A query
     that sees no key gets 0 (its row is empty either way). No gradient (Eq. 9)."""
-    from .ops.evidential_attention import key_prefix_sums
+    from ..ops.evidential_attention import key_prefix_sums
 
     B, Hq, L, D = query.shape
     Hk, S = key.shape[1], key.shape[2]

@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .._validation import compute_dtype
-from .attention_call import AttentionCall, expand_heads, kernel_mask
+from ..._validation import compute_dtype
+from .call import AttentionCall, expand_heads, kernel_mask
 
 
 def dense_attention(fn: Callable[..., Tensor], call: AttentionCall, dropout_p: float = 0.0):

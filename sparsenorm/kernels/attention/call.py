@@ -14,7 +14,7 @@ from typing import Callable, Optional, Tuple
 import torch
 from torch import Tensor
 
-from .._validation import compute_dtype
+from ..._validation import compute_dtype
 
 
 def causal_keep(q_len: int, k_len: int, device=None, offset: int = 0) -> Tensor:
@@ -80,7 +80,7 @@ class AttentionCall:
     count_support: bool = False
     query_lengths: Optional[Tensor] = None
     """(B,) integer or None: query rows ``i >= len`` are padding. Kernels need not look at it:
-    :func:`sparsenorm.kernels.attention_dispatch.run_attention_kernel` zeroes those rows of every
+    :func:`sparsenorm.kernels.attention.dispatch.run_attention_kernel` zeroes those rows of every
     kernel's result."""
     causal_offset: int = 0
     """With ``is_causal``, query ``i`` sees the keys ``j <= i + causal_offset``: 0 is SDPA's top-left

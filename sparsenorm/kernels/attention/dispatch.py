@@ -3,24 +3,24 @@
 Attention ops: ``sparsenorm::ev_softmax_attention_blockwise`` and ``..._flash``
 (:mod:`.ops.evidential_attention`), ``sparsenorm::projection_attention``
 (:mod:`.ops.projection_attention`: sparsemax / 1.5-entmax / alpha-entmax in O(L) extra memory by a
-blockwise threshold search), ev-softmax on PyTorch's FlexAttention (:mod:`.flex_attention`; not an
-op of ours: FlexAttention is itself compilable), and the dense path (:mod:`.dense_attention`).
+blockwise threshold search), ev-softmax on PyTorch's FlexAttention (:mod:`.flex`; not an
+op of ours: FlexAttention is itself compilable), and the dense path (:mod:`.dense`).
 
 Dispatch. The registry says what attention may do with a normalizer
 (``Normalizer.attention_threshold``: ``"known"``, ``"searched"`` or None); :data:`KERNELS` maps
 that capability to its memory-efficient kernels by backend name. A kernel is a function of one
-:class:`~.attention_call.AttentionCall` returning ``(out, support, valid)`` -- or None where it does
+:class:`~.call.AttentionCall` returning ``(out, support, valid)`` -- or None where it does
 not apply to those inputs (the flash kernel: another device, a mask that varies over queries, ...).
 Adding "this normalizer's attention op is X" is one line::
 
     register_attention_kernel("searched", "blockwise", my_kernel)
 
 :func:`run_attention_kernel` runs the kernel: an explicit ``backend`` must apply (else
-``ValueError``; an unproven CUDA device kernel warns once, :mod:`.cuda_proof`); ``"auto"`` runs what
-:func:`.auto_plan.choose_attention` names for the call's shapes and masks -- on CUDA only device kernels
-that passed the CUDA suite in a committed GPU run -- else :func:`~.dense_attention.dense_attention`,
+``ValueError``; an unproven CUDA device kernel warns once, :mod:`..cuda_proof`); ``"auto"`` runs what
+:func:`..auto_plan.choose_attention` names for the call's shapes and masks -- on CUDA only device kernels
+that passed the CUDA suite in a committed GPU run -- else :func:`~.dense.dense_attention`,
 which builds the L x S weights and works for every normalizer, weights, dropout and float-mask
-gradients included. The device is looked at here and in :mod:`.auto_plan`, never above.
+gradients included. The device is looked at here and in :mod:`..auto_plan`, never above.
 """
 from __future__ import annotations
 
@@ -31,14 +31,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .._validation import compute_dtype
-from . import cpu, cuda_proof, flex_attention
-from .attention_call import AttentionCall, AttentionKernel, kernel_mask, lengths_keep
-from .dense_attention import dense_attention
-from .auto_plan import DECODE_MAX_QUERIES, DEVICE_KERNELS, AttentionSpec, applies, choose_attention  # noqa: F401
-from .ops.evidential_attention import ev_softmax_attention_blockwise, ev_softmax_attention_flash_op
-from .ops.projection_attention import projection_attention_op
-from .reference.evidential_attention import few_queries
+from ..._validation import compute_dtype
+from .. import cpu, cuda_proof
+from . import flex as flex_attention
+from .call import AttentionCall, AttentionKernel, kernel_mask, lengths_keep
+from .dense import dense_attention
+from ..auto_plan import DECODE_MAX_QUERIES, DEVICE_KERNELS, AttentionSpec, applies, choose_attention  # noqa: F401
+from ..ops.evidential_attention import ev_softmax_attention_blockwise, ev_softmax_attention_flash_op
+from ..ops.projection_attention import projection_attention_op
+from ..reference.evidential_attention import few_queries
 
 BACKENDS = ("auto", "dense", "blockwise", "triton", "flex", "sdpa", "decode")
 """Valid values of ``backend``: ``"auto"``, the dense path, and the memory-efficient kernel kinds
@@ -172,7 +173,7 @@ def _searched_blockwise(call: AttentionCall):
 
 
 def _ev_softmax_flex(call: AttentionCall):
-    """ev-softmax on FlexAttention (:mod:`.flex_attention`) where this torch has it and,
+    """ev-softmax on FlexAttention (:mod:`.flex`) where this torch has it and,
     on CPU, only outside autograd (FlexAttention has no CPU backward); float masks (not
     differentiated), no counts."""
     if _applies("flex", *_spec_fields(call_spec(None, "known", call))) is not None:
