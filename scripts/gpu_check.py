@@ -10,7 +10,8 @@ ends within ``--budget`` seconds (default 9 minutes):
    ``pip --no-deps --no-index`` from ``scripts/gpu_wheels/`` into a temporary folder put on
    ``PYTHONPATH``, only where they are missing;
 3. ``failing-first``: the CUDA-suite tests that failed in any committed run (``results/gpu/*/*.log``),
-   alone, their tracebacks appended to the log as they happen (about a minute);
+   then those of every dispatch obligation the record does not prove yet
+   (``sparsenorm.kernels.cuda_proof``), alone, their tracebacks appended to the log as they happen;
 4. ``cuda-suite-1`` .. ``-N``: every other test of ``pytest -m cuda tests/cuda`` (every kernel and
    CUDA dispatch against the reference path, torch.compile, CUDA graphs, Hugging Face, one training
    step per experiment) in ``--shards`` stages, each under the ``cuda-suite`` limit, so that a window
@@ -149,6 +150,26 @@ def committed_failures(root: Path = ROOT) -> List[str]:
             if outcome != "PASSED" and test not in failed:
                 failed.append(test)
     return failed
+
+
+def unproven_obligation_tests(collected: Sequence[str]) -> List[str]:
+    """The collected tests of every dispatch obligation the committed record does not prove yet
+    (``sparsenorm.kernels.cuda_proof``): run early, so that a window proves the record first."""
+    sys.path.insert(0, str(ROOT))
+    try:
+        from sparsenorm.kernels import cuda_proof
+    except Exception:  # noqa: BLE001 -- without the library the suite itself will say why
+        return []
+    finally:
+        sys.path.remove(str(ROOT))
+    wanted: List[str] = []
+    for ob in cuda_proof.OBLIGATIONS:
+        for dtype in cuda_proof.DTYPES:
+            if cuda_proof.proven(ob.kind, ob.name, dtype, ob.backend):
+                continue
+            patterns = ob.patterns(dtype)
+            wanted += [t for t in collected if any(p.fullmatch(t) for p in patterns) and t not in wanted]
+    return wanted
 
 
 def collect_suite(env: Dict[str, str], limit: float) -> List[str]:
@@ -324,15 +345,17 @@ def run_suite_stages(name: str, pytest_command: List[str], args, env: Dict[str, 
     """``failing-first``: the tests that failed in a committed run, alone (their tracebacks are
     written as they happen); ``cuda-suite``: every other test, in ``args.shards`` stages, each under
     the cuda-suite limit, so that a window ends with a complete pass/fail list of each shard."""
-    first = committed_failures()
     collected = collect_suite(env, 60)
+    failed = [t for t in committed_failures() if t in collected]
+    unproven = [t for t in unproven_obligation_tests(collected) if t not in failed]
+    first = failed + unproven
     if name == "failing-first":
-        todo = [t for t in first if t in collected] if collected else []
-        if not todo:
-            return [Stage(name, "skipped", 0.0, "no committed failure still in the suite")]
-        stage = run_stage(name, pytest_command + todo, limit(name), env, log)
+        if not first:
+            return [Stage(name, "skipped", 0.0, "no committed failure or unproven obligation in the suite")]
+        stage = run_stage(name, pytest_command + first, limit(name), env, log)
         require_passes(stage)
-        stage.detail = f"{len(todo)} tests that failed in a committed run; " + stage.detail
+        stage.detail = (f"{len(failed)} tests that failed in a committed run, {len(unproven)} of unproven "
+                        "dispatch obligations; " + stage.detail)
         print(f"gpu-check: {stage.name} {stage.status} ({stage.seconds:.0f} s) {stage.detail}", flush=True)
         return [stage]
     if not collected:  # collection failed: run the suite whole, and its errors show in the log

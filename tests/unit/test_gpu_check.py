@@ -211,6 +211,7 @@ def test_committed_failures_come_first_and_the_rest_in_shards(monkeypatch, tmp_p
     assert gpu_check.shards(suite[:1], 3) == [suite[:1]]
     commands = {}
     monkeypatch.setattr(gpu_check, "committed_failures", lambda root=None: ["tests/cuda/test_a.py::test_y"])
+    monkeypatch.setattr(gpu_check, "unproven_obligation_tests", lambda collected: [])
     monkeypatch.setattr(gpu_check, "collect_suite", lambda env, limit: suite)
     monkeypatch.setattr(gpu_check, "cuda_unavailable_reason", lambda: None)
     monkeypatch.setattr(gpu_check, "environment", lambda env, out, limit: {"device": "Fake GPU", "torch": "x"})
@@ -224,3 +225,16 @@ def test_committed_failures_come_first_and_the_rest_in_shards(monkeypatch, tmp_p
     ran = commands["cuda-suite-1"] + commands["cuda-suite-2"]
     rest = sorted(set(suite) - {"tests/cuda/test_a.py::test_y"})
     assert sorted(t for t in ran if t.startswith("tests/cuda/")) == rest
+
+
+def test_unproven_obligations_come_first(monkeypatch):
+    """The tests of a dispatch obligation the record does not prove are picked out of the collected
+    suite (so a window proves the record first); a proven one's are not."""
+    from sparsenorm.kernels import cuda_proof
+
+    monkeypatch.setattr(cuda_proof, "RECORD", {("attention", "softmax", "float32"): ("sdpa", "results/gpu/x", 1)})
+    suite = ["tests/cuda/test_attention_cuda.py::test_softmax_sdpa_route_equals_dense[float32]",
+             "tests/cuda/test_attention_cuda.py::test_softmax_sdpa_route_equals_dense[bfloat16]",
+             "tests/cuda/test_attention_cuda.py::test_flex_backend_equals_reference_path[float16]",
+             "tests/cuda/test_rowwise_cuda.py::test_against_the_entmax_package[sparsemax-7]"]
+    assert gpu_check.unproven_obligation_tests(suite) == [suite[2], suite[1]]
