@@ -261,6 +261,14 @@ def per_row_tensor(rows: Tensor, value: Union[float, Tensor]) -> Tensor:
     return torch.full(rows.shape[:-1] + (1,), value, dtype=rows.dtype, device=rows.device)
 
 
+def _treats_not_there(fn, params: Optional[Dict[str, Number]]) -> bool:
+    """Whether op ``fn`` reads the entries at or below ``finfo.min / 2`` as not there itself (its
+    ``treats_not_there``: a bool, or a function of the call's ``params``), so that the entry path
+    need not mark them (a pass, a masked_fill and its backward)."""
+    treats = getattr(fn, "treats_not_there", False)
+    return bool(treats(params or {}) if callable(treats) else treats)
+
+
 @torch._dynamo.assume_constant_result
 def _takes_low_precision(fn, device_type: str, dtype: torch.dtype, row_len: int) -> bool:
     """Whether op ``fn`` takes 16-bit rows as they are here (it reads the kernel choice: constant for
@@ -277,15 +285,15 @@ def run_on_rows(
     *args,
     params: Optional[Dict[str, Number]] = None,
     name: str = "x",
-    marks_not_there: bool = True,
+    marks_not_there: Optional[bool] = None,
 ) -> Tensor:
     """The one entry path: ``fn(rows, *params.values(), *args)`` with the normalized dim last.
 
     ``fn`` receives a tensor of rows along its last dimension in the compute dtype, in which
-    every entry that is not there is ``-inf`` (with ``marks_not_there=False`` only ``mask`` and
-    the low-precision upcast are applied: ``fn`` then treats entries ``<= finfo.min / 2`` itself,
-    which saves a pass), and the per-row ``params`` (see :func:`row_param`). An op that takes
-    float16/bfloat16 rows itself (its ``takes_low_precision(device_type, dtype, row_len)`` says so:
+    every entry that is not there is ``-inf`` -- unless the op treats the entries ``<= finfo.min / 2``
+    itself (its ``treats_not_there``; ``marks_not_there`` overrides it): then only ``mask`` and the
+    low-precision upcast are applied, which saves a pass -- and the per-row ``params`` (see
+    :func:`row_param`). An op that takes float16/bfloat16 rows itself (its ``takes_low_precision(device_type, dtype, row_len)`` says so:
     ev-softmax's Triton kernel, which accumulates in float32 inside) gets them as they are, with
     ``mask`` applied and nothing else: no upcast, marking or cast-back pass (``marks_not_there=False``
     only). Its output has the
@@ -295,6 +303,8 @@ def run_on_rows(
     check_floating(x, name)
     d = normalize_dim(x, dim)
     out_dtype = x.dtype
+    if marks_not_there is None:  # the op says whether it treats the not-there entries itself
+        marks_not_there = not _treats_not_there(fn, params)
     if mask is not None:
         check_mask(mask, x)
     scalar = x.dim() == 0

@@ -66,7 +66,7 @@ def sparsemax(X: Tensor, dim: int = -1, k: Optional[int] = None, mask: Optional[
     distribution.
     """
     check_k(k)
-    return run_on_rows(ops.project, X, dim, mask, "sparsemax", k, name="X", marks_not_there=False)
+    return run_on_rows(ops.project, X, dim, mask, "sparsemax", k, name="X")
 
 
 # ----------------------------------------------------------------------------- 1.5-entmax
@@ -91,7 +91,7 @@ def entmax15(X: Tensor, dim: int = -1, k: Optional[int] = None, mask: Optional[T
     ``p = 0`` is taken as 0).
     """
     check_k(k)
-    return run_on_rows(ops.project, X, dim, mask, "entmax15", k, name="X", marks_not_there=False)
+    return run_on_rows(ops.project, X, dim, mask, "entmax15", k, name="X")
 
 
 # ----------------------------------------------------------------------------- bisection
@@ -135,7 +135,7 @@ def entmax_bisect(
     check_param(alpha, "alpha", low=0.0, low_inclusive=False)
     maybe_softmax = isinstance(alpha, Tensor) or float(alpha) == 1.0
     return run_on_rows(ops.entmax_bisect_rows, X, dim, mask, n_iter, bool(ensure_sum_one), maybe_softmax,
-                     params={"alpha": alpha}, name="X", marks_not_there=not ops.entmax_bisect_is_fused(alpha))
+                       params={"alpha": alpha}, name="X")
 
 
 def sparsemax_bisect(X: Tensor, dim: int = -1, n_iter: int = 50, ensure_sum_one: bool = True,
@@ -147,7 +147,7 @@ def sparsemax_bisect(X: Tensor, dim: int = -1, n_iter: int = 50, ensure_sum_one:
     ``mask`` as :func:`sparsemax`.
     """
     check_n_iter(n_iter)
-    return run_on_rows(ops.SparsemaxBisectFunction.apply, X, dim, mask, n_iter, bool(ensure_sum_one), name="X")
+    return run_on_rows(ops.sparsemax_bisect_rows, X, dim, mask, n_iter, bool(ensure_sum_one), name="X")
 
 
 # ----------------------------------------------------------------------------- modules

@@ -66,7 +66,7 @@ def ev_softmax(x: Tensor, dim: int = -1, mask: Optional[Tensor] = None) -> Tenso
         dim: dimension to normalize over.
         mask: optional boolean tensor broadcastable to ``x``; True = keep.
     """
-    return run_on_rows(ops.ev_softmax, x, dim, mask, None, False, marks_not_there=False)
+    return run_on_rows(ops.ev_softmax, x, dim, mask, None, False)
 
 
 def ev_softmax_train(x: Tensor, dim: int = -1, eps: float = 1e-6, mask: Optional[Tensor] = None) -> Tensor:
@@ -82,7 +82,7 @@ def ev_softmax_train(x: Tensor, dim: int = -1, eps: float = 1e-6, mask: Optional
         ValueError: if ``eps`` is negative, NaN or infinite.
     """
     check_eps(eps)
-    return run_on_rows(ops.ev_softmax, x, dim, mask, float(eps), False, marks_not_there=False)
+    return run_on_rows(ops.ev_softmax, x, dim, mask, float(eps), False)
 
 
 def log_ev_softmax_train(
@@ -102,7 +102,7 @@ def log_ev_softmax_train(
         ValueError: if ``eps`` is negative, NaN or infinite.
     """
     check_eps(eps)
-    return run_on_rows(ops.ev_softmax, x, dim, mask, float(eps), True, marks_not_there=False)
+    return run_on_rows(ops.ev_softmax, x, dim, mask, float(eps), True)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -61,7 +61,7 @@ def sparsehourglass(x: Tensor, q: Param = 1.0, dim: int = -1, mask: Optional[Ten
     double backward works.
     """
     check_param(q, "q", low=0.0, low_inclusive=False)
-    return run_on_rows(ops.sparsehourglass_rows, x, dim, mask, params={"q": q}, marks_not_there=False)
+    return run_on_rows(ops.sparsehourglass_rows, x, dim, mask, params={"q": q})
 
 
 class SparseHourglass(nn.Module):

@@ -74,7 +74,7 @@ def t_softmax(x: Tensor, t: Param, dim: int = -1, mask: Optional[Tensor] = None)
     (module docstring); double backward raises a clear ``RuntimeError``.
     """
     check_param(t, "t", low=0.0, low_inclusive=False)
-    return run_on_rows(ops.t_softmax_rows, x, dim, mask, params={"t": t}, marks_not_there=False)
+    return run_on_rows(ops.t_softmax_rows, x, dim, mask, params={"t": t})
 
 
 def r_softmax(x: Tensor, r: Param, dim: int = -1, mask: Optional[Tensor] = None) -> Tensor:
@@ -116,7 +116,7 @@ def r_softmax(x: Tensor, r: Param, dim: int = -1, mask: Optional[Tensor] = None)
     (``create_graph=True``) raises a clear ``RuntimeError``.
     """
     check_param(r, "r", low=0.0, high=1.0)
-    return run_on_rows(ops.r_softmax_rows, x, dim, mask, params={"r": r}, marks_not_there=False)
+    return run_on_rows(ops.r_softmax_rows, x, dim, mask, params={"r": r})
 
 
 # --------------------------------------------------------------------------------------------

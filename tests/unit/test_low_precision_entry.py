@@ -60,3 +60,24 @@ def test_ev_softmax_takes_16_bit_rows_on_cuda_only_where_its_triton_kernel_is_pr
     monkeypatch.setattr(cuda_proof, "RECORD", {("rows", "ev_softmax", "bfloat16"): ("triton", "results/gpu/x", 1)})
     from sparsenorm.kernels.ops._common import triton_launchers
     assert takes("cuda", torch.bfloat16, 100) == (triton_launchers() is not None)
+
+
+def test_the_op_decides_whether_the_entry_path_marks():
+    """``treats_not_there`` on the op (a bool, or a function of the call's params) decides whether
+    run_on_rows marks the not-there entries; no public function passes ``marks_not_there`` (issue 51:
+    every public function reads check -> run_on_rows(op, ...); the op decides what it fuses)."""
+    from pathlib import Path
+
+    x = torch.tensor([[0.5, torch.finfo(torch.float32).min, 1.0]])
+    for treats, marked in ((True, False), (False, True), (lambda params: params["a"] > 1, False)):
+        op = RecordingOp(lambda *a: False)
+        op.treats_not_there = treats
+        run_on_rows(op, x, -1, None, params={"a": 2.0})
+        assert (op.seen[-1][0, 1] == -math.inf) == marked
+    from sparsenorm.kernels.ops import projection
+
+    assert projection.entmax_bisect_rows.treats_not_there({"alpha": 1.5})  # the fused op
+    assert not projection.entmax_bisect_rows.treats_not_there({"alpha": torch.tensor([1.5])})  # the Function
+    package = Path(__file__).resolve().parents[2] / "sparsenorm"
+    callers = [p for p in package.rglob("*.py") if p.name != "_validation.py" and "marks_not_there=" in p.read_text()]
+    assert callers == []

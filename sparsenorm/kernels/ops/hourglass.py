@@ -104,3 +104,6 @@ def sparsehourglass_rows(rows: Tensor, q: Union[float, Tensor]) -> Tensor:
 
 
 OPS = (hourglass_forward, hourglass_backward)
+
+# The entry path need not mark the not-there entries: these read finfo.min / 2 entries as not there themselves.
+sparsehourglass_rows.treats_not_there = True

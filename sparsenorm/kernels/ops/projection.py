@@ -243,6 +243,13 @@ class SparsemaxBisectFunction(Function):
                                     "sparsemax"), None, None
 
 
+
+def sparsemax_bisect_rows(rows_: Tensor, n_iter: int, ensure_sum_one: bool) -> Tensor:
+    """sparsemax by bisection of the rows of ``rows_`` (:class:`SparsemaxBisectFunction`), as a plain
+    function: the entry path reads its ``treats_not_there`` (an autograd ``apply`` carries none)."""
+    return SparsemaxBisectFunction.apply(rows_, n_iter, ensure_sum_one)
+
+
 def entmax_bisect_is_fused(alpha: Union[float, Tensor]) -> bool:
     """Whether :func:`entmax_bisect_rows` runs the op ``sparsenorm::entmax_bisect`` for this ``alpha``
     (one number ``> 1``). The op reads entries at or below ``finfo.min / 2`` as not there itself, so
@@ -265,3 +272,9 @@ def entmax_bisect_rows(rows_: Tensor, alpha: Union[float, Tensor], n_iter: int, 
 
 
 OPS = (project, project_backward, entmax_bisect, entmax_bisect_backward)
+
+# What the entry path need not do for these ops (``sparsenorm._validation.run_on_rows``): project reads the
+# entries at or below finfo.min / 2 as not there itself; entmax_bisect_rows where it runs the fused op.
+project.treats_not_there = True
+sparsemax_bisect_rows.treats_not_there = False  # its Function needs them marked -inf
+entmax_bisect_rows.treats_not_there = lambda params: entmax_bisect_is_fused(params["alpha"])
