@@ -293,11 +293,10 @@ def run_on_rows(
     every entry that is not there is ``-inf`` -- unless the op treats the entries ``<= finfo.min / 2``
     itself (its ``treats_not_there``; ``marks_not_there`` overrides it): then only ``mask`` and the
     low-precision upcast are applied, which saves a pass -- and the per-row ``params`` (see
-    :func:`row_param`). An op that takes float16/bfloat16 rows itself (its ``takes_low_precision(device_type, dtype, row_len)`` says so:
-    ev-softmax's Triton kernel, which accumulates in float32 inside) gets them as they are, with
-    ``mask`` applied and nothing else: no upcast, marking or cast-back pass (``marks_not_there=False``
-    only). Its output has the
-    rows' shape; it is moved back and cast to ``x``'s dtype. A 0-d ``x`` is one row of one
+    :func:`row_param`). An op that takes float16/bfloat16 rows itself (its
+    ``takes_low_precision(device_type, dtype, row_len)`` says so: ev-softmax's Triton kernel, which
+    accumulates in float32 inside) gets them as they are, with ``mask`` applied and nothing else: no
+    upcast, marking or cast-back pass (where it does not mark). Its output has the rows' shape; it is moved back and cast to ``x``'s dtype. A 0-d ``x`` is one row of one
     entry; an empty dimension gives an empty result.
     """
     check_floating(x, name)
