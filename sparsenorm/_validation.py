@@ -296,8 +296,9 @@ def run_on_rows(
     :func:`row_param`). An op that takes float16/bfloat16 rows itself (its
     ``takes_low_precision(device_type, dtype, row_len)`` says so: ev-softmax's Triton kernel, which
     accumulates in float32 inside) gets them as they are, with ``mask`` applied and nothing else: no
-    upcast, marking or cast-back pass (where it does not mark). Its output has the rows' shape; it is moved back and cast to ``x``'s dtype. A 0-d ``x`` is one row of one
-    entry; an empty dimension gives an empty result.
+    upcast, marking or cast-back pass (where it does not mark). Its output has the rows' shape; it
+    is moved back and cast to ``x``'s dtype. A 0-d ``x`` is one row of one entry; an empty
+    dimension gives an empty result.
     """
     check_floating(x, name)
     d = normalize_dim(x, dim)
