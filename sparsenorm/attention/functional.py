@@ -37,7 +37,7 @@ class ResolvedNormalizer:
     entry: Optional[registry.Normalizer] = None
 
     @property
-    def threshold(self) -> Optional[str]:
+    def attention_threshold(self) -> Optional[str]:
         return None if self.entry is None else self.entry.attention_threshold
 
     @property
@@ -264,7 +264,7 @@ def sparse_attention_from_parts(
         query.shape[-1] ** -0.5 if scale is None else float(scale), scores_shape,
         alpha=normalizer.alpha, count_support=recording, query_lengths=query_lengths, causal_offset=offset,
     )
-    out, weights, support, valid = run_attention_kernel(normalizer.fn, normalizer.threshold, call, dropout_p,
+    out, weights, support, valid = run_attention_kernel(normalizer.fn, normalizer.attention_threshold, call, dropout_p,
                                                         return_weights, backend, name=normalizer.name)
     if recording:
         stats.observe(support, valid, stats_module)

@@ -157,7 +157,7 @@ class AttentionSpec:
     """What the choice of attention kernel depends on (no tensors)."""
 
     normalizer: str
-    threshold: Optional[str]
+    attention_threshold: Optional[str]
     device: str
     dtype: torch.dtype
     causal: bool
@@ -190,13 +190,13 @@ def applies(backend: str, spec: AttentionSpec) -> Optional[str]:
     if spec.needs_weights or spec.dropout or spec.bias_requires_grad:
         return "the memory-efficient kernels return no weights, apply no dropout, do not differentiate a float mask"
     if backend == "sdpa":
-        if spec.threshold != "softmax":
+        if spec.attention_threshold != "softmax":
             return "SDPA computes softmax only"
         if spec.mask == "float" or spec.count_support or not spec.one_batch_4d:
             return "SDPA here takes 4-D inputs of one batch size, no float mask, no support counts"
         return None
     if backend == "triton":
-        if spec.threshold != "known":
+        if spec.attention_threshold != "known":
             return "the flash kernel computes ev-softmax only"
         if spec.device != "cuda" and not (spec.device == "cpu" and _interpreting()):
             return f"Triton does not run on {spec.device}"
@@ -211,7 +211,7 @@ def applies(backend: str, spec: AttentionSpec) -> Optional[str]:
         return None
     if backend == "flex":
         from .attention import flex as flex_attention
-        if spec.threshold != "known":
+        if spec.attention_threshold != "known":
             return "the Flex path computes ev-softmax only"
         if not flex_attention.flex_available():
             return f"torch {torch.__version__} has no FlexAttention"
@@ -221,7 +221,7 @@ def applies(backend: str, spec: AttentionSpec) -> Optional[str]:
             return "FlexAttention has no backward on CPU"
         return None
     if backend == "decode":
-        if spec.threshold != "known":
+        if spec.attention_threshold != "known":
             return "the decode path computes ev-softmax only"
         if spec.q_len > DECODE_MAX_QUERIES:
             return f"more than {DECODE_MAX_QUERIES} queries"
@@ -229,12 +229,12 @@ def applies(backend: str, spec: AttentionSpec) -> Optional[str]:
             return "the decode path takes 4-D inputs of one batch size and a key-padding mask only"
         return None
     if backend == "blockwise":
-        if spec.threshold not in ("known", "searched"):
+        if spec.attention_threshold not in ("known", "searched"):
             return "no blockwise kernel for this normalizer"
-        if spec.threshold == "searched" and (spec.mask == "float" or spec.count_support):
+        if spec.attention_threshold == "searched" and (spec.mask == "float" or spec.count_support):
             return "the searched-threshold kernel takes no float mask and returns no counts"
         least = BLOCKWISE_MIN_SCORES
-        if spec.threshold == "known" and spec.device == "cpu" and cpu.EVIDENTIAL_ATTENTION.get() is not None:
+        if spec.attention_threshold == "known" and spec.device == "cpu" and cpu.EVIDENTIAL_ATTENTION.get() is not None:
             least = min(least, KNOWN_BLOCKWISE_MIN_SCORES)
         if spec.q_len * spec.k_len < least:
             return f"fewer than {least} scores (the dense path is as fast there)"
@@ -247,7 +247,7 @@ def choose_attention(spec: AttentionSpec) -> AttentionPlan:
     rejected = []
     if spec.q_len * spec.k_len == 0:
         return AttentionPlan("dense", "no query or no key: the answer is empty or zeros")
-    order = AUTO_ORDER.get(spec.device, {}).get(spec.threshold or "", ())
+    order = AUTO_ORDER.get(spec.device, {}).get(spec.attention_threshold or "", ())
     for backend in order:
         why = applies(backend, spec)
         proof = None

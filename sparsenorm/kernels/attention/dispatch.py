@@ -229,13 +229,13 @@ KERNELS: Dict[str, Dict[str, AttentionKernel]] = {
 capability (``Normalizer.attention_threshold``) and backend name (one of :data:`BACKENDS`)."""
 
 
-def register_attention_kernel(threshold: str, backend: str, kernel: AttentionKernel) -> None:
+def register_attention_kernel(attention_threshold: str, backend: str, kernel: AttentionKernel) -> None:
     """Make ``kernel`` the ``backend`` kernel of every normalizer whose registry entry has
     ``attention_threshold == threshold`` (replacing any before)."""
     if backend not in BACKENDS or backend in ("auto", "dense"):
         raise ValueError(f"backend must be one of {[b for b in BACKENDS if b not in ('auto', 'dense')]}, "
                          f"got {backend!r}")
-    KERNELS.setdefault(threshold, {})[backend] = kernel
+    KERNELS.setdefault(attention_threshold, {})[backend] = kernel
 
 
 def check_backend(backend: str) -> None:
@@ -243,7 +243,7 @@ def check_backend(backend: str) -> None:
         raise ValueError(f"backend must be one of {', '.join(map(repr, BACKENDS))}, got {backend!r}")
 
 
-def call_spec(name: Optional[str], threshold: Optional[str], call: AttentionCall, dropout_p: float = 0.0,
+def call_spec(name: Optional[str], attention_threshold: Optional[str], call: AttentionCall, dropout_p: float = 0.0,
               return_weights: bool = False) -> AttentionSpec:
     """The call's :class:`~.plan.AttentionSpec` (what the choice of kernel depends on)."""
     q, k, v = call.q, call.k, call.v
@@ -258,8 +258,8 @@ def call_spec(name: Optional[str], threshold: Optional[str], call: AttentionCall
         mask = "keys" if len(shape) == 4 and shape[1] == 1 and shape[2] == 1 else "general"
     one_batch_4d = all(t.dim() == 4 for t in (q, k, v)) and q.shape[0] == k.shape[0] == v.shape[0]
     return AttentionSpec(
-        name or "", threshold, q.device.type, q.dtype, call.is_causal, call.scores_shape[-2], call.scores_shape[-1],
-        q.shape[-1], v.shape[-1], mask, one_batch_4d,
+        name or "", attention_threshold, q.device.type, q.dtype, call.is_causal, call.scores_shape[-2],
+        call.scores_shape[-1], q.shape[-1], v.shape[-1], mask, one_batch_4d,
         bias_requires_grad=call.bias is not None and call.bias.requires_grad, needs_weights=return_weights,
         dropout=dropout_p > 0.0, count_support=call.count_support,
         requires_grad=torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)))
@@ -281,19 +281,19 @@ def _applies(backend: str, *fields) -> Optional[str]:
     return applies(backend, AttentionSpec(*fields))
 
 
-def run_attention_kernel(fn: Callable[..., Tensor], threshold: Optional[str], call: AttentionCall,
+def run_attention_kernel(fn: Callable[..., Tensor], attention_threshold: Optional[str], call: AttentionCall,
                          dropout_p: float = 0.0, return_weights: bool = False, backend: str = "auto",
                          name: Optional[str] = None):
     """``(out, weights or None, support or None, valid or None)`` by the kernel ``backend`` names.
 
-    ``fn`` is the normalizer's map of the scores (for the dense path), ``threshold`` its registry
-    capability (which memory-efficient kernels apply), ``name`` its registry name (the CUDA record
+    ``fn`` is the normalizer's map of the scores (for the dense path), ``attention_threshold`` its
+    registry capability (which memory-efficient kernels apply), ``name`` its registry name (the CUDA record
     is kept per name; None for a callable). The memory-efficient kernels return no
     weights, apply no dropout and do not differentiate a float mask: an explicit ``backend`` asked
     for with any of those, or that does not apply to the inputs, raises ``ValueError``. Query rows
     past ``call.query_lengths`` are zeroed here (output, weights; left out of the counts).
     """
-    out, weights, support, valid = _run(fn, threshold, call, dropout_p, return_weights, backend, name)
+    out, weights, support, valid = _run(fn, attention_threshold, call, dropout_p, return_weights, backend, name)
     rows = kernel_mask(call, "query_rows")
     if rows is not None:
         out = out.masked_fill(~rows.unsqueeze(-1), 0.0)
@@ -302,13 +302,13 @@ def run_attention_kernel(fn: Callable[..., Tensor], threshold: Optional[str], ca
     return out, weights, support, valid
 
 
-def _run(fn, threshold, call, dropout_p, return_weights, backend, name):
+def _run(fn, attention_threshold, call, dropout_p, return_weights, backend, name):
     check_backend(backend)
-    kernels = KERNELS.get(threshold, {}) if threshold is not None else {}
+    kernels = KERNELS.get(attention_threshold, {}) if attention_threshold is not None else {}
     if backend == "dense":
         return dense_attention(fn, call, dropout_p)
     if backend == "auto":
-        chosen = _planned(*_spec_fields(call_spec(name, threshold, call, dropout_p, return_weights)))
+        chosen = _planned(*_spec_fields(call_spec(name, attention_threshold, call, dropout_p, return_weights)))
         kernel = kernels.get(chosen) if chosen != "dense" else None
         result = None if kernel is None else kernel(call)
         if result is None:  # the dense path (planned, or an adapter's own limit the plan does not model)
@@ -321,7 +321,7 @@ def _run(fn, threshold, call, dropout_p, return_weights, backend, name):
     kernel = kernels.get(backend)
     if kernel is None:
         raise ValueError(f"backend={backend!r} has no kernel for this normalizer (attention_threshold="
-                         f"{threshold!r}; its backends: {', '.join(['dense', *kernels])})")
+                         f"{attention_threshold!r}; its backends: {', '.join(['dense', *kernels])})")
     if call.scores_shape[-2] * call.scores_shape[-1] == 0:
         # No query or no key: the answer is an empty or all-zero output (a query with no key attends
         # to nothing), which the dense path gives exactly; the tiled kernels assume at least one tile.
