@@ -5,7 +5,8 @@ kernels by backend (``attention/``), and what ``auto`` runs (``auto_plan``, ``cu
 
 Public switches:
 
-* ``with sparsenorm.kernels.disabled(): ...`` runs the reference path on this thread;
+* ``with sparsenorm.kernels.disabled(): ...`` runs the reference path on this thread (the one switch
+  of every built-in kernel, C++ and Triton: ``kernels/policy.py``);
 * :func:`build` compiles the CPU kernels once into the cache (``make venv`` and
   ``sparsenorm build-kernels`` call it); built kernels are then used by default;
 * :func:`use_cpu_kernels` / ``SPARSENORM_CPU_KERNELS`` (see ``kernels/cpu``);
@@ -14,23 +15,13 @@ Public switches:
 """
 from __future__ import annotations
 
-import contextlib
-from typing import Dict, Iterator, Optional
+from typing import Dict, Optional
 
 from . import cpu
 from .cpu import cpu_kernels_enabled, use_cpu_kernels
+from .policy import disabled
 from .auto_plan import RowPlan
 from .auto_plan import plan_rows as plan
-
-
-@contextlib.contextmanager
-def disabled() -> Iterator[None]:
-    """Run every operator's reference (pure-PyTorch) path inside the block, on this thread."""
-    cpu._local.disabled = getattr(cpu._local, "disabled", 0) + 1
-    try:
-        yield
-    finally:
-        cpu._local.disabled -= 1
 
 
 def build(verbose: bool = False) -> Dict[str, Optional[str]]:

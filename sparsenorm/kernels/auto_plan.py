@@ -22,6 +22,7 @@ from typing import Optional, Tuple
 import torch
 
 from . import cpu, cuda_proof
+from .policy import kernels_disabled
 from .ops._common import triton_launchers
 
 # --------------------------------------------------------------------------------------- row-wise
@@ -79,7 +80,7 @@ def plan_rows(name: str, *, device="cpu", dtype=torch.float32, row_len: int = 1)
 
 def row_choice(name: str, kind: str, dtype, row_len: int) -> Tuple[str, str, Optional[str]]:
     """``(backend, reason, proof)`` of :func:`plan_rows` for a device type (the ops call this)."""
-    if getattr(cpu._local, "disabled", 0):
+    if kernels_disabled():
         return "reference", "inside kernels.disabled()", None
     if row_len == 0:
         return "reference", "an empty row", None

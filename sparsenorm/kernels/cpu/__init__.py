@@ -40,6 +40,8 @@ from typing import Optional
 
 import torch
 
+from ..policy import kernels_disabled
+
 _ENV_VAR = "SPARSENORM_CPU_KERNELS"
 _HERE = Path(__file__).resolve().parent
 
@@ -61,11 +63,6 @@ def _warn_not_built(what: str) -> None:
         "without this warning.", RuntimeWarning, stacklevel=level)
 
 
-class _ThreadState(threading.local):
-    disabled = 0  # depth of `sparsenorm.kernels.disabled()` blocks in this thread (a class default: no getattr)
-
-
-_local = _ThreadState()
 # The values of SPARSENORM_CPU_KERNELS (stripped, lower case) that decide; any other value: None.
 _ENV_POLICY = {**dict.fromkeys(("1", "true", "yes", "on"), True), **dict.fromkeys(("0", "false", "no", "off"), False)}
 
@@ -81,7 +78,7 @@ def _policy() -> Optional[bool]:
     """True: build on demand; False: off; None: use if already built."""
     # Runs on every kernel call (twice per forward+backward), hence the plain lookups; the
     # environment is still read each time, so a changed variable takes effect at once.
-    if _local.disabled:
+    if kernels_disabled():  # sparsenorm.kernels.disabled(): the one switch of every kernel (kernels/policy.py)
         return False
     if _code_setting is not None:
         return _code_setting

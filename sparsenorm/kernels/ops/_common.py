@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .. import cpu
+from ..policy import kernels_disabled
 
 
 def rows(x: Tensor) -> Tensor:
@@ -59,7 +59,7 @@ def triton_launchers():
         except ImportError:
             launchers = False
         _TRITON = launchers
-    if not _TRITON or getattr(cpu._local, "disabled", 0):
+    if not _TRITON or kernels_disabled():
         return None
     return _TRITON
 
