@@ -112,7 +112,11 @@ def assert_ev_softmax_by_contract(paths: Mapping[str, Tensor], x: Tensor, eps: O
     threshold = torch.minimum(there.sum(-1, keepdim=True) / count.clamp_min(1),
                               xd.masked_fill(~valid, -math.inf).amax(-1, keepdim=True))
     u = torch.finfo(x.dtype).eps / 2
-    bound = 4 * (count + 4) * u * there.abs().amax(-1, keepdim=True)
+    # Below the normal range rounding is absolute, not relative: each of the sum's and the division's
+    # roundings may add up to half the subnormal spacing (hypothesis found rows of subnormals, e.g.
+    # [1e-45, 0], whose float32 mean rounds to 0 while the exact mean is 7e-46).
+    subnormal = torch.finfo(x.dtype).smallest_normal * torch.finfo(x.dtype).eps
+    bound = 4 * (count + 4) * (u * there.abs().amax(-1, keepdim=True) + subnormal)
     shift = -math.inf if not eps else math.log(eps) - math.log1p(eps)
 
     def oracle(scores, support):
