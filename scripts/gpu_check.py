@@ -140,13 +140,19 @@ def pytest_failures(log: str, limit: int = 20) -> List[str]:
 _OUTCOME = re.compile(r"(PASSED|FAILED|ERROR)\s+(tests/cuda/\S+::\S+)|(tests/cuda/\S+::\S+)\s+(PASSED|FAILED|ERROR)")
 
 
+def log_outcomes(text: str):
+    """``(outcome, test id)`` for every CUDA-suite test a pytest ``-v`` log names (xdist's
+    ``PASSED tests/...`` and plain ``tests/... PASSED`` lines); ``scripts/gpu_record.py`` reads logs with it too."""
+    for m in _OUTCOME.finditer(text):
+        yield (m.group(1), m.group(2)) if m.group(1) else (m.group(4), m.group(3))
+
+
 def committed_failures(root: Path = ROOT) -> List[str]:
     """The CUDA-suite tests that failed in any committed run (``results/gpu/*/*.log``), in order:
     they run first, so that a window cut short still returns their tracebacks."""
     failed: List[str] = []
     for log in sorted((root / "results" / "gpu").glob("*/*.log")):
-        for m in _OUTCOME.finditer(log.read_text(errors="replace")):
-            outcome, test = (m.group(1), m.group(2)) if m.group(1) else (m.group(4), m.group(3))
+        for outcome, test in log_outcomes(log.read_text(errors="replace")):
             if outcome != "PASSED" and test not in failed:
                 failed.append(test)
     return failed

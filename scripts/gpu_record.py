@@ -12,27 +12,25 @@ OBLIGATIONS is recorded. Prints what it proved and what it did not, and why.
 from __future__ import annotations
 
 import argparse
-import re
 import subprocess
 import sys
 from pathlib import Path
 from typing import Dict, List, Set
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
 
+from gpu_check import log_outcomes  # noqa: E402  (the one reader of pytest -v logs)
 from sparsenorm.kernels.cuda_proof import DTYPES, OBLIGATIONS  # noqa: E402
 
 RECORD_FILE = ROOT / "sparsenorm" / "kernels" / "cuda_record.py"
-_OUTCOME = re.compile(r"(PASSED|FAILED|ERROR)\s+(tests/cuda/\S+::\S+)|(tests/cuda/\S+::\S+)\s+(PASSED|FAILED|ERROR)")
 
 
 def outcomes(run: Path) -> Dict[str, Set[str]]:
     """``{test id: {outcomes}}`` over every ``*.log`` of the run folder."""
     seen: Dict[str, Set[str]] = {}
     for log in sorted(run.glob("*.log")):
-        for m in _OUTCOME.finditer(log.read_text(errors="replace")):
-            outcome, test = (m.group(1), m.group(2)) if m.group(1) else (m.group(4), m.group(3))
+        for outcome, test in log_outcomes(log.read_text(errors="replace")):
             seen.setdefault(test, set()).add(outcome)
     return seen
 
