@@ -49,7 +49,8 @@ def benchmark_results_page():
     """benchmarks/results/*.json as Markdown tables: the normalizer benchmark's files (benchmarks.bench,
     told by their "schema") with their targets and pass/miss, the attention reports with a plot of
     peak memory against L per candidate where matplotlib is installed. Returns (markdown, {file name: PNG bytes})."""
-    from benchmarks import bench, bench_attention, bench_generate, bench_linear_ce_torch, bench_linear_loss
+    from benchmarks import (bench, bench_attention, bench_generate, bench_linear_ce_torch, bench_linear_loss,
+                            bench_tuning)
 
     lines = ["# Benchmark results (generated)", "",
              "Rendered at build time from the JSON files committed under `benchmarks/results/` "
@@ -67,6 +68,9 @@ def benchmark_results_page():
             continue
         if results.get("schema") == bench_linear_ce_torch.SCHEMA:
             lines += ["", f"## `{path.name}`", "", bench_linear_ce_torch.markdown_report(results)]
+            continue
+        if results.get("schema") == bench_tuning.SCHEMA:
+            lines += ["", f"## `{path.name}`", "", bench_tuning.markdown_report(results)]
             continue
         if results.get("schema") == bench_generate.SCHEMA:
             lines += ["", f"## `{path.name}`", "", bench_generate.report(results)]

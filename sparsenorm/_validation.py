@@ -126,7 +126,7 @@ def check_param(
         if value.numel() == 0 or not value_checks_enabled(value):
             return
         v = value.detach()
-        # One reduction reads all it needs (each host read of a small tensor costs ~3 us): a NaN makes
+        # One reduction reads all it needs (each host read is a device synchronisation on a GPU): a NaN makes
         # both extremes NaN, and an infinity is one of them.
         vmin, vmax = (float(extreme) for extreme in torch.aminmax(v))
         if vmin != vmin or vmax != vmax:

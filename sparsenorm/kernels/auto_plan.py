@@ -128,11 +128,10 @@ BLOCKWISE_MIN_SCORES = 1 << 20
 and its memory is small)."""
 
 KNOWN_BLOCKWISE_MIN_SCORES = 1 << 14
-"""... and the blockwise ev-softmax kernel from this many scores on where its C++ kernel runs (CPU).
-One thread, 9 query / 3 key-value heads, E = 64, causal, L = S = 64 / 128 / 256 / 512: the dense
-path 0.53 / 1.64 / 6.03 / 31.7 ms, the blockwise C++ kernel (64 x 128 tiles) 0.62 / 1.24 / 3.02 /
-7.74 ms (SDPA: 0.15 / 0.57 / 2.10 / 8.06 ms; thread CPU time, loaded cores, micro-benchmark of
-2026-11-27)."""
+"""... and the blockwise ev-softmax kernel from this many scores on where its C++ kernel runs (CPU):
+the length from which the blockwise C++ kernel is faster than the dense path (one thread, 9 query /
+3 key-value heads, E = 64, causal, L = S = 64 ... 512, forward+backward:
+``benchmarks/results/tuning_cpu.json#attention_known_min_scores``)."""
 
 DECODE_MAX_QUERIES = 16
 """The most queries the ``"decode"`` kernel takes (decoding: 1 per sequence; speculative or

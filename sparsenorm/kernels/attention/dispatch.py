@@ -48,9 +48,10 @@ ev-softmax on FlexAttention; ``"triton"``: the flash ev-softmax kernel; ``"decod
 over many keys, as in decoding with a key/value cache)."""
 
 CPU_BLOCKS_KNOWN = (64, 128)
-"""Query and key tile of the blockwise ev-softmax C++ kernel (CPU): one thread, L = S = 512, causal,
-9 heads, E = 64: 7.2 ms at 64 x 128 against 8.5 ms at the reference's 256 x 512 (5.6 ms against
-2.7 ms at 256); the pure-PyTorch reference keeps its larger blocks (fewer Python steps)."""
+"""Query and key tile of the blockwise ev-softmax C++ kernel (CPU): the fastest of the tiles timed
+(one thread, L = S = 512, causal, 9 heads, E = 64, forward+backward:
+``benchmarks/results/tuning_cpu.json#attention_tiles``); the pure-PyTorch reference keeps its larger
+blocks (fewer Python steps)."""
 
 
 def _cpp_known(call: AttentionCall) -> bool:

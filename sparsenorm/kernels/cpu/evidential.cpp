@@ -272,9 +272,9 @@ at::Tensor log_backward(const at::Tensor& g, const at::Tensor& y) {
 // ---------------------------------------------------------------------------------------------
 // The autograd kernel of sparsenorm::ev_softmax on CPU (dispatch key AutogradCPU).
 //
-// Why: the op's Python autograd (register_autograd in sparsenorm/kernels/ops/evidential.py) cost ~45 us per
+// Why: the op's Python autograd (register_autograd in sparsenorm/kernels/ops/evidential.py) runs per
 // forward+backward in Python frames (the generated autograd.Function, redispatch, setup_context),
-// several times the row work at small shapes. This kernel, loaded with the extension, takes the
+// several times the row work at small shapes (benchmarks/results/tuning_cpu.json#cpp_autograd). This kernel, loaded with the extension, takes the
 // AutogradCPU key (more specific than the Autograd alias the Python one is registered under), so
 // CPU tensors get the same graph node from C++. The formulas are kernels/ops/evidential.py's, op for op, so gradients
 // are bit-identical; other devices keep the Python autograd.
@@ -298,7 +298,7 @@ at::Tensor ev_softmax_op(const at::Tensor& x, std::optional<double> eps, bool lo
 }
 
 // Called with grad mode off only, so below autograd: the op has no autograd formula, and the Python
-// autograd layer torch.library puts on every custom op would only pass the call on (~10 us).
+// autograd layer torch.library puts on every custom op would only pass the call on (in Python frames).
 at::Tensor ev_softmax_log_backward_op(const at::Tensor& grad, const at::Tensor& out) {
   at::AutoDispatchBelowADInplaceOrView below_autograd;
   static const auto op = c10::Dispatcher::singleton()

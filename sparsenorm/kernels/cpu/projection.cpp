@@ -423,7 +423,7 @@ void hourglass_row(const scalar_t* x, scalar_t q, int64_t k, scalar_t* out, scal
 // The hourglass entry points take rows along the last dim of a tensor of any shape (made
 // contiguous here) and per-row tensors broadcastable to x.shape[:-1] + (1,) (converted to x's
 // dtype, expanded, made contiguous here), and return their outputs in those shapes, so the Python
-// kernel wrappers pass their arguments as they are (each reshape/view/.to there cost 1-3 us).
+// kernel wrappers pass their arguments as they are (benchmarks/results/tuning_cpu.json#python_dispatch).
 std::vector<int64_t> hourglass_per_row_shape(const torch::Tensor& x) {
   TORCH_CHECK(x.dim() >= 1 && x.device().is_cpu() && x.numel() > 0, "expected a non-empty CPU tensor of rows");
   std::vector<int64_t> shape = x.sizes().vec();
@@ -740,7 +740,7 @@ at::Tensor project_op(const at::Tensor& x, c10::string_view kind, std::optional<
 
 // The backward ops are called with grad mode off only, so below autograd: they have no autograd
 // formula, and the Python autograd layer torch.library puts on every custom op would only pass the
-// call on (~10 us).
+// call on (in Python frames).
 at::Tensor project_backward_op(const at::Tensor& p, const at::Tensor& grad, c10::string_view kind) {
   at::AutoDispatchBelowADInplaceOrView below_autograd;
   static const auto op = c10::Dispatcher::singleton()
@@ -766,7 +766,7 @@ at::Tensor entmax_bisect_backward_op(const at::Tensor& p, const at::Tensor& grad
 
 // Under create_graph (double backward) the backward is the differentiable Python reference itself,
 // called back through the interpreter: one formula, not a port to keep equal (the path is rare;
-// the ~10 us of Python do not matter there). `module.name(args...)` with the GIL held.
+// a few Python frames do not matter there). `module.name(args...)` with the GIL held.
 template <typename... Args>
 at::Tensor python_reference(const char* module, const char* name, Args&&... args) {
   pybind11::gil_scoped_acquire gil;

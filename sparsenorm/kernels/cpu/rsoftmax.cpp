@@ -352,7 +352,8 @@ void r_forward_row(const scalar_t* x, scalar_t r, int64_t k, scalar_t* p, scalar
 // no-op for the usual contiguous input) and per-row tensors of any dtype broadcastable to
 // x.shape[:-1] + (1,) (converted, expanded and made contiguous here), and return their outputs in
 // those shapes: the Python kernel wrappers then pass their arguments as they are, where each
-// reshape, view or .to of a small tensor cost about 1-3 us of Python per call.
+// reshape, view or .to of a small tensor costs Python dispatch per call
+// (benchmarks/results/tuning_cpu.json#python_dispatch).
 struct Rows {
   at::Tensor x;                       // contiguous, x's shape
   std::vector<int64_t> per_row_shape;  // x.shape[:-1] + (1,)

@@ -13,12 +13,14 @@ sparsehourglass), whose Python cost, not the rows, is the time on a small input.
   ``inspect.signature(cls.forward)`` on every call (``inspect`` rebuilds the signature each time)
   to fill in defaults. These forwards take positional arguments without defaults, for which that
   binding returns the arguments unchanged, so :meth:`PositionalFunction.apply` skips it and does
-  the rest of torch's ``apply`` as torch does: about 15 us less per forward+backward (4 x 16 rows,
-  thread CPU time). Under functorch transforms (``torch.vmap``) it is torch's ``apply`` itself;
+  the rest of torch's ``apply`` as torch does (what that saves per forward+backward:
+  ``benchmarks/results/tuning_cpu.json#positional_apply``). Under functorch transforms
+  (``torch.vmap``) it is torch's ``apply`` itself;
   ``torch.compile`` traces a Function's ``apply`` without calling it.
 * Their ``apply`` returns the differentiable output ``p`` and per-row parts for the backward
   (non-differentiable). By default autograd hands the backward a zero tensor for every output
-  that got no gradient (about 1 us each per call: six for r-softmax);
+  that got no gradient (six for r-softmax; their cost:
+  ``benchmarks/results/tuning_cpu.json#materialized_grads``);
   :func:`unused_grads_not_materialized` turns that off, and :func:`incoming_grad` makes ``p``'s own
   incoming gradient the zero tensor autograd would have made when it is None (a later Function
   returned None for it), so nothing else changes.

@@ -10,7 +10,8 @@ from ..policy import kernels_disabled
 
 def rows(x: Tensor) -> Tensor:
     """``x`` as contiguous ``(rows, K)``: the C++ kernels' layout."""
-    if x.dim() == 2 and x.is_contiguous():  # the common case, without reshape's ~1.5 us of Python dispatch
+    # The common case, without reshape's Python dispatch (benchmarks/results/tuning_cpu.json#python_dispatch).
+    if x.dim() == 2 and x.is_contiguous():
         return x
     return x.reshape(-1, x.shape[-1]).contiguous()
 
@@ -22,7 +23,7 @@ def unrows(out: Tensor, like: Tensor) -> Tensor:
 
 def grad_as(grad: Tensor, out: Tensor) -> Tensor:
     """An incoming gradient in ``out``'s dtype and shape (broadcast); as it is in the common case,
-    without the ~1.5 us of ``to`` and ``expand_as`` calls."""
+    without the ``to`` and ``expand_as`` calls (``benchmarks/results/tuning_cpu.json#python_dispatch``)."""
     if grad.dtype == out.dtype and grad.shape == out.shape:
         return grad
     return grad.to(out.dtype).expand_as(out)

@@ -3,9 +3,10 @@
 autograd formulas, and the ``autograd.Function`` classes of the bisections that no op covers (a
 tensor ``alpha`` or ``alpha <= 1``, with the gradient w.r.t. ``alpha``; sparsemax by bisection).
 
-C++ autograd on CPU. The Python autograd registered here costs 45-70 us per forward+backward in
-Python frames (dispatcher -> generated autograd.Function -> redispatch -> CPU kernel), several
-times the row work at small shapes. So the evidential and projection extensions also register, for
+C++ autograd on CPU. The Python autograd registered here runs in Python frames per
+forward+backward (dispatcher -> generated autograd.Function -> redispatch -> CPU kernel), several
+times the row work at small shapes (``benchmarks/results/tuning_cpu.json#cpp_autograd``). So the
+evidential and projection extensions also register, for
 ``ev_softmax``, ``project`` and ``entmax_bisect``, a C++ autograd kernel under the dispatch key
 ``AutogradCPU`` (more specific than the ``Autograd`` alias these Python formulas are registered
 under): once the extension is loaded (on the first call that may use it), CPU tensors get a C++

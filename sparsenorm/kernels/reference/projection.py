@@ -110,9 +110,10 @@ _MIN_BLOCKED_COLS = 2048
 def sqrt_nonneg(p: Tensor) -> Tensor:
     """``sqrt(p)`` for ``p >= 0``, exactly 0 at 0, without CPU sqrt's slow path for zeros.
 
-    torch's CPU sqrt is ~20x slower on zeros than on positive numbers, and sparse outputs are
-    mostly zeros; so take ``sqrt(max(p, tiny)) - sqrt(tiny)`` (``tiny`` the smallest normal
-    number): 0 at 0, and ``sqrt(p)`` to within 1e-19 (float32) elsewhere.
+    torch's CPU sqrt is several times slower on zeros than on positive numbers
+    (``benchmarks/results/tuning_cpu.json#sqrt_zeros``), and sparse outputs are mostly zeros; so
+    take ``sqrt(max(p, tiny)) - sqrt(tiny)`` (``tiny`` the smallest normal number): 0 at 0, and
+    ``sqrt(p)`` to within 1e-19 (float32) elsewhere.
     """
     tiny = torch.finfo(p.dtype).tiny
     return p.clamp_min(tiny).sqrt_().sub_(tiny ** 0.5)

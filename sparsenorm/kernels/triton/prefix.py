@@ -3,8 +3,9 @@
 ev-softmax's threshold for query ``i`` under a causal mask is ``q_i . mean(k_0 .. k_{e_i}) * scale``
 (Eq. 7 with the mean over the keys the query sees), so what it needs of the keys is their prefix
 sums ``P_s = k_0 + ... + k_s``. ``torch.cumsum`` along the sequence (not the last dimension) took
-2.1 ms of FlexAttention's 5.8 ms causal forward+backward on an H200 at B = 4, H = 32, L = 4096,
-D = 64 (results/gpu/h200-2026-11-28-window1/probe.json); this kernel reads each key once and
+over a third of FlexAttention's causal forward+backward on an H200 at B = 4, H = 32, L = 4096,
+D = 64 (``results/gpu/h200-2026-11-28-window1/probe.json#flex``: "threshold alone causal=True"
+against "ev Flex causal (ours)"); this kernel reads each key once and
 writes each sum once: one program per (batch * head, block of head dims) walks the sequence in
 tiles, a ``tl.cumsum`` per tile plus the running total of the tiles before.
 """
