@@ -206,7 +206,7 @@ def attention_methods(with_flex: bool) -> Dict[str, Callable]:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from sparsenorm.kernels.attention.flex import ev_softmax_flex_attention, flex_available
-    from sparsenorm.kernels.ops.evidential_attention import flash_ev_softmax_attention
+    from sparsenorm.kernels.ops.evidential_attention import ev_softmax_attention_flash
 
     def sdpa_with(backend):
         def run(q, k, v, causal):
@@ -215,7 +215,7 @@ def attention_methods(with_flex: bool) -> Dict[str, Callable]:
         return run
 
     methods = {
-        "ev-softmax flash (Triton)": lambda q, k, v, c: flash_ev_softmax_attention(q, k, v, is_causal=c),
+        "ev-softmax flash (Triton)": lambda q, k, v, c: ev_softmax_attention_flash(q, k, v, is_causal=c),
         "SDPA flash (softmax)": sdpa_with(SDPBackend.FLASH_ATTENTION),
         "SDPA efficient (softmax)": sdpa_with(SDPBackend.EFFICIENT_ATTENTION),
     }

@@ -103,26 +103,28 @@ def case_attention_known_min_scores(rounds: int) -> Dict:
 
 
 def case_positional_apply(rounds: int) -> Dict:
-    """``PositionalFunction.apply`` (no signature binding) against torch's ``Function.apply``."""
-    from sparsenorm.kernels.ops import _autograd
+    """``PositionalFunction.apply`` (no signature binding; r-softmax's Function is one) against
+    torch's ``Function.apply`` called on the same class."""
+    from sparsenorm.kernels.ops.rsoftmax import RSoftmaxFunction
 
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(4, 16, generator=gen, requires_grad=True)
     step = _fwd_bwd(lambda x: sparsenorm.r_softmax(x, r=0.5), x)
-    ours = _autograd.PositionalFunction.__dict__["apply"]
+    ours = RSoftmaxFunction.__dict__.get("apply")  # None: inherited from PositionalFunction
     torchs = classmethod(lambda cls, *args: torch.autograd.Function.apply.__func__(cls, *args))
 
-    def using(apply):
-        def run():
-            _autograd.PositionalFunction.apply = apply
-            try:
-                step()
-            finally:
-                _autograd.PositionalFunction.apply = ours
-        return run
+    def with_torchs_apply():
+        RSoftmaxFunction.apply = torchs
+        try:
+            step()
+        finally:
+            if ours is None:
+                del RSoftmaxFunction.apply
+            else:
+                RSoftmaxFunction.apply = ours
     return {"what": "r-softmax forward+backward, 4 x 16 rows: PositionalFunction.apply vs torch's Function.apply",
             "settings": {"rows": 4, "cols": 16, "r": 0.5},
-            "us": interleaved_medians({"positional_apply": using(ours), "torch_apply": using(torchs)}, rounds, 200)}
+            "us": interleaved_medians({"positional_apply": step, "torch_apply": with_torchs_apply}, rounds, 200)}
 
 
 def case_materialized_grads(rounds: int) -> Dict:

@@ -161,11 +161,11 @@ class TinyAttention(nn.Module):
 
     def forward(self, x, key_mask):
         B, L, _ = x.shape
-        from sparsenorm.kernels.ops.evidential_attention import flash_ev_softmax_attention
+        from sparsenorm.kernels.ops.evidential_attention import ev_softmax_attention_flash
 
         q = self.q(x).view(B, L, self.heads, self.d).transpose(1, 2).to(torch.bfloat16)
         k, v = self.kv(x).view(B, L, 2, self.kv_heads, self.d).permute(2, 0, 3, 1, 4).to(torch.bfloat16)
-        a = flash_ev_softmax_attention(q, k, v, is_causal=True, key_mask=key_mask)
+        a = ev_softmax_attention_flash(q, k, v, is_causal=True, key_mask=key_mask)
         return self.out(a.float().transpose(1, 2).reshape(B, L, -1))
 
 

@@ -14,7 +14,7 @@ if "triton" not in sys.modules and not torch.cuda.is_available():
 pytest.importorskip("triton", reason="triton is not installed (pip install 'sparsenorm[gpu]')")
 
 import sparsenorm  # noqa: E402
-from sparsenorm.kernels.ops.evidential_attention import flash_ev_softmax_attention  # noqa: E402
+from sparsenorm.kernels.ops.evidential_attention import ev_softmax_attention_flash  # noqa: E402
 from sparsenorm.kernels.triton import _common  # noqa: E402
 from sparsenorm.kernels.triton.attention import flash_ev_softmax_attention_forward  # noqa: E402
 
@@ -60,7 +60,7 @@ def run_case(dtype, causal, key_lengths, B=1, Hq=2, Hk=1, L=40, S=40, D=32, scal
     key_mask = None
     if left_pad is not None:
         key_mask = (torch.arange(S) >= torch.tensor(left_pad).view(-1, 1)).to(DEVICE)
-    out = flash_ev_softmax_attention(q, k, v, key_lengths=lens, is_causal=causal, scale=scale, key_mask=key_mask,
+    out = ev_softmax_attention_flash(q, k, v, key_lengths=lens, is_causal=causal, scale=scale, key_mask=key_mask,
                                      causal_offset=causal_offset)
     grad = torch.randn(out.shape, generator=g)
     out.backward(grad.to(dtype).to(DEVICE))
@@ -150,14 +150,14 @@ def test_bad_input_is_named():
     q = torch.randn(1, 3, 8, 16).to(DEVICE)
     k = torch.randn(1, 2, 8, 16).to(DEVICE)
     with pytest.raises(ValueError, match="heads"):
-        flash_ev_softmax_attention(q, k, k)
+        ev_softmax_attention_flash(q, k, k)
     with pytest.raises(ValueError, match="4-D"):
-        flash_ev_softmax_attention(q[0], k[0], k[0])
+        ev_softmax_attention_flash(q[0], k[0], k[0])
     with pytest.raises(ValueError, match="head_dim"):
         big = torch.randn(1, 1, 8, 256).to(DEVICE)
-        flash_ev_softmax_attention(big, big, big)
+        ev_softmax_attention_flash(big, big, big)
     with pytest.raises(TypeError, match="key_lengths"):
-        flash_ev_softmax_attention(q, q, q, key_lengths=torch.ones(1).to(DEVICE))
+        ev_softmax_attention_flash(q, q, q, key_lengths=torch.ones(1).to(DEVICE))
 
 
 @pytest.mark.skipif(IN_PROCESS, reason="ran in this process")

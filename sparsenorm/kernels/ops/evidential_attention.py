@@ -7,7 +7,7 @@ saved outputs (FlashAttention-2's backward on the support):
 * ``sparsenorm::ev_softmax_attention_flash`` (+ ``..._backward``): the same by the Triton flash
   kernel (:mod:`..triton.attention`), on CUDA (or on CPU tensors under ``TRITON_INTERPRET=1``).
 
-:func:`ev_softmax_attention_blockwise` and :func:`flash_ev_softmax_attention` are their checked
+:func:`ev_softmax_attention_blockwise` and :func:`ev_softmax_attention_flash` are their checked
 entry points; :mod:`sparsenorm.kernels.attention.dispatch` picks between them.
 """
 from __future__ import annotations
@@ -279,7 +279,7 @@ def _flash_autograd(ctx, grad_out, *_):
 ev_softmax_attention_flash_op.register_autograd(_flash_autograd, setup_context=_flash_setup)
 
 
-def flash_ev_softmax_attention(
+def ev_softmax_attention_flash(
     q: Tensor, k: Tensor, v: Tensor, key_lengths: Optional[Tensor] = None, is_causal: bool = False,
     scale: Optional[float] = None, key_mask: Optional[Tensor] = None, causal_offset: int = 0,
 ) -> Tensor:
@@ -299,11 +299,11 @@ def flash_ev_softmax_attention(
     if isinstance(scale, Tensor) or (scale is not None and not math.isfinite(float(scale))):
         raise ValueError(f"scale must be a finite number or None, got {scale}")
     if triton_launchers() is None:
-        raise RuntimeError("flash_ev_softmax_attention needs triton: pip install 'sparsenorm[gpu]'")
+        raise RuntimeError("ev_softmax_attention_flash needs triton: pip install 'sparsenorm[gpu]'")
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     return ev_softmax_attention_flash_op(q, k, v, key_lengths, key_mask, bool(is_causal), scale, int(causal_offset))[0]
 
 
 __all__ = ["key_prefix_sums", "ev_softmax_attention_blockwise_op", "ev_softmax_attention_blockwise_backward",
            "ev_softmax_attention_flash_op", "ev_softmax_attention_flash_backward", "ev_softmax_attention_blockwise",
-           "flash_ev_softmax_attention"]
+           "ev_softmax_attention_flash"]

@@ -63,7 +63,7 @@ def _projection_attention_fake(query, key, value, keep, key_lengths, is_causal, 
 
 
 @torch.library.custom_op("sparsenorm::projection_attention_backward", mutates_args=())
-def projection_attention_backward_op(grad_out: Tensor, query: Tensor, key: Tensor, value: Tensor,
+def projection_attention_backward(grad_out: Tensor, query: Tensor, key: Tensor, value: Tensor,
                                      keep: Optional[Tensor], key_lengths: Optional[Tensor], is_causal: bool,
                                      scale: float, kind: str, shift: Tensor, tau: Tensor, block_q: int,
                                      block_k: int, alpha: float, n_iter: int,
@@ -73,7 +73,7 @@ def projection_attention_backward_op(grad_out: Tensor, query: Tensor, key: Tenso
                         block_q, block_k, alpha, n_iter, causal_offset)
 
 
-@projection_attention_backward_op.register_fake
+@projection_attention_backward.register_fake
 def _projection_attention_backward_fake(grad_out, query, key, value, keep, key_lengths, is_causal, scale, kind,
                                         shift, tau, block_q, block_k, alpha, n_iter, causal_offset=0):
     return torch.empty_like(query), torch.empty_like(key), torch.empty_like(value)
@@ -91,7 +91,7 @@ def _setup(ctx, inputs, output) -> None:
 
 def _backward(ctx, grad_out, _grad_shift, _grad_tau):
     query, key, value, keep, key_lengths, shift, tau = ctx.saved_tensors
-    dq, dk, dv = projection_attention_backward_op(grad_out.contiguous(), query, key, value, keep, key_lengths,
+    dq, dk, dv = projection_attention_backward(grad_out.contiguous(), query, key, value, keep, key_lengths,
                                                   *ctx.args, shift, tau, *ctx.options)
     return dq, dk, dv, None, None, None, None, None, None, None, None, None, None
 
@@ -187,5 +187,5 @@ def projection_attention(
     return out
 
 
-__all__ = ["projection_attention", "projection_attention_op", "projection_attention_backward_op",
+__all__ = ["projection_attention", "projection_attention_op", "projection_attention_backward",
            "check_attention_inputs"]

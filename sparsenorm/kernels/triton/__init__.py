@@ -17,7 +17,7 @@ row NaN; float16/bfloat16/float32 in, float32 compute, output in ``out_dtype``, 
 * :func:`flash_ev_softmax_attention_forward` ``(q, k, v, key_lengths=None, is_causal=False,
   scale=None, key_mask=None)`` and :func:`flash_ev_softmax_attention_backward`: flash ev-softmax
   attention, the two halves of the op ``sparsenorm::ev_softmax_attention_flash``
-  (:mod:`sparsenorm.kernels.ops.evidential_attention`, whose ``flash_ev_softmax_attention`` is differentiable).
+  (:mod:`sparsenorm.kernels.ops.evidential_attention`, whose ``ev_softmax_attention_flash`` is differentiable).
 
 * :func:`key_prefix_sums` ``(k)``: float32 prefix sums of the keys along the sequence (the causal
   ev-softmax threshold's input; the op ``sparsenorm::key_prefix_sums``).
