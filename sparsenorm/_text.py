@@ -25,6 +25,17 @@ def positive_int(flag: str) -> Callable[[str], int]:
     return parse
 
 
+def positive_float(text: str) -> float:
+    """An argparse ``type`` for options that must be a positive number."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {value}")
+    return value
+
+
 def markdown_table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
     """A GitHub-flavoured Markdown table; floats are written with 3 decimals."""
 

@@ -132,7 +132,8 @@ def _reproduce(args: argparse.Namespace) -> int:
     # so that --list works without it.
     try:
         from .experiments import run
-        from .experiments._shared.common import RunConfig, resolve_device
+        from .experiments._shared.devices import resolve_device
+        from .experiments._shared.runner import RunConfig
         from .experiments._shared.index import write_index
         from .experiments.catalogue import write_paper_index
     except ModuleNotFoundError as exc:

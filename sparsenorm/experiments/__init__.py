@@ -21,8 +21,8 @@ flash-attention keeps ``training/`` and transformers ``examples/``):
 Each experiment's folder keeps the same stages, nanoGPT-style: ``paper.py`` (a leaf: the paper's tables,
 this experiment's defaults and run modes), data, model, train/evaluate, ``claims.py`` (every verdict, through
 ``_shared.verdict``), ``report.py`` (tables and figures), ``experiment.py`` (the runner protocol). Code used
-by several experiments (runner, verdict rule, MNIST, Debian packages, R lazy-load databases, metrics) lives
-in ``_shared``.
+by several experiments (runner, verdict rule, devices and seeds, timing, checkpoints, figures, MNIST, Debian
+packages, R lazy-load databases, metrics) lives in ``_shared``, one job a module.
 """
 import re
 from importlib import import_module, metadata
@@ -120,7 +120,7 @@ def load(name: str) -> ModuleType:
 
 
 def run(name: str, config) -> Path:
-    """Run the experiment called ``name`` with a :class:`._shared.common.RunConfig`; return its output folder."""
+    """Run the experiment called ``name`` with a :class:`._shared.runner.RunConfig`; return its output folder."""
     from ._shared.runner import run_experiment
 
     return run_experiment(load(name).EXPERIMENT, config)

@@ -35,7 +35,7 @@ def _committed_run(folder: Path, out: Optional[Path] = None):
     """``(results path, payload, experiment, config, settings)`` of the committed run in ``folder``: its
     results file read, its experiment loaded, its run configuration rebuilt (``out``: the ``--out`` of a new
     run of it, else the run's own) and its settings under the current code."""
-    from ._shared.common import RunConfig
+    from ._shared.runner import RunConfig
 
     path = next((p for p in (folder / "results.json.gz", folder / "results.json") if p.is_file()), None)
     payload = paper_index.read_results(path) if path else None

@@ -122,7 +122,7 @@ def test_multilabel_one_step(device, steps_on, tmp_path, monkeypatch):
 def test_finetune_one_step(device, steps_on, tmp_path, monkeypatch):
     ft_tests = cpu_test_module("test_finetune")
     from sparsenorm.experiments._shared import runner
-    from sparsenorm.experiments._shared.common import RunConfig
+    from sparsenorm.experiments._shared.runner import RunConfig
     from sparsenorm.experiments.rsoftmax_finetune.experiment import FinetuneExperiment
 
     (tmp_path / "bert").mkdir()

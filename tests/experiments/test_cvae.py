@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from sparsenorm import cli, registry
-from sparsenorm.experiments._shared import common, metrics, regime, runner
+from sparsenorm._text import UserFacingError
+from sparsenorm.experiments._shared import metrics, regime, runner
 from sparsenorm.experiments.evsoftmax_cvae import EXPERIMENT, QUICK, claims, model, train
 from sparsenorm.experiments.evsoftmax_cvae.train import TrainingSetting
 from conftest import write_tiny_mnist
@@ -95,7 +96,7 @@ def test_smoke_run_through_the_cli_writes_results_report_figures_and_index(tiny_
 
 
 def test_full_settings_sweep_and_jobs():
-    config = common.RunConfig(out=".", normalizers=["softmax", "posthoc_evidential", "ev_softmax"])
+    config = runner.RunConfig(out=".", normalizers=["softmax", "posthoc_evidential", "ev_softmax"])
     settings = EXPERIMENT.settings(config)
     assert settings.seeds == 10 and settings.sweep_seeds == 3 and settings.epochs == 20
     labels = [s.label for s in settings.training_settings()]
@@ -115,7 +116,7 @@ def test_full_settings_sweep_and_jobs():
     assert prior.lead.label == "sgd-lr0.001-kl0.00015625-prior-adam0.001" and len(prior.training_settings()) == 5
     off = EXPERIMENT.settings(replace(config, extra={"sweep": "off"}))
     assert off.training_settings() == [off.lead]
-    with pytest.raises(common.UserFacingError, match="--eval-every"):
+    with pytest.raises(UserFacingError, match="--eval-every"):
         EXPERIMENT.settings(replace(config, extra={"eval_every": 0}))
 
 

@@ -5,7 +5,8 @@ import pytest
 
 from sparsenorm.experiments import EXPERIMENTS, load
 from sparsenorm.experiments._shared import verdict
-from sparsenorm.experiments._shared.common import RunConfig, UserFacingError
+from sparsenorm._text import UserFacingError
+from sparsenorm.experiments._shared.runner import RunConfig
 
 
 @pytest.mark.parametrize("name", sorted(EXPERIMENTS))

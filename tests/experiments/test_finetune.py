@@ -14,7 +14,9 @@ transformers = pytest.importorskip("transformers", reason="the [hf] extra (trans
 
 from sparsenorm import registry  # noqa: E402
 from sparsenorm.experiments._shared import regime, runner  # noqa: E402
-from sparsenorm.experiments._shared.common import RunConfig, UserFacingError, save_atomically  # noqa: E402
+from sparsenorm._text import UserFacingError  # noqa: E402
+from sparsenorm.experiments._shared.checkpoints import save_atomically  # noqa: E402
+from sparsenorm.experiments._shared.runner import RunConfig  # noqa: E402
 from sparsenorm.experiments.rsoftmax_finetune import data as ft_data  # noqa: E402
 from sparsenorm.experiments.rsoftmax_finetune import model as ft_model  # noqa: E402
 from sparsenorm.experiments.rsoftmax_finetune.claims import judge_claims, match_margin  # noqa: E402

@@ -12,7 +12,8 @@ import torch
 transformers = pytest.importorskip("transformers", reason="the [hf] extra (transformers) is not installed")
 
 from sparsenorm.experiments._shared import provenance, runner  # noqa: E402
-from sparsenorm.experiments._shared.common import RunConfig, UserFacingError  # noqa: E402
+from sparsenorm._text import UserFacingError  # noqa: E402
+from sparsenorm.experiments._shared.runner import RunConfig  # noqa: E402
 from sparsenorm.experiments.llm import claims as llm_claims  # noqa: E402
 from sparsenorm.experiments.llm import data as llm_data  # noqa: E402
 from sparsenorm.experiments.llm import evaluate as llm_eval  # noqa: E402

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from sparsenorm.experiments._shared import mnist, provenance
-from sparsenorm.experiments._shared.common import UserFacingError
+from sparsenorm._text import UserFacingError
 
 from conftest import pin_fake_artifact, write_provenance_record
 

@@ -12,7 +12,7 @@ from sklearn.metrics import f1_score
 
 from sparsenorm import cli
 from sparsenorm.experiments._shared import metrics, runner
-from sparsenorm.experiments._shared.common import RunConfig
+from sparsenorm.experiments._shared.runner import RunConfig
 from sparsenorm.experiments.rsoftmax_multilabel import claims, experiment, methods as ml, paper, train
 
 # ------------------------------------------------------------------ metrics vs scikit-learn

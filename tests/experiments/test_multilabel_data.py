@@ -16,7 +16,7 @@ import pytest
 
 from sparsenorm.experiments._shared import r_lazyload
 from sparsenorm.experiments.rsoftmax_multilabel import data as md, paper
-from sparsenorm.experiments._shared.common import UserFacingError
+from sparsenorm._text import UserFacingError
 
 # ------------------------------------------------------------------ a minimal R serializer (XDR)
 

@@ -114,7 +114,7 @@ def test_reuse_committed_records_as_a_new_runs_job_cache(tmp_path):
     import pytest
 
     from sparsenorm.experiments import load
-    from sparsenorm.experiments._shared.common import RunConfig
+    from sparsenorm.experiments._shared.runner import RunConfig
     from sparsenorm.experiments._shared.runner import JobCache, fingerprint
 
     written = committed.reuse_records(ROOT / "results" / "decisive" / "mt", tmp_path, ["sparsemax-seed1"])

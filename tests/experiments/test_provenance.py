@@ -16,7 +16,8 @@ import pytest
 
 import sparsenorm
 from sparsenorm.experiments._shared import artifacts, mnist, provenance, runner
-from sparsenorm.experiments._shared.common import RunConfig, UserFacingError
+from sparsenorm._text import UserFacingError
+from sparsenorm.experiments._shared.runner import RunConfig
 
 from conftest import pin_fake_artifact, write_provenance_record, write_tiny_mnist  # tests/experiments/conftest.py
 

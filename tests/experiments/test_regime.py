@@ -11,7 +11,7 @@ from sparsenorm import cli
 from sparsenorm.experiments import EXPERIMENTS, load
 from sparsenorm.experiments import committed
 from sparsenorm.experiments._shared import regime, runner, verdict
-from sparsenorm.experiments._shared.common import RunConfig
+from sparsenorm.experiments._shared.runner import RunConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 DECISIVE = ROOT / "results" / "decisive"

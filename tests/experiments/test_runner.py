@@ -8,7 +8,8 @@ import torch
 
 from sparsenorm import cli
 from sparsenorm.experiments._shared import runner, verdict
-from sparsenorm.experiments._shared.common import RunConfig, UserFacingError
+from sparsenorm._text import UserFacingError
+from sparsenorm.experiments._shared.runner import RunConfig
 from sparsenorm.experiments._shared.index import write_index
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -264,9 +265,9 @@ def test_a_stack_must_return_one_record_per_job(tmp_path):
 
 
 def test_a_cached_model_round_trips_and_a_bad_cache_is_retrained(tmp_path, capsys):
-    """``common.cache_model`` / ``load_cached_model`` (the digit and image classifiers' cache): the weights and the
+    """``checkpoints.cache_model`` / ``load_cached_model`` (the digit and image classifiers' cache): the weights and the
     info come back bit for bit; an unreadable file or an unwritable folder is a warning, not an error."""
-    from sparsenorm.experiments._shared.common import cache_model, load_cached_model
+    from sparsenorm.experiments._shared.checkpoints import cache_model, load_cached_model
 
     def linear():  # uninitialised (no global RNG), then seeded by its own generator
         layer = torch.nn.utils.skip_init(torch.nn.Linear, 3, 2)

@@ -8,7 +8,8 @@ import torch
 from sparsenorm import cli, registry
 from sparsenorm.experiments import load
 from sparsenorm.experiments._shared import regime, runner
-from sparsenorm.experiments._shared.common import RunConfig, UserFacingError
+from sparsenorm._text import UserFacingError
+from sparsenorm.experiments._shared.runner import RunConfig
 from sparsenorm.experiments.evsoftmax_ssvae import EXPERIMENT
 from sparsenorm.experiments.evsoftmax_ssvae import model as ssvae_model
 from sparsenorm.experiments.evsoftmax_ssvae import train

@@ -12,7 +12,7 @@ import torch
 for _module in ("sentencepiece", "sacrebleu", "rouge_score", "nltk"):
     pytest.importorskip(_module, reason=f"the [mt] extra is not installed ({_module} missing): pip install -e '.[mt]'")
 
-from sparsenorm.experiments._shared.common import UserFacingError
+from sparsenorm._text import UserFacingError
 from sparsenorm.experiments.evsoftmax_translation import data as mt_data
 from sparsenorm.experiments.evsoftmax_translation import meteor as mt_meteor
 

@@ -12,7 +12,7 @@ import torch
 
 from sparsenorm import cli, evidential, registry
 from sparsenorm.experiments._shared import regime
-from sparsenorm.experiments._shared.common import UserFacingError
+from sparsenorm._text import UserFacingError
 from sparsenorm.experiments._shared.fashion_mnist import load_fashion_mnist
 from sparsenorm.experiments._shared.runner import RunOptions
 from sparsenorm.experiments.evsoftmax_vqvae import EXPERIMENT

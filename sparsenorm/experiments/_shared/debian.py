@@ -9,7 +9,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from .common import UserFacingError
+from ..._text import UserFacingError
 
 
 def extract_deb(deb: Path, target: Path, how_to: str) -> Path:

@@ -14,7 +14,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .common import Stopwatch, cache_model, load_cached_model, progress, seed_everything
+from .checkpoints import cache_model, load_cached_model
+from .devices import seed_everything
+from .timing import Stopwatch, progress
 from .mnist import MNIST, PIXELS
 
 ARCHITECTURE = "MLP 784-512-256-10 (ReLU), Adam lr 1e-3, batch 128"

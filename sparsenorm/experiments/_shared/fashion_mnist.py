@@ -6,7 +6,7 @@ last 10,000 training images are the validation split). Where the data comes from
 1. ``data_dir`` holding the four IDX files (the original distribution's names, optionally ``.gz``:
    ``train-images-idx3-ubyte``, ``train-labels-idx1-ubyte``, ``t10k-images-idx3-ubyte``,
    ``t10k-labels-idx1-ubyte``), or an ``mnist.npz``/pickle in MNIST's formats (see :mod:`.mnist`);
-2. the cache folder ``fashion-mnist/`` in ``data_dir`` (if given) or :func:`common.cache_dir`, used
+2. the cache folder ``fashion-mnist/`` in ``data_dir`` (if given) or :func:`sparsenorm._cache.cache_dir`, used
    while its provenance record names the pinned package and its digest matches
    (:func:`.provenance.use_derived`; in ``data_dir``, one without a record is the user's);
 3. the Debian package ``dataset-fashion-mnist`` (31 MB, Expat licence; version and SHA-256 pinned in
@@ -21,8 +21,9 @@ import tempfile
 from pathlib import Path
 from typing import Optional
 
+from ..._cache import cache_dir
+from ..._text import UserFacingError
 from . import provenance
-from .common import UserFacingError, cache_dir
 from .debian import extract_deb
 from .mnist import IDX_FILES, MNIST, _load_user_dir, load_mnist
 

@@ -9,8 +9,8 @@ import json
 from pathlib import Path
 from typing import Any, Dict, List
 
+from ..._text import markdown_table
 from . import regime
-from .common import markdown_table
 from .verdict import label_mode, rule_paragraph
 
 

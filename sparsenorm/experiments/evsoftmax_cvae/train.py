@@ -21,8 +21,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ... import registry
-from .._shared import common, metrics
+from .._shared import metrics
+from .._shared.devices import seed_everything
 from .._shared.mnist import MNIST
+from .._shared.timing import Stopwatch, progress
 from .model import CVAE, LATENT_CLASSES, QUERIES, negative_elbo
 
 METRICS = ("w_digits", "w_authors", "parity_mass")
@@ -156,7 +158,7 @@ class _SeedRun:
         self.seed, self.names, self.n, self.batch_size, self.latent = seed, names, n, batch_size, latent
         self.eval_every, self.total, self.device = eval_every, total, device
         self.steps_per_epoch = max(1, n // batch_size)
-        self.gen = common.seed_everything(seed)  # also seeds the global generator the model's initialisation uses
+        self.gen = seed_everything(seed)  # also seeds the global generator the model's initialisation uses
         self.noise_gen = self.gen if device.type == "cpu" else torch.Generator(device=device).manual_seed(seed)
         self.curves = {name: {"iteration": [], **{m: {q: [] for q in QUERIES} for m in METRICS}} for name in names}
         self.initial: Dict[str, Dict[str, Any]] = {}
@@ -264,10 +266,10 @@ def train_group(names: List[str], seed: int, setting: TrainingSetting, data: Dic
     model = CVAE().to(device)
     optimizer = _optimizer(setting, model.named_parameters())
 
-    clock = common.Stopwatch()
+    clock = Stopwatch()
     run.checkpoint(model, norms, classifier, 0)
     run.start()
-    for step in common.progress(range(total), total=total, desc=f"cvae {setting.label} {'+'.join(names)} seed {seed}"):
+    for step in progress(range(total), total=total, desc=f"cvae {setting.label} {'+'.join(names)} seed {seed}"):
         idx, uniform = run.batch(step)
         loss, _, _ = negative_elbo(model, train_norm, x_train[idx], y_train[idx], kl_weight=setting.kl_weight,
                                    temperature=temperature, smoothing=smoothing, generator=uniform)
@@ -315,12 +317,12 @@ def train_group_stacked(names: List[str], seeds: Sequence[int], setting: Trainin
         return negative_elbo(model, train_norm, x, y, kl_weight=setting.kl_weight, temperature=temperature,
                              smoothing=smoothing, generator=uniform)[0]
 
-    clock = common.Stopwatch()
+    clock = Stopwatch()
     for s, run in enumerate(runs):
         run.checkpoint(stacked.copy(s, reader), norms, classifier, 0)
         run.start()
     label = f"cvae {setting.label} {'+'.join(names)} seeds {','.join(map(str, seeds))} (stacked)"
-    for step in common.progress(range(total), total=total, desc=label):
+    for step in progress(range(total), total=total, desc=label):
         idx, uniform = zip(*(run.batch(step) for run in runs))
         idx, uniform = torch.stack(idx), torch.stack(uniform)
         losses = stacked(loss_of, x_train[idx], y_train[idx], uniform)  # (S,)

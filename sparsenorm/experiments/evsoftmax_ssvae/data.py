@@ -18,8 +18,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..._text import UserFacingError
 from .._shared import provenance
-from .._shared.common import UserFacingError
 from .._shared.mnist import MNIST, load_mnist
 
 EVAL_BINARISATION_SEED = 12345

@@ -9,8 +9,8 @@ from typing import Any, Dict, List
 
 import torch
 
-from .._shared.common import RunConfig, UserFacingError
-from .._shared.runner import Claim, Job, Report, RunOptions
+from ..._text import UserFacingError
+from .._shared.runner import Claim, Job, Report, RunConfig, RunOptions
 from .claims import aggregate, judge_claims
 from .estimators import ESTIMATORS
 from .data import DataRef

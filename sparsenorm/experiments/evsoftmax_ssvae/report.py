@@ -4,7 +4,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Dict, List
 
-from .._shared.common import headless_pyplot, markdown_table, save_figure
+from ..._text import markdown_table
+from .._shared.figures import headless_pyplot, save_figure
 from .._shared.runner import Report
 from .estimators import ESTIMATORS
 from .train import Settings, normalizer

@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from ... import registry
-from .._shared import common
+from .._shared.timing import progress
 from . import estimators as mc
 from .data import binarise, shuffled_batches, split
 from .model import M2, entropy, expected_neg_elbo, marginal_neg_elbo
@@ -164,7 +164,7 @@ def _pretrain(run: _Run) -> Dict[str, Any]:
     optimizer = torch.optim.Adam(run.model.parameters(), lr=s.pretrain_learning_rate, weight_decay=s.weight_decay)
     clock = Clock()
     total = s.pretrain_epochs * steps
-    for _ in common.progress(range(total), total=total, desc=f"ssvae {run.label} seed {run.seed}: pretraining"):
+    for _ in progress(range(total), total=total, desc=f"ssvae {run.label} seed {run.seed}: pretraining"):
         idx = next(run.labelled)
         loss = supervised_loss(run.model, run.train_norm, binarise(data.labelled_images[idx], run.gen),
                                data.labelled_labels[idx], run.gen)
@@ -217,7 +217,7 @@ def _semi_supervised_epoch(run: _Run, estimator, unlabelled, optimizer, steps: i
     ratio = len(data.unlabelled_labels) / len(data.labelled_labels)
     rows = batch_rows = examples = 0
     clock = Clock()
-    for _ in common.progress(range(steps), total=steps, desc=f"ssvae {run.label} seed {run.seed}: epoch {epoch}"):
+    for _ in progress(range(steps), total=steps, desc=f"ssvae {run.label} seed {run.seed}: epoch {epoch}"):
         lab, unl = next(run.labelled), next(unlabelled)
         x_u = binarise(data.unlabelled_images[unl], gen)
         sup = supervised_loss(model, run.train_norm, binarise(data.labelled_images[lab], gen),

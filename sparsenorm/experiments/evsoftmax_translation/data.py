@@ -26,8 +26,9 @@ from html.parser import HTMLParser
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
+from ..._cache import cache_dir
+from ..._text import UserFacingError
 from .._shared import provenance
-from .._shared.common import UserFacingError, cache_dir
 from .._shared.debian import extract_deb
 
 PACKAGES = {"en": "libreoffice-help-en-us", "de": "libreoffice-help-de"}  # also the artifacts' names

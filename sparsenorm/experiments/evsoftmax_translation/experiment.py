@@ -16,8 +16,9 @@ import numpy as np
 import torch
 
 from ... import registry
-from .._shared.common import RunConfig, UserFacingError, resolve_device
-from .._shared.runner import Claim, Job, Report, RunOptions
+from ..._text import UserFacingError
+from .._shared.devices import resolve_device
+from .._shared.runner import Claim, Job, Report, RunConfig, RunOptions
 from .data import load_parallel, train_sentencepiece
 from .model import BOS, EOS, SITES, attention_sites, with_attention
 from .paper import GATE

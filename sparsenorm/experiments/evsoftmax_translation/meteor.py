@@ -23,8 +23,8 @@ import zlib
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
+from ..._text import UserFacingError
 from .._shared import provenance
-from .._shared.common import UserFacingError
 from .._shared.debian import extract_deb
 
 WORDNET_PACKAGE = "wordnet-base"

@@ -7,7 +7,8 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 
 from ... import registry
-from .._shared.common import headless_pyplot, markdown_table, save_figure
+from ..._text import markdown_table
+from .._shared.figures import headless_pyplot, save_figure
 from .._shared.runner import Report
 from .model import SITES
 from .paper import PAPER_SEEDS, PAPER_TABLE, POSTHOC, display_name

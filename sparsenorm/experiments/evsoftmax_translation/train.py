@@ -29,7 +29,9 @@ import torch.distributed as dist
 from torch import Tensor
 
 from ... import registry
-from .._shared.common import mixed_precision, progress, save_atomically, to_device
+from .._shared.checkpoints import save_atomically
+from .._shared.devices import mixed_precision, to_device
+from .._shared.timing import progress
 from .model import EOS, PAD, ModelConfig, Seq2Seq
 
 Example = Tuple[List[int], List[int]]  # source ids, target ids (with BOS ... EOS)

@@ -17,7 +17,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .._shared.common import Stopwatch, cache_model, load_cached_model, progress, seed_everything
+from .._shared.checkpoints import cache_model, load_cached_model
+from .._shared.devices import seed_everything
+from .._shared.timing import Stopwatch, progress
 from .data import ImageSet
 
 

@@ -23,7 +23,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .._shared.common import UserFacingError
+from ..._text import UserFacingError
 from .._shared import provenance
 from .._shared.fashion_mnist import CLASS_NAMES as FASHION_CLASSES, load_fashion_mnist
 from .._shared.mnist import IMAGE_SIDE, MNIST, load_mnist, split_fingerprint

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from ... import registry
-from .._shared.common import Stopwatch, progress
+from .._shared.timing import Stopwatch, progress
 from . import classifier as clf
 from .classifier import SmallResNet
 from .paper import Settings

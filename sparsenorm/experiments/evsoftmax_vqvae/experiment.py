@@ -18,8 +18,10 @@ import numpy as np
 import torch
 
 from ... import registry
-from .._shared.common import RunConfig, Stopwatch, cache_dir, seed_everything
-from .._shared.runner import Job, RunOptions
+from ..._cache import cache_dir
+from .._shared.devices import seed_everything
+from .._shared.timing import Stopwatch
+from .._shared.runner import Job, RunConfig, RunOptions
 from . import classifier as clf
 from .data import DATASETS, ImageSet, load_images
 from .evaluate import decode_all, evaluate_prior, mean_pairwise_distance

@@ -11,7 +11,8 @@ import numpy as np
 import torch
 
 from ... import registry
-from .._shared.common import Stopwatch, progress, to_device
+from .._shared.devices import to_device
+from .._shared.timing import Stopwatch, progress
 from .paper import Settings
 from .pixelcnn import GatedPixelCNN
 from .vqvae import VQVAE

@@ -26,7 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .._shared.common import Stopwatch, progress, to_device
+from .._shared.devices import to_device
+from .._shared.timing import Stopwatch, progress
 
 
 @dataclass(frozen=True)

@@ -27,8 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
+from ..._cache import cache_dir
+from ..._text import UserFacingError
 from .._shared import provenance
-from .._shared.common import UserFacingError, cache_dir
 
 TEXT_ARTIFACT = "r-cran-janeaustenr"
 TEXT_SUBDIR = "jane-austen"

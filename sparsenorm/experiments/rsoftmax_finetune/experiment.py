@@ -21,8 +21,8 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 import torch
 
-from .._shared.common import RunConfig, UserFacingError
-from .._shared.runner import Claim, Job, Report, RunOptions
+from ..._text import UserFacingError
+from .._shared.runner import Claim, Job, Report, RunConfig, RunOptions
 from .claims import aggregate, judge_claims
 from .paper import GATE
 from .paper import (DECISIVE, DECISIVE_NORMALIZERS, DEFAULT_NORMALIZERS, FULL, MAP_LENGTHS, MAP_NORMALIZERS, PAPER,

@@ -27,7 +27,11 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from .._shared.common import UserFacingError, cache_dir, mixed_precision, progress, save_atomically, to_device
+from ..._cache import cache_dir
+from ..._text import UserFacingError
+from .._shared.checkpoints import save_atomically
+from .._shared.devices import mixed_precision, to_device
+from .._shared.timing import progress
 from .._shared import provenance
 from .._shared.artifacts import ARTIFACTS
 from .data import Split

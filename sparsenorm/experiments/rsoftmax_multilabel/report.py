@@ -7,7 +7,8 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
-from .._shared.common import headless_pyplot, markdown_table, save_figure
+from ..._text import markdown_table
+from .._shared.figures import headless_pyplot, save_figure
 from .claims import APPROX_TOLERANCE, F1S, F1_NAMES, setting_table
 from .paper import BEST_SOFTMAX, FIXED_DOCUMENT_LENGTH, FIXED_THRESHOLDS, PAPER_TABLE1, THRESHOLD_MULTIPLES
 

@@ -14,7 +14,8 @@ import torch
 from torch import Tensor
 
 from .._shared import metrics
-from .._shared.common import Stopwatch, seed_everything
+from .._shared.devices import seed_everything
+from .._shared.timing import Stopwatch
 from .data import MultilabelData
 from .methods import (
     Method, MultilabelNet, RSoftmaxOptions, StackedMultilabelNet, predict,
