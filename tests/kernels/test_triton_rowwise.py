@@ -116,6 +116,72 @@ def test_ev_softmax_long_rows_are_streamed_in_chunks(eps, log, monkeypatch):
     torch.testing.assert_close(dx[good].cpu(), tev.ev_softmax_backward(g.to(DEVICE), out.float(), log)[good].cpu())
 
 
+# Split rows (kernels longer than the register tile, made short here): (n_cols, TILE_COLS, SEGMENT, CHUNK).
+SPLIT_LAYOUTS = {
+    "just-above-tile": (9, 8, 8, 8),  # two segments, the second of one entry
+    "three-ragged": (33, 8, 16, 8),  # 16 + 16 + 1
+    "segment-not-chunk-multiple": (33, 8, 12, 8),  # 12 + 12 + 9, chunks cut at the segment's end
+    "one-ragged-segment": (33, 8, 64, 16),  # one program per row, its segment half empty
+}
+
+
+def split_rows(module, layout, monkeypatch, limit="TILE_COLS"):
+    """Make ``module``'s long-row path take rows of ``SPLIT_LAYOUTS[layout]``; returns n_cols."""
+    n_cols, tile, segment, chunk = SPLIT_LAYOUTS[layout]
+    monkeypatch.setattr(module, limit, tile)
+    monkeypatch.setattr(module, "SEGMENT", segment)
+    monkeypatch.setattr(module, "CHUNK", chunk)
+    assert n_cols > tile
+    return n_cols
+
+
+# Every layout in float16 (the coarsest rounding of the mean), every dtype on one layout: the
+# interpreter's time per test is what limits the product.
+SPLIT_CASES = ([(layout, torch.float16) for layout in SPLIT_LAYOUTS]
+               + [("three-ragged", dtype) for dtype in (torch.float32, torch.bfloat16)])
+
+
+@in_process
+@pytest.mark.parametrize("layout,dtype", SPLIT_CASES)
+@pytest.mark.parametrize("eps,log", [(None, False), (1e-3, False), (0.1, True), (0.0, True), (None, True)])
+def test_ev_softmax_split_rows_forward(dtype, eps, log, layout, monkeypatch):
+    """Rows split over several programs (statistics, normalizer, output: three launches) against the
+    reference by the contract: masks, -inf and finfo.min entries, segments with no entry there
+    (row 7), an empty row, NaN and +inf rows, ties and near-equal entries."""
+    n_cols = split_rows(tev, layout, monkeypatch)
+    x, mask = rows_with_every_case(dtype, n_cols=n_cols, seed=20 + n_cols)
+    out = tev.ev_softmax_forward(x, eps, log, mask=mask)
+    assert out.dtype == dtype
+    ref = ev_reference(not_there_as_neg_inf(x, mask).cpu(), eps, log)
+    check_ev_rows(out.cpu(), ref, x.cpu(), mask.cpu(), eps, log, dtype)
+    if log:
+        assert (out[3] == float("-inf")).all() and (out[7, 1:] == float("-inf")).all()
+    else:
+        assert (out[3] == 0).all() and (out[1, ::3] == 0).all() and (out[9, ::2] == 0).all()
+
+
+@in_process
+@pytest.mark.parametrize("layout,dtype", [(layout, torch.float32) for layout in SPLIT_LAYOUTS]
+                         + [("three-ragged", torch.float16)])
+@pytest.mark.parametrize("eps,log", [(None, False), (1e-3, False), (1e-3, True), (0.0, True)])
+def test_ev_softmax_split_rows_backward(dtype, eps, log, layout, monkeypatch):
+    """The split backward (per-segment sums, then dx: two launches) against the reference's float64
+    autograd, with the error model of test_ev_softmax_backward_matches_autograd."""
+    n_cols = split_rows(tev, layout, monkeypatch)
+    x, mask = rows_with_every_case(dtype, n_cols=n_cols, seed=40 + n_cols)
+    xr = not_there_as_neg_inf(x, mask).cpu()[GOOD_ROWS].double().requires_grad_()
+    out = ev_reference(xr, eps, log)
+    g = torch.randn(out.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(n_cols))
+    out.backward(g)
+    dx = tev.ev_softmax_backward(g.to(dtype).to(DEVICE), out.detach().to(dtype).to(DEVICE), log)
+    assert dx.dtype == dtype
+    expect = xr.grad
+    if log:
+        expect = torch.where(out.detach() == float("-inf"), 0.0, expect)
+    torch.testing.assert_close(dx.cpu().double(), expect, atol=20 * TOL[dtype], rtol=20 * TOL[dtype])
+    assert (dx.cpu()[GOOD_ROWS.index(3)] == 0).all()
+
+
 @in_process
 @pytest.mark.parametrize("n_cols", [1, 2, 64])
 def test_ev_softmax_short_and_power_of_two_rows(n_cols):

@@ -53,3 +53,35 @@ def row_tile(n_rows, n_cols, ROWS: tl.constexpr, BLOCK: tl.constexpr):
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK)
     return rows[:, None] * n_cols + cols[None, :], (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
+
+
+def split_grid(n_rows: int, n_cols: int, segment: int, chunk: int) -> Tuple[int, Tuple[int], dict]:
+    """``(n_segments, grid, sizes)`` of a split-row launch: every row cut into ``n_segments``
+    segments of ``segment`` entries (the last one ragged), one program per (row, segment),
+    row-major, each streaming its segment in chunks of ``chunk``; ``sizes`` holds the kernels'
+    ``SEGMENT`` and ``BLOCK``. A segment longer than the row is cut to the row (rounded up to a
+    chunk), so a program never loops over chunks that are wholly past the row's end."""
+    block = min(chunk, segment)
+    segment = min(segment, triton.cdiv(n_cols, block) * block)
+    n_segments = triton.cdiv(n_cols, segment)
+    return n_segments, (n_rows * n_segments,), dict(SEGMENT=segment, BLOCK=block)
+
+
+@triton.jit
+def split_program(n_segments, REVERSE: tl.constexpr):
+    """This program's ``(row, segment)`` in a :func:`split_grid` launch. ``REVERSE`` walks the grid
+    from its end: a pass that re-reads what the previous pass read last finds it in the L2 cache."""
+    pid = tl.program_id(0)
+    if REVERSE:
+        pid = tl.num_programs(0) - 1 - pid
+    row = pid // n_segments
+    return row.to(tl.int64), pid - row * n_segments
+
+
+@triton.jit
+def segment_chunk(seg, start, n_cols, SEGMENT: tl.constexpr, BLOCK: tl.constexpr):
+    """``(cols, in_bounds)`` of the chunk at ``start`` within segment ``seg`` (``BLOCK`` need not
+    divide ``SEGMENT``: the mask keeps a chunk inside its segment)."""
+    offs = start + tl.arange(0, BLOCK)
+    cols = seg * SEGMENT + offs
+    return cols, (cols < n_cols) & (offs < SEGMENT)

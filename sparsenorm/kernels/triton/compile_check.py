@@ -48,13 +48,21 @@ def _row_cases(quick: bool):
             yield (evidential._ev_softmax_fwd_kernel,
                    dict(x_ptr=f"*{dt}", mask_ptr=mask, out_ptr=f"*{dt}", n_rows="i32", n_cols="i32", level="fp32",
                         shift="fp32"), dict(flags, ROWS=2, BLOCK=1024), 4)
-            yield (evidential._ev_softmax_fwd_long_kernel,
-                   dict(x_ptr=f"*{dt}", mask_ptr=mask, out_ptr=f"*{dt}", n_cols="i32", level="fp32", shift="fp32"),
-                   dict(flags, BLOCK=evidential.CHUNK), 8)
+            split = dict(x_ptr=f"*{dt}", mask_ptr=mask, part_ptr="*fp32", n_cols="i32", n_segments="i32",
+                         level="fp32")
+            sizes = dict(SEGMENT=evidential.SEGMENT, BLOCK=evidential.CHUNK)
+            yield evidential._ev_fwd_stats_kernel, split, dict(sizes, HAS_MASK=has_mask), 8
+            yield (evidential._ev_fwd_denom_kernel, dict(split, denom_ptr="*fp32", shift="fp32"),
+                   dict(sizes, HAS_MASK=has_mask, TRAIN=train), 8)
+            yield (evidential._ev_fwd_out_kernel, dict(split, denom_ptr="*fp32", out_ptr=f"*{dt}", shift="fp32"),
+                   dict(sizes, **flags), 8)
         grads = dict(out_ptr=f"*{dt}", grad_ptr=f"*{dt}", dx_ptr=f"*{dt}", n_cols="i32")
+        split = dict(out_ptr=f"*{dt}", grad_ptr=f"*{dt}", part_ptr="*fp32", n_cols="i32", n_segments="i32")
+        sizes = dict(SEGMENT=evidential.SEGMENT, BLOCK=evidential.CHUNK)
         for log in (False, True):
             yield evidential._ev_softmax_bwd_kernel, dict(grads, n_rows="i32"), dict(LOG=log, ROWS=1, BLOCK=8192), 16
-            yield evidential._ev_softmax_bwd_long_kernel, grads, dict(LOG=log, BLOCK=evidential.CHUNK), 8
+            yield evidential._ev_softmax_bwd_partial_kernel, split, dict(sizes, LOG=log), 8
+            yield evidential._ev_softmax_bwd_split_kernel, dict(split, dx_ptr=f"*{dt}"), dict(sizes, LOG=log), 8
         for entmax in (0, 1):
             yield (projection._project_fwd_kernel,
                    dict(x_ptr=f"*{dt}", mask_ptr="*u8", out_ptr=f"*{dt}", n_rows="i32", n_cols="i32", level="fp32",

@@ -1,19 +1,42 @@
 """Row-wise ev-softmax kernels: Eq. 7, Eq. 10 and the log of Eq. 10, forward and backward.
 
 Rows of up to ``TILE_COLS`` entries: one program normalizes a tile of ``ROWS`` whole rows held in
-registers, one read and one write per entry, as ``torch.softmax``. Longer rows (a vocabulary):
-one program per row streams it in chunks of ``CHUNK`` entries, three reads (statistics; the
-normalizer; the output) and one write. The rules are those of the reference
-(``kernels/reference/evidential.py``): an entry is not there when it is ``-inf``, masked out, or at
-or below ``finfo(input dtype).min / 2``; the threshold is ``min(mean, max)`` over the entries that
-are there (ties kept, ``>=``); Eq. 10 weighs the off-support entries by ``eps / (1 + eps)`` (a
-log-shift, Eq. 10 up to the normalizer); a row with no entry there gives zeros (log: ``-inf``); a
-row holding NaN or ``+inf`` gives NaN in that row only. Inputs float32/float16/bfloat16, computed
-in float32, written in ``out_dtype``.
+registers, one read and one write per entry, as ``torch.softmax``. The rules are those of the
+reference (``kernels/reference/evidential.py``): an entry is not there when it is ``-inf``, masked
+out, or at or below ``finfo(input dtype).min / 2``; the threshold is ``min(mean, max)`` over the
+entries that are there (ties kept, ``>=``); Eq. 10 weighs the off-support entries by
+``eps / (1 + eps)`` (a log-shift, Eq. 10 up to the normalizer); a row with no entry there gives
+zeros (log: ``-inf``); a row holding NaN or ``+inf`` gives NaN in that row only. Inputs
+float32/float16/bfloat16, computed in float32, written in ``out_dtype``.
+
+Longer rows (a vocabulary) are split into segments of ``SEGMENT`` entries, one program per
+(row, segment), each streaming its segment in chunks of ``CHUNK``. A launch's per-segment
+statistics go to a small float32 scratch tensor, and every program of the next launch reduces its
+row's partials itself, in segment order, so all programs of a row derive the same bits; there is
+no host synchronisation and no wait between programs. Forward, three launches: (1) count, sum, max
+and NaN/+inf count of each segment; (2) each segment's share of the normalizer; (3) the output.
+
+Three reads (and one write) per entry is the least without a grid-wide barrier: the support
+``x >= min(mean, max)`` is known only once every entry of the row has been read (read 1); the
+normalizer sums over the support (Eq. 7; Eq. 10 is ``eps / (1 + eps)`` times the sum over the
+row plus ``1 / (1 + eps)`` times the sum over the support), and as a function of the unknown
+threshold that sum is a step function with a step at every entry, which no fixed-size summary of a
+segment holds, so it needs a second read once the threshold is known (read 2); the output needs
+the whole row's normalizer, which a program can only have after every program of its row has
+finished read 2, i.e. in a later launch (read 3), since programs may not wait for each other
+(they need not be resident together, and the interpreter runs them one after another). So a long
+row moves 3 reads + 1 write against a copy's 1 + 1: from DRAM alone at most half the copy
+bandwidth in the benchmark's measure (``benchmarks/bench_gpu.py``: 2 x bytes / time). The rest can
+only come from the L2 cache serving re-reads: launch 2 walks the grid from its end, so it starts
+on the segments launch 1 read last (still in the L2), and launch 3 walks forwards again, starting
+on what launch 2 read last.
 
 The backward is softmax's (resp. log-softmax's) on the saved output (Eq. 9): the support
 indicator and Eq. 10's shift are piecewise constant. Log form: a ``-inf`` output (not there, or
-off the support with ``eps = 0``) is constant, so its incoming gradient is dropped.
+off the support with ``eps = 0``) is constant, so its incoming gradient is dropped. Long rows: two
+launches, per-segment sums of ``g * out`` (log: ``g``), then ``dx`` (grid walked backwards); two
+reads of ``out`` and ``g`` and one write per entry, the least possible (the sum precedes every
+``dx``).
 """
 from __future__ import annotations
 
@@ -26,11 +49,14 @@ import triton.language as tl
 from torch import Tensor
 
 from ._common import check_tensor, not_there_level
-from ._rows import as_rows, row_launch, row_tile
+from ._rows import as_rows, row_launch, row_tile, segment_chunk, split_grid, split_program
 
 TILE_COLS = 8192
-"""Rows up to this length are held in registers; longer rows are streamed in chunks."""
+"""Rows up to this length are held in registers; longer rows are split into segments."""
 CHUNK = 4096
+SEGMENT = 8192
+"""Rows longer than ``TILE_COLS`` are split into segments of this many entries (a multiple of
+``CHUNK``), one program each, so a row is read by many programs at once."""
 
 
 @triton.jit
@@ -84,18 +110,20 @@ def _ev_softmax_bwd_kernel(
 
 
 @triton.jit
-def _ev_softmax_fwd_long_kernel(
-    x_ptr, mask_ptr, out_ptr, n_cols, level, shift,
-    HAS_MASK: tl.constexpr, TRAIN: tl.constexpr, LOG: tl.constexpr, BLOCK: tl.constexpr,
+def _ev_fwd_stats_kernel(
+    x_ptr, mask_ptr, part_ptr, n_cols, n_segments, level,
+    HAS_MASK: tl.constexpr, SEGMENT: tl.constexpr, BLOCK: tl.constexpr,
 ):
-    base = tl.program_id(0).to(tl.int64) * n_cols
+    """Split rows, launch 1 of 3: a segment's count, sum and max of the entries there, and its
+    count of NaN/+inf, into ``part[row, segment, 0:4]``."""
+    row, seg = split_program(n_segments, False)
+    base = row * n_cols
     count = tl.zeros((BLOCK,), tl.float32)
     total = tl.zeros((BLOCK,), tl.float32)
     top = tl.full((BLOCK,), float("-inf"), tl.float32)
-    n_bad = tl.zeros((BLOCK,), tl.int32)
-    for start in range(0, n_cols, BLOCK):  # pass 1: count, sum and max of the entries there
-        cols = start + tl.arange(0, BLOCK)
-        inb = cols < n_cols
+    n_bad = tl.zeros((BLOCK,), tl.float32)
+    for start in range(0, SEGMENT, BLOCK):
+        cols, inb = segment_chunk(seg, start, n_cols, SEGMENT, BLOCK)
         x = tl.load(x_ptr + base + cols, mask=inb, other=float("-inf")).to(tl.float32)
         there = inb & ~(x <= level)
         if HAS_MASK:
@@ -103,35 +131,76 @@ def _ev_softmax_fwd_long_kernel(
         count += there.to(tl.float32)
         total += tl.where(there, x, 0.0)
         top = tl.maximum(top, tl.where(there, x, float("-inf")))
-        n_bad += (there & ((x != x) | (x == float("inf")))).to(tl.int32)
-    n = tl.sum(count, axis=0)
-    row_max = tl.max(top, axis=0)
-    bad = tl.sum(n_bad, axis=0) > 0
-    threshold = tl.minimum(tl.sum(total, axis=0) / tl.maximum(n, 1.0), row_max)
-    z_max = tl.where(n > 0, row_max, 0.0)  # the row max is on the support
-    denom = tl.zeros((BLOCK,), tl.float32)
-    for start in range(0, n_cols, BLOCK):  # pass 2: the normalizer
-        cols = start + tl.arange(0, BLOCK)
-        z = _ev_support_logits(x_ptr, mask_ptr, base, cols, n_cols, level, shift, threshold, HAS_MASK, TRAIN)
-        denom += tl.exp(z - z_max)
-    log_denom = tl.log(tl.sum(denom, axis=0))
-    for start in range(0, n_cols, BLOCK):  # pass 3: the output
-        cols = start + tl.arange(0, BLOCK)
-        z = _ev_support_logits(x_ptr, mask_ptr, base, cols, n_cols, level, shift, threshold, HAS_MASK, TRAIN)
-        if LOG:
-            out = tl.where(n > 0, z - z_max - log_denom, float("-inf"))
-        else:
-            out = tl.where(n > 0, tl.exp(z - z_max - log_denom), 0.0)
-        out = tl.where(bad, float("nan"), out)
-        tl.store(out_ptr + base + cols, out.to(out_ptr.dtype.element_ty), mask=cols < n_cols)
+        n_bad += (there & ((x != x) | (x == float("inf")))).to(tl.float32)
+    out = part_ptr + (row * n_segments + seg) * 4
+    tl.store(out, tl.sum(count, axis=0))
+    tl.store(out + 1, tl.sum(total, axis=0))
+    tl.store(out + 2, tl.max(top, axis=0))
+    tl.store(out + 3, tl.sum(n_bad, axis=0))
 
 
 @triton.jit
-def _ev_support_logits(x_ptr, mask_ptr, base, cols, n_cols, level, shift, threshold,
+def _ev_row_stats(part_ptr, row, n_segments):
+    """``(count, threshold, z_max, bad)`` of a row from its segments' statistics, reduced in segment
+    order so that every program of the row derives the same bits: the threshold ``min(mean, max)``
+    (Eq. 7) and the row max (on the support; 0 for an empty row)."""
+    p = part_ptr + row * n_segments * 4
+    count = tl.load(p)
+    total = tl.load(p + 1)
+    top = tl.load(p + 2)
+    n_bad = tl.load(p + 3)
+    for s in range(1, n_segments):
+        count += tl.load(p + 4 * s)
+        total += tl.load(p + 4 * s + 1)
+        top = tl.maximum(top, tl.load(p + 4 * s + 2))
+        n_bad += tl.load(p + 4 * s + 3)
+    threshold = tl.minimum(total / tl.maximum(count, 1.0), top)
+    return count, threshold, tl.where(count > 0, top, 0.0), n_bad > 0
+
+
+@triton.jit
+def _ev_fwd_denom_kernel(
+    x_ptr, mask_ptr, part_ptr, denom_ptr, n_cols, n_segments, level, shift,
+    HAS_MASK: tl.constexpr, TRAIN: tl.constexpr, SEGMENT: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """Split rows, launch 2 of 3: a segment's share of the normalizer (grid walked backwards)."""
+    row, seg = split_program(n_segments, True)
+    base = row * n_cols
+    count, threshold, z_max, bad = _ev_row_stats(part_ptr, row, n_segments)
+    denom = tl.zeros((BLOCK,), tl.float32)
+    for start in range(0, SEGMENT, BLOCK):
+        cols, inb = segment_chunk(seg, start, n_cols, SEGMENT, BLOCK)
+        z = _ev_support_logits(x_ptr, mask_ptr, base, cols, inb, level, shift, threshold, HAS_MASK, TRAIN)
+        denom += tl.exp(z - z_max)
+    tl.store(denom_ptr + row * n_segments + seg, tl.sum(denom, axis=0))
+
+
+@triton.jit
+def _ev_fwd_out_kernel(
+    x_ptr, mask_ptr, part_ptr, denom_ptr, out_ptr, n_cols, n_segments, level, shift,
+    HAS_MASK: tl.constexpr, TRAIN: tl.constexpr, LOG: tl.constexpr, SEGMENT: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """Split rows, launch 3 of 3: the output of a segment."""
+    row, seg = split_program(n_segments, False)
+    base = row * n_cols
+    count, threshold, z_max, bad = _ev_row_stats(part_ptr, row, n_segments)
+    log_denom = tl.log(_row_total(denom_ptr, row, n_segments))
+    for start in range(0, SEGMENT, BLOCK):
+        cols, inb = segment_chunk(seg, start, n_cols, SEGMENT, BLOCK)
+        z = _ev_support_logits(x_ptr, mask_ptr, base, cols, inb, level, shift, threshold, HAS_MASK, TRAIN)
+        if LOG:
+            out = tl.where(count > 0, z - z_max - log_denom, float("-inf"))
+        else:
+            out = tl.where(count > 0, tl.exp(z - z_max - log_denom), 0.0)
+        out = tl.where(bad, float("nan"), out)
+        tl.store(out_ptr + base + cols, out.to(out_ptr.dtype.element_ty), mask=inb)
+
+
+@triton.jit
+def _ev_support_logits(x_ptr, mask_ptr, base, cols, inb, level, shift, threshold,
                        HAS_MASK: tl.constexpr, TRAIN: tl.constexpr):
     """A chunk's logits with the support rule applied: off the support -inf (Eq. 7) or shifted
     by ``log(eps / (1 + eps))`` (Eq. 10); not there -inf."""
-    inb = cols < n_cols
     x = tl.load(x_ptr + base + cols, mask=inb, other=float("-inf")).to(tl.float32)
     there = inb & ~(x <= level)
     if HAS_MASK:
@@ -158,26 +227,47 @@ def _grad_and_out(grad_ptr, out_ptr, offs, inb, LOG: tl.constexpr):
 
 
 @triton.jit
-def _ev_softmax_bwd_long_kernel(out_ptr, grad_ptr, dx_ptr, n_cols, LOG: tl.constexpr, BLOCK: tl.constexpr):
-    base = tl.program_id(0).to(tl.int64) * n_cols
+def _ev_softmax_bwd_partial_kernel(out_ptr, grad_ptr, part_ptr, n_cols, n_segments,
+                                   LOG: tl.constexpr, SEGMENT: tl.constexpr, BLOCK: tl.constexpr):
+    """Split rows, launch 1 of 2: each segment's sum of ``g`` (log) or of ``g * out``."""
+    row, seg = split_program(n_segments, False)
+    base = row * n_cols
     acc = tl.zeros((BLOCK,), tl.float32)
-    for start in range(0, n_cols, BLOCK):  # the row sum of g (log) or of g * out
-        offs = base + start + tl.arange(0, BLOCK)
-        g, out = _grad_and_out(grad_ptr, out_ptr, offs, offs < base + n_cols, LOG)
+    for start in range(0, SEGMENT, BLOCK):
+        cols, inb = segment_chunk(seg, start, n_cols, SEGMENT, BLOCK)
+        g, out = _grad_and_out(grad_ptr, out_ptr, base + cols, inb, LOG)
         if LOG:
             acc += g
         else:
             acc += g * out
-    total = tl.sum(acc, axis=0)
-    for start in range(0, n_cols, BLOCK):
-        offs = base + start + tl.arange(0, BLOCK)
-        inb = offs < base + n_cols
-        g, out = _grad_and_out(grad_ptr, out_ptr, offs, inb, LOG)
+    tl.store(part_ptr + row * n_segments + seg, tl.sum(acc, axis=0))
+
+
+@triton.jit
+def _row_total(part_ptr, row, n_segments):
+    """The sum of a row's per-segment partials, always in segment order: every program of the row
+    gets the same bits (no tree whose shape the compiler chooses)."""
+    total = tl.load(part_ptr + row * n_segments)
+    for s in range(1, n_segments):
+        total += tl.load(part_ptr + row * n_segments + s)
+    return total
+
+
+@triton.jit
+def _ev_softmax_bwd_split_kernel(out_ptr, grad_ptr, part_ptr, dx_ptr, n_cols, n_segments,
+                                 LOG: tl.constexpr, SEGMENT: tl.constexpr, BLOCK: tl.constexpr):
+    """Split rows, launch 2 of 2: ``dx`` of a segment from the row's total (grid walked backwards)."""
+    row, seg = split_program(n_segments, True)
+    base = row * n_cols
+    total = _row_total(part_ptr, row, n_segments)
+    for start in range(0, SEGMENT, BLOCK):
+        cols, inb = segment_chunk(seg, start, n_cols, SEGMENT, BLOCK)
+        g, out = _grad_and_out(grad_ptr, out_ptr, base + cols, inb, LOG)
         if LOG:
             dx = g - tl.exp(out) * total
         else:
             dx = out * (g - total)
-        tl.store(dx_ptr + offs, dx.to(dx_ptr.dtype.element_ty), mask=inb)
+        tl.store(dx_ptr + base + cols, dx.to(dx_ptr.dtype.element_ty), mask=inb)
 
 
 def supports(x: Tensor) -> bool:
@@ -214,8 +304,15 @@ def ev_softmax_forward(
             row_launch(_ev_softmax_fwd_kernel, x2, (x2, m2, out, n_rows, n_cols, not_there_level(x.dtype), shift),
                        **flags)
         else:
-            _ev_softmax_fwd_long_kernel[(n_rows,)](x2, m2, out, n_cols, not_there_level(x.dtype), shift,
-                                                   BLOCK=CHUNK, num_warps=8, **flags)
+            n_segments, grid, sizes = split_grid(n_rows, n_cols, SEGMENT, CHUNK)
+            part = torch.empty(n_rows, n_segments, 4, dtype=torch.float32, device=x.device)
+            denom = torch.empty(n_rows, n_segments, dtype=torch.float32, device=x.device)
+            level = not_there_level(x.dtype)
+            meta = dict(HAS_MASK=flags["HAS_MASK"], num_warps=8, **sizes)
+            _ev_fwd_stats_kernel[grid](x2, m2, part, n_cols, n_segments, level, **meta)
+            _ev_fwd_denom_kernel[grid](x2, m2, part, denom, n_cols, n_segments, level, shift, TRAIN=train, **meta)
+            _ev_fwd_out_kernel[grid](x2, m2, part, denom, out, n_cols, n_segments, level, shift, TRAIN=train,
+                                     LOG=bool(log), **meta)
     return out.view(x.shape)
 
 
@@ -234,5 +331,9 @@ def ev_softmax_backward(grad: Tensor, out: Tensor, log: bool = False) -> Tensor:
         if n_cols <= TILE_COLS:
             row_launch(_ev_softmax_bwd_kernel, out2, (out2, g2, dx, n_rows, n_cols), LOG=bool(log))
         else:
-            _ev_softmax_bwd_long_kernel[(n_rows,)](out2, g2, dx, n_cols, LOG=bool(log), BLOCK=CHUNK, num_warps=8)
+            n_segments, grid, sizes = split_grid(n_rows, n_cols, SEGMENT, CHUNK)
+            part = torch.empty(n_rows, n_segments, dtype=torch.float32, device=out.device)
+            meta = dict(LOG=bool(log), num_warps=8, **sizes)
+            _ev_softmax_bwd_partial_kernel[grid](out2, g2, part, n_cols, n_segments, **meta)
+            _ev_softmax_bwd_split_kernel[grid](out2, g2, part, dx, n_cols, n_segments, **meta)
     return dx.view(out.shape)
