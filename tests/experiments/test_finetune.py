@@ -19,7 +19,7 @@ from sparsenorm.experiments._shared.checkpoints import save_atomically  # noqa: 
 from sparsenorm.experiments._shared.runner import RunConfig  # noqa: E402
 from sparsenorm.experiments.rsoftmax_finetune import data as ft_data  # noqa: E402
 from sparsenorm.experiments.rsoftmax_finetune import model as ft_model  # noqa: E402
-from sparsenorm.experiments.rsoftmax_finetune.claims import judge_claims, match_margin  # noqa: E402
+from sparsenorm.experiments.rsoftmax_finetune.claims import claims as judge_claims, match_margin  # noqa: E402
 from sparsenorm.experiments.rsoftmax_finetune.experiment import FinetuneExperiment  # noqa: E402
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

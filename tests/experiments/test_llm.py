@@ -228,7 +228,7 @@ def _summary(chunks=8):
 
 
 def test_claims_follow_the_paired_tests():
-    judged = llm_claims.judge_claims(_summary())
+    judged = llm_claims.claims(_summary())
     claims = {c.key: c for c in judged if c.key}
     assert set(claims) == {"own.llm.posthoc_on_par", "own.llm.posthoc_least_cost", "own.llm.alpha_order",
                            "own.llm.greedy_agreement", "own.llm.coverage_entmax15", "own.llm.coverage_sparsemax"}
@@ -252,7 +252,7 @@ def test_claims_follow_the_paired_tests():
 def test_a_matched_rival_off_the_target_is_not_testable():
     summary = _summary()
     summary["attention"]["topk_matched"]["match"]["calibration_kept"] = 0.40  # 0.07 below post-hoc's 0.47
-    claims = {c.key: c for c in llm_claims.judge_claims(summary) if c.key}
+    claims = {c.key: c for c in llm_claims.claims(summary) if c.key}
     assert claims["own.llm.posthoc_least_cost"].verdict == runner.NOT_TESTABLE
     assert "topk_matched" in claims["own.llm.posthoc_least_cost"].evidence
     assert claims["own.llm.greedy_agreement"].verdict == runner.NOT_TESTABLE  # "at the same kept fraction" too
@@ -315,7 +315,7 @@ def test_debian_policy_text_is_fetched_and_long_enough():
 def test_claims_without_their_variants_are_not_testable():
     summary = _summary()
     del summary["per_chunk"]["posthoc_evidential"], summary["per_chunk"]["next_token"]
-    claims = {c.key: c.verdict for c in llm_claims.judge_claims(summary)}
+    claims = {c.key: c.verdict for c in llm_claims.claims(summary)}
     assert claims["own.llm.posthoc_on_par"] == runner.NOT_TESTABLE
     assert claims["own.llm.coverage_entmax15"] == runner.NOT_TESTABLE
 

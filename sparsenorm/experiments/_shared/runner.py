@@ -24,6 +24,8 @@ Markdown between the skeleton's header and the claims table. Claims are :class:`
 from __future__ import annotations
 
 import hashlib
+import importlib
+import inspect
 import json
 import multiprocessing
 import platform
@@ -131,14 +133,31 @@ class Experiment(Protocol):
         """Run one unit (seeded by the runner) and return its JSON-able record."""
 
     def aggregate(self, records: List[Dict[str, Any]], settings: Any) -> Dict[str, Any]:
-        """Summaries over seeds (means, spreads) from all job records."""
+        """Summaries over seeds (means, spreads) from all job records.
+
+        By default (an experiment that subclasses :class:`Experiment`): ``aggregate`` of the experiment's
+        own ``claims`` module, given the arguments of these that it declares (:func:`from_claims_module`)."""
+        return from_claims_module(self, "aggregate", records=records, settings=settings)
 
     def claims(self, summary: Dict[str, Any], records: List[Dict[str, Any]], settings: Any) -> List[Claim]:
-        """One verdict per claim of the paper, computed from this run's numbers."""
+        """One verdict per claim of the paper, computed from this run's numbers.
+
+        By default: ``claims`` of the experiment's own ``claims`` module, as for :meth:`aggregate`."""
+        return from_claims_module(self, "claims", summary=summary, records=records, settings=settings)
 
     def report(self, out: Path, summary: Dict[str, Any], records: List[Dict[str, Any]], settings: Any,
                context: Any) -> Report:
         """Write the figures into ``out`` and return the report's body (tables next to the paper's numbers)."""
+
+
+def from_claims_module(experiment: Experiment, function: str, **arguments: Any) -> Any:
+    """Call ``function`` of the ``claims`` module beside the experiment's class (``<its package>.claims``) with
+    those of ``arguments`` its signature names: ``aggregate(records)`` gets the records alone,
+    ``claims(summary, settings)`` the summary and the settings. The module is imported on the first call."""
+    package = type(experiment).__module__.rpartition(".")[0]
+    target = getattr(importlib.import_module(f"{package}.claims"), function)
+    declared = inspect.signature(target).parameters
+    return target(**{name: value for name, value in arguments.items() if name in declared})
 
 
 @dataclass

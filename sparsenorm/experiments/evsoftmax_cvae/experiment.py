@@ -17,7 +17,7 @@ from ..._cache import cache_dir
 from ..._text import UserFacingError, positive_float
 from .._shared import digit_classifier
 from .._shared.mnist import load_mnist
-from .._shared.runner import Job, Report, RunConfig, RunOptions
+from .._shared.runner import Experiment, Job, Report, RunConfig, RunOptions
 from . import claims as verdicts
 from .paper import GATE
 from .paper import AUTHORS_KL_WEIGHT, DEFAULT_NORMALIZERS, PAPER
@@ -75,7 +75,7 @@ QUICK = Settings(epochs=3, seeds=3, normalizers=DEFAULT_NORMALIZERS, eval_every=
 DECISIVE = Settings(epochs=10, seeds=8, normalizers=DEFAULT_NORMALIZERS)
 
 
-class CVAEExperiment:
+class CVAEExperiment(Experiment):
     name = "cvae"
     regime_gate = GATE  # the paper's regime (paper.py): checked on every run, see _shared/regime.py
     description = ("CVAE on MNIST with even/odd queries: sparse multimodal priors (ev-softmax paper Sec. 4.1, "
@@ -210,11 +210,10 @@ class CVAEExperiment:
                 "max_steps": settings.max_steps}
 
     def aggregate(self, records: List[Dict[str, Any]], settings: Settings) -> Dict[str, Any]:
+        # not the default: claims.aggregate takes plain values (the scoring window, the lead setting's label,
+        # each training setting's title), read here from the settings
         titles = {s.label: s.title for s in settings.training_settings()}
         return verdicts.aggregate(records, settings.window_steps, settings.lead.label, titles)
-
-    def claims(self, summary, records, settings):
-        return verdicts.claims(summary)
 
     def report(self, out: Path, summary, records, settings, context) -> Report:
         figs = figures(out, records, summary)

@@ -210,7 +210,8 @@ def _new_findings(per: Dict[str, Dict[str, Any]], settings: Settings, have) -> L
     return claims
 
 
-def judge_claims(per: Dict[str, Dict[str, Any]], settings: Settings) -> List[Claim]:
+def claims(summary: Dict[str, Any], settings: Settings) -> List[Claim]:
+    per = summary["per_normalizer"]
     have = lambda *names: all(n in per and per[n]["seeds"] for n in names)  # noqa: E731
     judges = (_most_accurate, _beats_monte_carlo, _sum_and_sample, _fewer_calls, _more_modes, _posthoc_worse, _cheaper,
               _new_findings)

@@ -10,8 +10,7 @@ from typing import Any, Dict, List
 import torch
 
 from ..._text import UserFacingError
-from .._shared.runner import Claim, Job, Report, RunConfig, RunOptions
-from .claims import aggregate, judge_claims
+from .._shared.runner import Experiment, Job, Report, RunConfig, RunOptions
 from .estimators import ESTIMATORS
 from .data import DataRef
 from .paper import GATE
@@ -35,7 +34,7 @@ def _estimator_list(text: str):
     return names
 
 
-class SemiSupervisedVAE:
+class SemiSupervisedVAE(Experiment):
     name = "ssvae"
     regime_gate = GATE  # the paper's regime (paper.py): checked on every run, see _shared/regime.py
     description = ("Semi-supervised VAE (M2) on MNIST with 10% labels: exact sparse marginalisation (ev-softmax paper "
@@ -128,12 +127,6 @@ class SemiSupervisedVAE:
 
     def run_job(self, job: Job, context: DataRef, settings: Settings, device: torch.device) -> Dict[str, Any]:
         return run_group(job.params["group"], job.seed, context.load(), settings, device)
-
-    def aggregate(self, records: List[Dict[str, Any]], settings: Settings) -> Dict[str, Any]:
-        return aggregate(records, settings)
-
-    def claims(self, summary: Dict[str, Any], records: List[Dict[str, Any]], settings: Settings) -> List[Claim]:
-        return judge_claims(summary["per_normalizer"], settings)
 
     def report(self, out, summary, records, settings, context) -> Report:
         return write_report(out, summary, records, settings, PAPER_TABLE2)

@@ -18,7 +18,7 @@ import torch
 from ... import registry
 from ..._text import UserFacingError
 from .._shared.devices import resolve_device
-from .._shared.runner import Claim, Job, Report, RunConfig, RunOptions
+from .._shared.runner import Experiment, Job, Report, RunConfig, RunOptions
 from .data import load_parallel, train_sentencepiece
 from .model import BOS, EOS, SITES, attention_sites, with_attention
 from .paper import GATE
@@ -86,7 +86,7 @@ def _normalizer(flag: str, allow_same: bool = False):
     return parse
 
 
-class TranslationExperiment:
+class TranslationExperiment(Experiment):
     name = "mt"
     regime_gate = GATE  # the paper's regime (paper.py): checked on every run, see _shared/regime.py
     description = "Sparse attention in an EN->DE transformer: BLEU and attended keys per normalizer"
@@ -243,16 +243,6 @@ class TranslationExperiment:
         }
 
     # ------------------------------------------------------------------ results
-    def aggregate(self, records: List[Dict[str, Any]], settings: Settings) -> Dict[str, Any]:
-        from .claims import aggregate
-
-        return aggregate(records, settings)
-
-    def claims(self, summary: Dict[str, Any], records: List[Dict[str, Any]], settings: Settings) -> List[Claim]:
-        from .claims import claims
-
-        return claims(summary, settings)
-
     def report(self, out: Path, summary: Dict[str, Any], records: List[Dict[str, Any]], settings: Settings,
                context: Dict[str, Any]) -> Report:
         from .report import write_report

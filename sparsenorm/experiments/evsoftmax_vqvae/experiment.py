@@ -21,7 +21,7 @@ from ... import registry
 from ..._cache import cache_dir
 from .._shared.devices import seed_everything
 from .._shared.timing import Stopwatch
-from .._shared.runner import Job, RunConfig, RunOptions
+from .._shared.runner import Experiment, Job, RunConfig, RunOptions
 from . import classifier as clf
 from .data import DATASETS, ImageSet, load_images
 from .evaluate import decode_all, evaluate_prior, mean_pairwise_distance
@@ -50,7 +50,7 @@ class Context:
     out: Path
 
 
-class VQVAEExperiment:
+class VQVAEExperiment(Experiment):
     name = "vqvae"
     regime_gate = GATE  # the paper's regime (paper.py): checked on every run, see _shared/regime.py
     description = "VQ-VAE with sparse class-conditional PixelCNN priors (ev-softmax paper, Sec. 4.3, Table 3)"
@@ -211,23 +211,10 @@ class VQVAEExperiment:
         return {"seed": job.seed, "prior": job.params["prior"], "training": training, "normalizers": results,
                 "vqvae": seed_models.stats, "time_s": round(clock.elapsed, 1)}
 
-    def aggregate(self, records: List[Dict[str, Any]], settings: Settings) -> Dict[str, Any]:
-        from .claims import aggregate
-
-        return aggregate(records, settings)
-
-    def claims(self, summary, records, settings):
-        from .claims import claims
-
-        return claims(summary, settings)
-
     def report(self, out, summary, records, settings, context):
         from .report import write_report
 
         return write_report(out, summary, records, settings, context)
-
-
-EXPERIMENT = VQVAEExperiment()
 
 
 EXPERIMENT = VQVAEExperiment()

@@ -116,7 +116,7 @@ def _unmatched(summary, labels) -> List[str]:
     return out
 
 
-def judge_claims(summary: Dict[str, Any]) -> List[Claim]:
+def claims(summary: Dict[str, Any]) -> List[Claim]:
     claims: List[Claim] = []
     have = set(summary["per_chunk"])
 
@@ -212,4 +212,4 @@ def judge_claims(summary: Dict[str, Any]) -> List[Claim]:
     return claims
 
 
-__all__ = ["aggregate", "judge_claims", "prefix_agreement", "TRUNCATIONS"]
+__all__ = ["aggregate", "claims", "prefix_agreement", "TRUNCATIONS"]

@@ -20,7 +20,7 @@ import torch
 
 from ..._text import UserFacingError, positive_int
 from .._shared.timing import progress
-from .._shared.runner import Claim, Job, Report, RunConfig, RunOptions
+from .._shared.runner import Experiment, Job, Report, RunConfig, RunOptions
 from .paper import (
     ALPHA_BRACKET, ALPHA_STEPS, ATTENTION, DECISIVE, FULL, GATE, LAYER_SWEEP, MATCHED_RIVALS, MODEL_NAME, OUTPUT, PAPER,
     QUICK, SECOND_TEXT,
@@ -52,7 +52,7 @@ class Settings:
         return self.chunks
 
 
-class LLMExperiment:
+class LLMExperiment(Experiment):
     name = "llm"
     regime_gate = GATE  # the regime (paper.py): checked on every run, see _shared/regime.py
     description = ("Post-hoc sparse attention and sparse next-token distributions in a pretrained LM (sparsenorm's own "
@@ -174,16 +174,6 @@ class LLMExperiment:
                        "job_seconds": round(time.perf_counter() - start, 1),
                        "job_cpu_seconds": round(time.process_time() - cpu, 1)})
         return record
-
-    def aggregate(self, records: List[Dict[str, Any]], settings: Settings) -> Dict[str, Any]:
-        from .claims import aggregate
-
-        return aggregate(records)
-
-    def claims(self, summary: Dict[str, Any], records: List[Dict[str, Any]], settings: Settings) -> List[Claim]:
-        from .claims import judge_claims
-
-        return judge_claims(summary)
 
     def report(self, out: Path, summary: Dict[str, Any], records: List[Dict[str, Any]], settings: Settings,
                context: Optional[Dict[str, Any]]) -> Report:

@@ -142,7 +142,7 @@ def _new_findings(summary: Dict[str, Any], rows: Dict[str, Any], acc: Dict[str, 
     return claims
 
 
-def judge_claims(summary: Dict[str, Any]) -> List[Claim]:
+def claims(summary: Dict[str, Any]) -> List[Claim]:
     rows = summary["normalizers"]
     acc = {n: row["accuracy"] * 100 for n, row in rows.items()}  # test accuracy in %
     judges = (_r_softmax_matches_softmax, _sparsemax_and_hourglass_break, _small_r_better, _new_findings)

@@ -22,8 +22,8 @@ import numpy as np
 import torch
 
 from ..._text import UserFacingError
-from .._shared.runner import Claim, Job, Report, RunConfig, RunOptions
-from .claims import aggregate, judge_claims
+from .._shared.runner import Experiment, Job, Report, RunConfig, RunOptions
+from .claims import aggregate
 from .paper import GATE
 from .paper import (DECISIVE, DECISIVE_NORMALIZERS, DEFAULT_NORMALIZERS, FULL, MAP_LENGTHS, MAP_NORMALIZERS, PAPER,
                     QUICK, QUICK_NORMALIZERS, SWAP_NORMALIZERS)
@@ -61,7 +61,7 @@ def _floats(text: str) -> List[float]:
     return values
 
 
-class FinetuneExperiment:
+class FinetuneExperiment(Experiment):
     name = "finetune"
     regime_gate = GATE  # the paper's regime (paper.py): checked on every run, see _shared/regime.py
     description = ("Fine-tuning a pretrained transformer with sparse attention (r-softmax paper Sec. 4.2, Table 2): "
@@ -212,12 +212,6 @@ class FinetuneExperiment:
         record["job_seconds"] = round(time.perf_counter() - start + trained.carried_seconds, 1)
         record["job_cpu_seconds"] = round(time.process_time() - cpu + trained.carried_cpu_seconds, 1)
         return record
-
-    def aggregate(self, records: List[Dict[str, Any]], settings: Settings) -> Dict[str, Any]:
-        return aggregate(records)
-
-    def claims(self, summary: Dict[str, Any], records: List[Dict[str, Any]], settings: Settings) -> List[Claim]:
-        return judge_claims(summary)
 
     def report(self, out: Path, summary: Dict[str, Any], records: List[Dict[str, Any]], settings: Settings,
                context: Dict[str, Any]) -> Report:

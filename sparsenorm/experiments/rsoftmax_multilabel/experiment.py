@@ -13,7 +13,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 
 from ..._text import UserFacingError, positive_float
-from .._shared.runner import Job, Report, RunConfig, RunOptions
+from .._shared.runner import Experiment, Job, Report, RunConfig, RunOptions
 from . import claims as verdicts
 from .data import average_label_sweep, document_length_sweep, load_real_data, make_synthetic
 from .methods import RSoftmaxOptions, methods_for
@@ -78,7 +78,7 @@ def dataset_records(job_records: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     return [record for job in job_records for record in job["records"]]
 
 
-class MultilabelExperiment:
+class MultilabelExperiment(Experiment):
     name = "multilabel"
     regime_gate = GATE  # the paper's regime (paper.py): checked on every run, see _shared/regime.py
     description = ("Multi-label classification (r-softmax paper Sec. 4.1, Fig. 2 / Table 1): synthetic sweeps and "
@@ -178,12 +178,11 @@ class MultilabelExperiment:
                             for sweep, record in zip(sweeps, records)]}
 
     def aggregate(self, records, settings: Settings) -> Dict[str, Any]:
+        # not the default: claims.aggregate takes the per-data-set records inside the job records
+        # (dataset_records) and the name of the real data set, read here from its records
         records = dataset_records(records)
         real = next((r["data"].get("name") for r in records if r["dataset"] == "real"), None)
         return verdicts.aggregate(records, real or "yeast")
-
-    def claims(self, summary, records, settings):
-        return verdicts.claims(summary)
 
     def report(self, out: Path, summary, records, settings: Settings, context) -> Report:
         figs = figures(out, dataset_records(records), summary, settings.class_counts)
