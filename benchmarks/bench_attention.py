@@ -22,7 +22,7 @@ to SDPA's default CPU kernel, the target of issue 28.
   takes 4-D inputs only: 3-D ones silently run the math backend) is listed too. ``--clock thread``
   (default) runs on one thread and times per-thread CPU time, which other processes on a busy
   machine disturb much less than wall time.
-* Peak memory: each (candidate, L) in a fresh subprocess, one thread: after a small warm-up call
+* Peak memory (``peak_memory.py``): each (candidate, L) in a fresh subprocess, one thread: after a small warm-up call
   and the inputs are made, ``/proc/self/clear_refs`` resets the process's peak resident size
   (VmHWM); the reported figure is peak resident size during one forward + backward minus the
   resident size before it (Linux only). It includes the output and the gradients (4 B*H*L*D
@@ -40,7 +40,6 @@ import json
 import os
 import random
 import statistics
-import subprocess
 import sys
 import time
 from typing import Callable, Dict, List, Optional
@@ -51,12 +50,12 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from benchmarks.bench import cpu_model, is_loaded, load_warning, machine_load
+from benchmarks.peak_memory import in_subprocess, peak_extra_bytes
 from sparsenorm._text import markdown_table
 from sparsenorm.attention import sparse_attention
 from sparsenorm.kernels import disabled
 from sparsenorm.kernels.reference import projection_attention as attention_projection
 
-_REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 MATH = "sdpa (math)"
 PROJECTION = ["sparsemax (blockwise)", "entmax15 (blockwise)"]  # their threshold searched blockwise
@@ -138,39 +137,18 @@ def time_length(labels: List[str], bh: int, length: int, dim: int, rounds: int, 
     return {label: statistics.median(ts) for label, ts in times.items()}
 
 
-def _read_status(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(f"{field} not in /proc/self/status")
-
-
 def measure_peak_here(label: str, bh: int, length: int, dim: int) -> int:
     """Peak extra resident bytes of one forward + backward, in this process (see module docstring)."""
     torch.set_num_threads(1)
     fn = attention_fn(label)
     run_once(fn, *make_inputs(bh, 64, dim))  # warm-up: lazy initialisation is not the candidate's memory
     q, k, v, grad = make_inputs(bh, length, dim)
-    before = _read_status("VmRSS")
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")  # reset VmHWM to the current resident size
-    run_once(fn, q, k, v, grad)
-    return _read_status("VmHWM") - before
+    return peak_extra_bytes(lambda: run_once(fn, q, k, v, grad))
 
 
 def measure_peak(label: str, bh: int, length: int, dim: int) -> Optional[int]:
     """:func:`measure_peak_here` in a fresh subprocess; None if it failed (e.g. not Linux, out of memory)."""
-    cmd = [sys.executable, "-m", "benchmarks.bench_attention", "--_peak", label, str(bh), str(length), str(dim)]
-    # Blocks of 64 KiB and more straight from and back to the OS (mmap): a block freed by the
-    # warm-up is then not reused unseen, and the peak RSS is the peak of live allocations.
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
-    # From the repository root, so that ``-m benchmarks.bench_attention`` resolves wherever this was started.
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=_REPO_ROOT)
-    if proc.returncode != 0:
-        print(f"  memory of {label} at L={length} failed: {proc.stderr.strip().splitlines()[-1:]}", file=sys.stderr)
-        return None
-    return int(proc.stdout.strip().splitlines()[-1])
+    return in_subprocess("benchmarks.bench_attention", [label, bh, length, dim], f"{label} at L={length}")
 
 
 def _mb(n: Optional[int]) -> str:

@@ -24,9 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import random
-import statistics
 import subprocess
 import sys
 import time
@@ -36,13 +33,11 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.bench import cpu_model, machine_load
-from benchmarks.bench_attention import _read_status
-from benchmarks.bench_linear_loss import make_inputs, run_once
+from benchmarks.bench_linear_loss import add_shared_arguments, loss_peak_here, time_candidates
+from benchmarks.peak_memory import in_subprocess
 from sparsenorm import fused_linear_loss
 from sparsenorm._text import markdown_table
 
-_REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-LOSSES = ["softmax", "ev_softmax", "sparsemax", "entmax15"]
 BASELINE = "torch linear_cross_entropy (chunked)"
 REFERENCE = "torch linear_cross_entropy (reference)"
 TIME_TARGET = {"softmax": 1.0, "ev_softmax": 1.1, "sparsemax": 1.5, "entmax15": 1.5, "entmax_bisect": 1.5}
@@ -72,44 +67,12 @@ def uptime() -> str:
 
 
 def time_all(labels: List[str], args) -> Dict[str, float]:
-    fns = {label: loss_fn(label) for label in labels}
-    small = make_inputs(64, args.dim, 1024, 1.0)
-    for fn in fns.values():
-        run_once(fn, *small)
-    inputs = make_inputs(args.tokens, args.dim, args.vocab, 1.0)
-    times: Dict[str, List[float]] = {label: [] for label in labels}
-    for _ in range(args.rounds):
-        order = list(labels)
-        random.shuffle(order)
-        for label in order:
-            t0 = time.perf_counter()
-            run_once(fns[label], *inputs)
-            times[label].append(time.perf_counter() - t0)
-            print(f"  {label}: {times[label][-1]:.2f} s", flush=True)
-    return {label: statistics.median(ts) for label, ts in times.items()}
-
-
-def measure_peak_here(label: str, tokens: int, dim: int, vocab: int, threads: int) -> int:
-    torch.set_num_threads(threads)
-    fn = loss_fn(label)
-    run_once(fn, *make_inputs(64, dim, 1024, 1.0))
-    inputs = make_inputs(tokens, dim, vocab, 1.0)
-    before = _read_status("VmRSS")
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-    run_once(fn, *inputs)
-    return _read_status("VmHWM") - before
+    return time_candidates({label: loss_fn(label) for label in labels}, args, 1.0, time.perf_counter)
 
 
 def measure_peak(label: str, args) -> Optional[int]:
-    cmd = [sys.executable, "-m", "benchmarks.bench_linear_ce_torch", "--_peak", label, str(args.tokens),
-           str(args.dim), str(args.vocab), str(args.threads)]
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=_REPO_ROOT)
-    if proc.returncode != 0:
-        print(f"  memory of {label} failed: {proc.stderr.strip().splitlines()[-1:]}", file=sys.stderr)
-        return None
-    return int(proc.stdout.strip().splitlines()[-1])
+    return in_subprocess("benchmarks.bench_linear_ce_torch", [label, args.tokens, args.dim, args.vocab, args.threads],
+                         label)
 
 
 def verdicts(results: Dict) -> Dict[str, Dict[str, str]]:
@@ -163,19 +126,11 @@ def markdown_report(results: Dict) -> str:
 def main(argv=None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--_peak"]:
-        print(measure_peak_here(argv[1], *map(int, argv[2:6])))
+        label, tokens, dim, vocab, threads = argv[1], *map(int, argv[2:6])
+        print(loss_peak_here(loss_fn(label), tokens, dim, vocab, 1.0, threads))
         return
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--tokens", type=int, default=4096)
-    p.add_argument("--dim", type=int, default=576)
-    p.add_argument("--vocab", type=int, default=49152)
-    p.add_argument("--losses", default=",".join(LOSSES))
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--json")
-    p.add_argument("--no-time", action="store_true")
-    p.add_argument("--no-memory", action="store_true")
-    p.add_argument("--report")
+    add_shared_arguments(p)
     args = p.parse_args(argv)
     if args.report:
         with open(args.report) as f:

@@ -15,7 +15,7 @@ logits are about ``N(0, logit_scale^2)`` (the scale sets the support sizes of sp
   clock on ``--threads`` threads (``--clock thread``: per-thread CPU time on one thread), median over rounds.
   Targets (issue 38): fused time over the materialised softmax cross-entropy's <= 1.2 for softmax and
   ev-softmax, <= 1.5 for sparsemax and 1.5-entmax.
-* Peak memory: each candidate in a fresh subprocess (the method of ``bench_attention.py``): after a
+* Peak memory: each candidate in a fresh subprocess (``peak_memory.py``, as ``bench_attention.py``): after a
   small warm-up and the inputs are made, ``/proc/self/clear_refs`` resets the peak resident size;
   the figure is the peak resident size during one forward + backward minus the resident size before
   it, with blocks of 64 KiB and more mapped from the OS and given back (``MALLOC_MMAP_THRESHOLD_``).
@@ -26,23 +26,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import statistics
-import subprocess
 import sys
 import time
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 import torch
 import torch.nn.functional as F
 
 from benchmarks.bench import cpu_model, machine_load
-from benchmarks.bench_attention import _read_status  # the /proc/self/status reader of the peak-memory method
+from benchmarks.peak_memory import in_subprocess, peak_extra_bytes
 from sparsenorm import fused_linear_loss, registry
 from sparsenorm._text import markdown_table
 
-_REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LOSSES = ["softmax", "ev_softmax", "sparsemax", "entmax15"]
 TIME_TARGET = {"softmax": 1.2, "ev_softmax": 1.2, "sparsemax": 1.5, "entmax15": 1.5, "entmax_bisect": 1.5}
 MEMORY_TARGET = 0.10
@@ -78,18 +75,19 @@ def run_once(fn, h, w, y) -> None:
     fn(h, w, y).backward()
 
 
-def time_all(labels: List[str], args) -> Dict[str, float]:
-    fns = {label: loss_fn(label, args.token_chunk) for label in labels}
-    small = make_inputs(64, args.dim, 1024, args.logit_scale)
+def time_candidates(fns: Dict[str, Callable], args, scale: float, clock: Callable[[], float]) -> Dict[str, float]:
+    """Median forward + backward time of each candidate at ``args``' shapes (logit scale ``scale``), timed by
+    ``clock`` over ``args.rounds`` rounds, every candidate once per round in a fresh random order, after a
+    warm-up on small inputs (the time method of this benchmark and of ``bench_linear_ce_torch``)."""
+    small = make_inputs(64, args.dim, 1024, scale)
     for fn in fns.values():
         run_once(fn, *small)
-    inputs = make_inputs(args.tokens, args.dim, args.vocab, args.logit_scale)
-    times: Dict[str, List[float]] = {label: [] for label in labels}
+    inputs = make_inputs(args.tokens, args.dim, args.vocab, scale)
+    times: Dict[str, List[float]] = {label: [] for label in fns}
     for _ in range(args.rounds):
-        order = list(labels)
+        order = list(fns)
         random.shuffle(order)
         for label in order:
-            clock = time.thread_time if args.clock == "thread" else time.perf_counter
             t0 = clock()
             run_once(fns[label], *inputs)
             times[label].append(clock() - t0)
@@ -97,30 +95,24 @@ def time_all(labels: List[str], args) -> Dict[str, float]:
     return {label: statistics.median(ts) for label, ts in times.items()}
 
 
+def time_all(labels: List[str], args) -> Dict[str, float]:
+    clock = time.thread_time if args.clock == "thread" else time.perf_counter
+    return time_candidates({label: loss_fn(label, args.token_chunk) for label in labels}, args, args.logit_scale,
+                           clock)
 
 
-def measure_peak_here(label: str, tokens: int, dim: int, vocab: int, scale: float, threads: int,
-                      token_chunk: int = 0) -> int:
+def loss_peak_here(fn, tokens: int, dim: int, vocab: int, scale: float, threads: int) -> int:
+    """Peak extra resident bytes of one forward + backward of ``fn`` at these shapes, in this process, after a
+    warm-up on small inputs (the memory method of this benchmark and of ``bench_linear_ce_torch``)."""
     torch.set_num_threads(threads)
-    fn = loss_fn(label, token_chunk)
     run_once(fn, *make_inputs(64, dim, 1024, scale))
     inputs = make_inputs(tokens, dim, vocab, scale)
-    before = _read_status("VmRSS")
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-    run_once(fn, *inputs)
-    return _read_status("VmHWM") - before
+    return peak_extra_bytes(lambda: run_once(fn, *inputs))
 
 
 def measure_peak(label: str, args) -> Optional[int]:
-    cmd = [sys.executable, "-m", "benchmarks.bench_linear_loss", "--_peak", label, str(args.tokens), str(args.dim),
-           str(args.vocab), str(args.logit_scale), str(args.threads), str(args.token_chunk)]
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=_REPO_ROOT)
-    if proc.returncode != 0:
-        print(f"  memory of {label} failed: {proc.stderr.strip().splitlines()[-1:]}", file=sys.stderr)
-        return None
-    return int(proc.stdout.strip().splitlines()[-1])
+    return in_subprocess("benchmarks.bench_linear_loss", [label, args.tokens, args.dim, args.vocab, args.logit_scale,
+                                                          args.threads, args.token_chunk], label)
 
 
 def fused_plan(args) -> tuple:
@@ -179,28 +171,34 @@ def markdown_report(results: Dict) -> str:
          "verdict"], rows)
 
 
-def main(argv=None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["--_peak"]:
-        label, tokens, dim, vocab, scale, threads = argv[1], *map(int, argv[2:5]), float(argv[5]), int(argv[6])
-        print(measure_peak_here(label, tokens, dim, vocab, scale, threads, int(argv[7])))
-        return
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_shared_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of this benchmark that ``bench_linear_ce_torch`` has too: the shapes, the losses, rounds and
+    threads, the JSON output, what to skip, a saved file's report."""
     p.add_argument("--tokens", type=int, default=4096)
     p.add_argument("--dim", type=int, default=576)
     p.add_argument("--vocab", type=int, default=49152)
     p.add_argument("--losses", default=",".join(LOSSES))
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--json")
+    p.add_argument("--no-time", action="store_true")
+    p.add_argument("--no-memory", action="store_true")
+    p.add_argument("--report")
+
+
+def main(argv=None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--_peak"]:
+        label, tokens, dim, vocab, scale, threads = argv[1], *map(int, argv[2:5]), float(argv[5]), int(argv[6])
+        print(loss_peak_here(loss_fn(label, int(argv[7])), tokens, dim, vocab, scale, threads))
+        return
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_shared_arguments(p)
     p.add_argument("--logit-scale", type=float, default=1.0)
     p.add_argument("--token-chunk", type=int, default=0,
                    help="the fused losses' tokens per block (default 0: the default plan)")
     p.add_argument("--clock", choices=("wall", "thread"), default="wall",
                    help="thread: per-thread CPU time on one thread (less disturbed by other processes)")
-    p.add_argument("--json")
-    p.add_argument("--no-time", action="store_true")
-    p.add_argument("--no-memory", action="store_true")
-    p.add_argument("--report")
     args = p.parse_args(argv)
     if args.clock == "thread":
         args.threads = 1
