@@ -6,9 +6,10 @@ logit differs by at most ``gamma_d * sum_i |h_i W_vi|`` (``gamma_d ~ d eps``); e
 2-Lipschitz in the logits (``|dL/dz|_1 = |p - e_y|_1 <= 2``), and the normalisers add a rounding of
 ``~ V eps`` relative. The gradients ``G W`` and ``G^T h`` inherit ``|dG|_1 <= 2 |dz|_inf`` times the
 largest ``|W|`` or ``|h|``, plus the products' own ``~ V eps`` (or ``N eps``). :func:`_tol` is that
-bound with a factor 8 of slack; in float64 it is ~1e-12.
+bound with a factor 8 of slack; in float64 it is ~1e-12 (``linear_loss_checks.py``).
 """
 import math
+from functools import partial
 
 import pytest
 import torch
@@ -19,25 +20,9 @@ from sparsenorm import registry
 from sparsenorm.kernels.ops import linear_loss as linear_loss_ops
 from sparsenorm.linear_loss import streamable_normalizers
 
-NAMES = ["softmax", "ev_softmax", "sparsemax", "entmax15", "entmax_bisect"]
+from linear_loss_checks import NAMES, assert_close, error_bound, linear_inputs, random_grads  # tests/unit/
 
-
-def _inputs(seed, n=23, d=6, v=70, dtype=torch.float64, scale=1.0, bias=True):
-    g = torch.Generator().manual_seed(seed)
-    h = (torch.randn(n, d, generator=g, dtype=dtype) * scale).requires_grad_()
-    w = torch.randn(v, d, generator=g, dtype=dtype).requires_grad_()
-    b = torch.randn(v, generator=g, dtype=dtype).requires_grad_() if bias else None
-    y = torch.randint(0, v, (n,), generator=g)
-    y[1] = -100
-    return g, h, w, b, y
-
-
-def _tol(h, w, dtype, extra=1):
-    eps = torch.finfo(dtype).eps
-    d, v, n = w.shape[1], w.shape[0], h.shape[0]
-    dz = d * eps * float((h.detach().abs().max() * w.detach().abs().max()) * d + 1)
-    big = float(max(h.detach().abs().max(), w.detach().abs().max(), 1))
-    return 8 * extra * (2 * dz * big + (v + n + d) * eps * big * big)
+_inputs = partial(linear_inputs, n=23, d=6, v=70)
 
 
 def _materialised(name, h, w, b, y, reduction="mean", mask=None, **params):
@@ -45,20 +30,6 @@ def _materialised(name, h, w, b, y, reduction="mean", mask=None, **params):
     if mask is not None:  # the one rule: not there = -inf (F.cross_entropy takes no mask argument)
         z = z.masked_fill(~mask, float("-inf"))
     return registry.get(name, **params).single_label_loss(z, y, reduction=reduction)
-
-
-def _grads(loss, inputs, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    grad = torch.randn(loss.shape, generator=g, dtype=loss.dtype)
-    inputs = [t for t in inputs if t is not None]
-    return torch.autograd.grad(loss, inputs, grad)
-
-
-def _close(a, b, tol, what):
-    assert a.shape == b.shape, what
-    both_inf = torch.isinf(a) & torch.isinf(b) & (a == b)
-    err = torch.where(both_inf, torch.zeros_like(a), (a - b).abs())
-    assert float(err.max()) <= tol, f"{what}: max error {float(err.max()):.3g} > {tol:.3g}"
 
 
 def test_registry_flags_the_streamable_losses():
@@ -78,10 +49,10 @@ def test_matches_materialised_float64(name, reduction, vocab_chunk, bias):
     got = sparsenorm.fused_linear_loss(h, w, y, normalizer=name, bias=b, reduction=reduction, token_chunk=7,
                                        vocab_chunk=vocab_chunk)
     ref = _materialised(name, h, w, b, y, reduction)
-    tol = _tol(h, w, torch.float64)
-    _close(got.detach(), ref.detach(), tol, "loss")
-    for a, r, what in zip(_grads(got, (h, w, b)), _grads(ref, (h, w, b)), ("hidden", "weight", "bias")):
-        _close(a, r, tol, f"grad {what}")
+    tol = error_bound(h, w, torch.float64)
+    assert_close(got.detach(), ref.detach(), tol, "loss")
+    for a, r, what in zip(random_grads(got, (h, w, b)), random_grads(ref, (h, w, b)), ("hidden", "weight", "bias")):
+        assert_close(a, r, tol, f"grad {what}")
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -103,13 +74,13 @@ def test_float32_each_side_within_error_model_of_float64(name):
     _, h, w, b, y = _inputs(3, n=40, d=32, v=500, dtype=torch.float32)
     h64, w64, b64 = (t.detach().double().requires_grad_() for t in (h, w, b))
     oracle = _materialised(name, h64, w64, b64, y, "none")
-    og = _grads(oracle.sum(), (h64, w64, b64))
-    tol = _tol(h, w, torch.float32)
+    og = random_grads(oracle.sum(), (h64, w64, b64))
+    tol = error_bound(h, w, torch.float32)
     for got in (sparsenorm.fused_linear_loss(h, w, y, normalizer=name, bias=b, reduction="none", vocab_chunk=128),
                 _materialised(name, h, w, b, y, "none")):
-        _close(got.detach().double(), oracle.detach(), tol, "loss")
-        for a, r in zip(_grads(got.sum(), (h, w, b)), og):
-            _close(a.double(), r, tol, "grad")
+        assert_close(got.detach().double(), oracle.detach(), tol, "loss")
+        for a, r in zip(random_grads(got.sum(), (h, w, b)), og):
+            assert_close(a.double(), r, tol, "grad")
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -123,10 +94,10 @@ def test_ignore_index(name, ignore_index):
                                            reduction=reduction)
         ref = _materialised(name, h, w, b, y, reduction) if ignore_index == -100 else \
             registry.get(name).single_label_loss(F.linear(h, w, b), y, ignore_index=ignore_index, reduction=reduction)
-        _close(got.detach(), ref.detach(), _tol(h, w, torch.float64), f"{reduction} loss")
+        assert_close(got.detach(), ref.detach(), error_bound(h, w, torch.float64), f"{reduction} loss")
         if reduction == "none":
             assert bool((got[y == ignore_index] == 0).all())
-        gh = _grads(got, (h,))[0]
+        gh = random_grads(got, (h,))[0]
         assert bool((gh[y == ignore_index] == 0).all())
 
 
@@ -136,7 +107,7 @@ def test_every_row_ignored_gives_zero(name):
     y.fill_(-100)
     loss = sparsenorm.fused_linear_loss(h, w, y, normalizer=name, bias=b)
     assert float(loss.detach()) == 0.0
-    gh, gw, gb = _grads(loss, (h, w, b))
+    gh, gw, gb = random_grads(loss, (h, w, b))
     assert float(gh.abs().max()) == 0 and float(gw.abs().max()) == 0 and float(gb.abs().max()) == 0
 
 
@@ -154,18 +125,18 @@ def test_vocab_entries_not_there(name, vocab_chunk):
     b_pad[65:] = torch.finfo(torch.float64).min
     b_pad.requires_grad_()
     ref = _materialised(name, h, w, b, y, "none", mask=mask)
-    rg = _grads(ref, (h, w, b))
-    tol = _tol(h, w, torch.float64)
+    rg = random_grads(ref, (h, w, b))
+    tol = error_bound(h, w, torch.float64)
     got = sparsenorm.fused_linear_loss(h, w, y, normalizer=name, bias=b, reduction="none", vocab_mask=mask,
                                        vocab_chunk=vocab_chunk)
-    _close(got.detach(), ref.detach(), tol, "loss (mask)")
-    for a, r in zip(_grads(got, (h, w, b)), rg):
-        _close(a, r, tol, "grad (mask)")
+    assert_close(got.detach(), ref.detach(), tol, "loss (mask)")
+    for a, r in zip(random_grads(got, (h, w, b)), rg):
+        assert_close(a, r, tol, "grad (mask)")
     got_b = sparsenorm.fused_linear_loss(h, w, y, normalizer=name, bias=b_pad, reduction="none",
                                              vocab_chunk=vocab_chunk)
-    _close(got_b.detach(), ref.detach(), tol, "loss (bias)")
-    gh, gw, gb = _grads(got_b, (h, w, b_pad))
-    _close(gh, rg[0], tol, "grad hidden (bias)")
+    assert_close(got_b.detach(), ref.detach(), tol, "loss (bias)")
+    gh, gw, gb = random_grads(got_b, (h, w, b_pad))
+    assert_close(gh, rg[0], tol, "grad hidden (bias)")
     assert float(gw[60:].abs().max()) == 0 and float(gb[60:].abs().max()) == 0
     # a target that is not there: an infinite loss, as the materialised loss gives
     y2 = y.clone()
@@ -190,10 +161,10 @@ def test_candidate_search_falls_back_when_the_support_is_wider(name, scale):
     loss, gh, gw, gb, stats = linear_loss_ops.linear_loss(hd, wd, bd, y, None, row_w, kind, alpha, -100, True,
                                                          4, 8, 2)
     ref = _materialised(name, h, w, b, y, "sum")
-    tol = _tol(h, w, torch.float64)
-    _close(loss, ref.detach(), tol, "loss")
+    tol = error_bound(h, w, torch.float64)
+    assert_close(loss, ref.detach(), tol, "loss")
     for a, r in zip((gh, gw, gb), torch.autograd.grad(ref, (h, w, b))):
-        _close(a, r, tol, "grad")
+        assert_close(a, r, tol, "grad")
     p = registry.get(name).forward(F.linear(hd, wd, bd), dim=-1)
     support = (p > 0).sum(-1)
     assert bool((support > 2).any()) == (scale < 1)  # the fallback was needed exactly for the flat logits
@@ -211,10 +182,10 @@ def test_ev_softmax_mean_above_every_logit_by_rounding(vocab_chunk):
     y = torch.tensor([0, 7, 29])
     assert bool((h.detach() @ w.detach().mean(0) > (h.detach() @ w.detach().t()).amax(1)).all())
     got = sparsenorm.fused_linear_loss(h, w, y, normalizer="ev_softmax", reduction="none", vocab_chunk=vocab_chunk)
-    _close(got.detach(), torch.full((3,), math.log(30), dtype=torch.float64), 1e-12, "uniform loss")
+    assert_close(got.detach(), torch.full((3,), math.log(30), dtype=torch.float64), 1e-12, "uniform loss")
     ref = _materialised("ev_softmax", h, w, None, y, "none")
-    for a, r in zip(_grads(got, (h, w)), _grads(ref, (h, w))):
-        _close(a, r, 1e-12, "grad")
+    for a, r in zip(random_grads(got, (h, w)), random_grads(ref, (h, w))):
+        assert_close(a, r, 1e-12, "grad")
 
 
 def test_shapes_dtypes_and_module():
@@ -227,7 +198,7 @@ def test_shapes_dtypes_and_module():
     assert "alpha=1.3" in repr(module)
     got = module(h, w, y, bias=b)
     ref = _materialised("entmax_bisect", h, w, b, y, "sum", alpha=1.3)
-    _close(got.detach(), ref.detach(), _tol(h, w, torch.float64), "module")
+    assert_close(got.detach(), ref.detach(), error_bound(h, w, torch.float64), "module")
     hb = h.detach().to(torch.bfloat16).requires_grad_()
     out = sparsenorm.fused_linear_loss(hb, w.detach().to(torch.bfloat16), y, normalizer="ev_softmax")
     assert out.dtype == torch.bfloat16
@@ -289,12 +260,12 @@ def test_frozen_weight_and_no_grad(name):
     (gh,) = torch.autograd.grad(loss, (h,))
     ref = _materialised(name, h, w_frozen, b_frozen, y)
     (rh,) = torch.autograd.grad(ref, (h,))
-    tol = _tol(h, w, torch.float64)
-    _close(gh, rh, tol, "grad hidden")
+    tol = error_bound(h, w, torch.float64)
+    assert_close(gh, rh, tol, "grad hidden")
     with torch.no_grad():
         value = sparsenorm.fused_linear_loss(h, w, y, normalizer=name, bias=b)
     assert not value.requires_grad
-    _close(value, ref.detach(), tol, "no_grad value")
+    assert_close(value, ref.detach(), tol, "no_grad value")
 
 
 @pytest.mark.parametrize("name, reduction", [("ev_softmax", "mean"), ("entmax15", "none")])
@@ -309,9 +280,9 @@ def test_compiles_without_graph_breaks(name, reduction):
 
     compiled = torch.compile(f, backend="aot_eager", fullgraph=True)
     got, ref = compiled(h, w, b), f(h, w, b)
-    _close(got.detach(), ref.detach(), 0.0, "loss")
-    for a, r in zip(_grads(got, (h, w, b)), _grads(ref, (h, w, b))):
-        _close(a, r, 0.0, "grad")
+    assert_close(got.detach(), ref.detach(), 0.0, "loss")
+    for a, r in zip(random_grads(got, (h, w, b)), random_grads(ref, (h, w, b))):
+        assert_close(a, r, 0.0, "grad")
 
 
 def _blocks(plan):

@@ -8,9 +8,10 @@ registry's loss of the smoothed target distribution; the ``(V, d)`` layout and a
 Error model (as ``tests/unit/test_linear_loss.py``): both sides compute the same logits by dot
 products of length ``d`` in other blocks (``|dz| <= d eps sum|h W|``); every loss here is 2-Lipschitz
 in the logits (``|p - q|_1 <= 2``), the cap is 1-Lipschitz, and the reductions add ``~(V + N) eps``
-relative. :func:`_tol` is that bound with a factor 8 of slack.
+relative. ``error_bound`` (``tests/unit/linear_loss_checks.py``) is that bound with a factor 8 of slack.
 """
 import math
+from functools import partial
 
 import pytest
 import torch
@@ -20,37 +21,9 @@ import sparsenorm
 from sparsenorm import registry
 from sparsenorm.linear_loss import streamable_normalizers
 
-NAMES = ["softmax", "ev_softmax", "sparsemax", "entmax15", "entmax_bisect"]
+from linear_loss_checks import NAMES, assert_close, error_bound, linear_inputs, random_grads  # tests/unit/
 
-
-def _inputs(seed, n=13, d=5, v=40, dtype=torch.float64, bias=True, scale=1.5):
-    g = torch.Generator().manual_seed(seed)
-    h = (torch.randn(n, d, generator=g, dtype=dtype) * scale).requires_grad_()
-    w = torch.randn(v, d, generator=g, dtype=dtype).requires_grad_()
-    b = torch.randn(v, generator=g, dtype=dtype).requires_grad_() if bias else None
-    y = torch.randint(0, v, (n,), generator=g)
-    y[2] = -100
-    return g, h, w, b, y
-
-
-def _tol(h, w, dtype):
-    eps = torch.finfo(dtype).eps
-    d, v, n = w.shape[1], w.shape[0], h.shape[0]
-    big = float(max(h.detach().abs().max(), w.detach().abs().max(), 1))
-    dz = d * eps * (d * big * big + 1)
-    return 8 * (2 * dz * big + (v + n + d) * eps * big * big)
-
-
-def _close(a, b, tol, what):
-    assert a.shape == b.shape, f"{what}: shape {tuple(a.shape)} != {tuple(b.shape)}"
-    err = float((a - b).abs().max()) if a.numel() else 0.0
-    assert err <= tol, f"{what}: max error {err:.3g} > {tol:.3g}"
-
-
-def _grads(loss, inputs, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    grad = torch.randn(loss.shape, generator=g, dtype=loss.dtype)
-    return torch.autograd.grad(loss, [t for t in inputs if t is not None], grad, retain_graph=True)
+_inputs = partial(linear_inputs, n=13, d=5, v=40, scale=1.5, ignored_row=2)
 
 
 # ----------------------------------------------------------------------------- PyTorch's fused CE
@@ -75,23 +48,23 @@ def test_default_is_torch_linear_cross_entropy(reduction, bias, label_smoothing)
     composed = F.cross_entropy(F.linear(h3, w, b).flatten(0, -2), y3.flatten(), **kw)
     if reduction == "none":
         torch_fused, composed = torch_fused.reshape(y3.shape), composed.reshape(y3.shape)
-    tol = _tol(h, w, torch.float64)
+    tol = error_bound(h, w, torch.float64)
     for ref, what in ((torch_fused, "linear_cross_entropy"), (composed, "cross_entropy(linear)")):
-        _close(got.detach(), ref.detach(), tol, f"loss vs {what}")
-        for a, r, name in zip(_grads(got, (h, w, b)), _grads(ref, (h, w, b)), ("input", "weight", "bias")):
-            _close(a, r, tol, f"grad {name} vs {what}")
+        assert_close(got.detach(), ref.detach(), tol, f"loss vs {what}")
+        for a, r, name in zip(random_grads(got, (h, w, b)), random_grads(ref, (h, w, b)), ("input", "weight", "bias")):
+            assert_close(a, r, tol, f"grad {name} vs {what}")
 
 
 def test_default_float32_within_the_error_model_of_float64():
     _, h, w, b, y = _inputs(2, n=64, d=32, v=3000, dtype=torch.float32)
     h64, w64, b64 = (t.detach().double().requires_grad_() for t in (h, w, b))
     oracle = F.linear_cross_entropy(h64, w64, y, linear_bias=b64, label_smoothing=0.1)
-    tol = _tol(h, w, torch.float32)
+    tol = error_bound(h, w, torch.float32)
     for got in (sparsenorm.fused_linear_loss(h, w, y, b, label_smoothing=0.1),
                 F.linear_cross_entropy(h, w, y, linear_bias=b, label_smoothing=0.1)):
-        _close(got.detach().double(), oracle.detach(), tol, "loss")
-        for a, r in zip(_grads(got, (h, w, b)), _grads(oracle, (h64, w64, b64))):
-            _close(a.double(), r, tol, "grad")
+        assert_close(got.detach().double(), oracle.detach(), tol, "loss")
+        for a, r in zip(random_grads(got, (h, w, b)), random_grads(oracle, (h64, w64, b64))):
+            assert_close(a.double(), r, tol, "grad")
 
 
 def test_module_default_is_cross_entropy_loss():
@@ -99,7 +72,7 @@ def test_module_default_is_cross_entropy_loss():
     module = sparsenorm.FusedLinearLoss(label_smoothing=0.1, reduction="sum")
     got = module(h, w, y, b)
     ref = torch.nn.CrossEntropyLoss(label_smoothing=0.1, reduction="sum")(F.linear(h, w, b), y)
-    _close(got.detach(), ref.detach(), _tol(h, w, torch.float64), "module loss")
+    assert_close(got.detach(), ref.detach(), error_bound(h, w, torch.float64), "module loss")
     assert "label_smoothing=0.1" in repr(module) and "normalizer='softmax'" in repr(module)
 
 
@@ -136,18 +109,18 @@ def test_smoothing_and_softcap_match_the_registry_loss(name, smoothing, softcap,
     mask[-3:] = False
     y = torch.where(y >= 0, y % (w.shape[0] - 3), y)  # targets that are there (else both sides are inf)
     rows, ok = _oracle_rows(name, h, w, b, y, smoothing, softcap, mask)
-    tol = _tol(h, w, torch.float64) * (1 + abs(softcap or 0))
+    tol = error_bound(h, w, torch.float64) * (1 + abs(softcap or 0))
     kw = dict(normalizer=name, label_smoothing=smoothing, softcap=softcap, vocab_mask=mask, token_chunk=5,
               vocab_chunk=vocab_chunk)
     got = sparsenorm.fused_linear_loss(h, w, y, b, reduction="none", **kw)
-    _close(got.detach(), rows.detach(), tol, "rows")
-    for a, r, what in zip(_grads(got, (h, w, b)), _grads(rows, (h, w, b)), ("input", "weight", "bias")):
-        _close(a, r, tol, f"grad {what} (none)")
+    assert_close(got.detach(), rows.detach(), tol, "rows")
+    for a, r, what in zip(random_grads(got, (h, w, b)), random_grads(rows, (h, w, b)), ("input", "weight", "bias")):
+        assert_close(a, r, tol, f"grad {what} (none)")
     mean = sparsenorm.fused_linear_loss(h, w, y, b, reduction="mean", **kw)
     ref = rows.sum() / ok.sum()
-    _close(mean.detach(), ref.detach(), tol, "mean")
-    for a, r, what in zip(_grads(mean, (h, w, b)), _grads(ref, (h, w, b)), ("input", "weight", "bias")):
-        _close(a, r, tol, f"grad {what} (mean)")
+    assert_close(mean.detach(), ref.detach(), tol, "mean")
+    for a, r, what in zip(random_grads(mean, (h, w, b)), random_grads(ref, (h, w, b)), ("input", "weight", "bias")):
+        assert_close(a, r, tol, f"grad {what} (mean)")
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -167,7 +140,7 @@ def test_softcap_bounds_the_logits():
     _, h, w, b, y = _inputs(6, scale=1e4)
     got = sparsenorm.fused_linear_loss(h, w, y, b, softcap=3.0, reduction="none")
     ref = F.cross_entropy(3.0 * torch.tanh(F.linear(h, w, b) / 3.0), y, reduction="none")
-    _close(got.detach(), ref.detach(), _tol(h, w, torch.float64), "capped loss")
+    assert_close(got.detach(), ref.detach(), error_bound(h, w, torch.float64), "capped loss")
     assert float(got.detach().max()) <= 6.0 + math.log(40) + 1e-9  # lse - z_y <= log V + 2c
 
 
