@@ -257,9 +257,11 @@ def test_projection_backward_matches_autograd(dtype, kind):
 @pytest.mark.parametrize("kind", ["sparsemax", "entmax15"])
 @pytest.mark.parametrize("max_iter", [None, 0])
 def test_projection_rows_longer_than_the_register_tile(kind, max_iter, monkeypatch):
-    """Rows of 20,000 entries (past MAX_COLS = 16,384, as every LM vocabulary): one program per row
-    streams the iteration in chunks, and (max_iter 0) the bisection fallback; forward and backward
-    against the reference, every not-there form and the empty/NaN/+inf rows included."""
+    """Rows of 20,000 entries (past MAX_COLS = 16,384, as every LM vocabulary) at the real segment
+    and chunk sizes: split over three programs per row (the last segment ragged); the all-equal and
+    near-equal rows have more candidates than the solve holds and take the guarded finish, and
+    (max_iter 0) the bisection fallbacks; forward and backward against the reference, every
+    not-there form and the empty/NaN/+inf rows included."""
     if max_iter is not None:
         monkeypatch.setattr(tproj, "MAX_ITER", max_iter)
     n_cols = 20000
@@ -276,6 +278,109 @@ def test_projection_rows_longer_than_the_register_tile(kind, max_iter, monkeypat
     expect = sparsenorm.kernels.reference.projection.dense_backward(p, g, kind)
     dx = tproj.project_backward(p.float().to(DEVICE), g.float().to(DEVICE), kind)
     torch.testing.assert_close(dx.cpu().double(), expect, atol=2e-5, rtol=2e-5)
+
+
+def observe_split(monkeypatch):
+    """Record the split projection forward's per-row candidate counts and done flags (test hook)."""
+    seen = []
+    monkeypatch.setattr(tproj, "_observe", lambda d: seen.append({k: v.cpu().clone() for k, v in d.items()}))
+    return seen
+
+
+@in_process
+@pytest.mark.parametrize("kind", ["sparsemax", "entmax15"])
+@pytest.mark.parametrize("layout,dtype,max_iter", [(layout, torch.float32, None) for layout in SPLIT_LAYOUTS]
+                         + [("three-ragged", torch.float16, None), ("three-ragged", torch.bfloat16, None),
+                            ("segment-not-chunk-multiple", torch.float32, 0)])
+def test_projection_split_rows_forward(kind, layout, dtype, max_iter, monkeypatch):
+    """Rows split over several programs (statistics, gather of the entries above the lower bound,
+    solve in registers, output) against the reference: masks, -inf and finfo.min entries, segments
+    with no entry there, an empty row, NaN/+inf rows, an all-equal row, near-equal entries; max_iter
+    0 sends the solve to its bisection. Every row is solved from the gathered candidates here."""
+    n_cols = split_rows(tproj, layout, monkeypatch, limit="MAX_COLS")
+    if max_iter is not None:
+        monkeypatch.setattr(tproj, "MAX_ITER", max_iter)
+    seen = observe_split(monkeypatch)
+    x, mask = rows_with_every_case(dtype, n_cols=n_cols, seed=60 + n_cols)
+    out = tproj.project(x, kind, mask=mask)
+    assert out.dtype == dtype
+    ref = getattr(sparsenorm, kind)(not_there_as_neg_inf(x, mask).cpu())
+    check_rows(out.cpu(), ref, dtype)
+    assert (out[3] == 0).all() and (out[9, ::2] == 0).all() and (out[1, ::3] == 0).all()
+    assert len(seen) == 1 and bool(seen[0]["done"].all())
+    assert int(seen[0]["candidates"][3]) == 0 and int(seen[0]["candidates"][4]) == 0  # empty, NaN rows gather none
+
+
+def adversarial_rows(n_cols, seed):
+    """float64 rows whose threshold needs many entries near the max: all equal, ties at the
+    threshold, values clustered within 1e-6, a small-scale row; then ordinary rows (few entries
+    within 2 of the max), an empty row and a NaN row."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(8, n_cols, generator=g, dtype=torch.float64) * 4
+    x[0] = 0.25
+    x[1] = torch.where(torch.arange(n_cols) % 2 == 0, 1.0, 0.5)  # ties: sparsemax keeps the 1.0s
+    x[2] = 3.0 + torch.randn(n_cols, generator=g, dtype=torch.float64) * 1e-6
+    x[3] = torch.randn(n_cols, generator=g, dtype=torch.float64) * 0.1
+    x[6] = float("-inf")
+    x[7, 3] = float("nan")
+    return x
+
+
+@in_process
+@pytest.mark.parametrize("kind", ["sparsemax", "entmax15"])
+@pytest.mark.parametrize("layout,max_iter", [("three-ragged", None), ("just-above-tile", None),
+                                             ("segment-not-chunk-multiple", 0)])
+def test_projection_split_rows_guarded_finish(kind, layout, max_iter, monkeypatch):
+    """Rows with more candidates (entries within 1, resp. 2, of the max) than the solve holds (8
+    here) are finished by the one-program-per-row kernel (max_iter 0: its bisection); the others
+    are not touched by it. The done flags are exactly "at most 8 candidates" (float64 count), the
+    adversarial rows among the finished, and every row equals the reference."""
+    n_cols = split_rows(tproj, layout, monkeypatch, limit="MAX_COLS")
+    monkeypatch.setattr(tproj, "SPLIT_CANDIDATES", 8)
+    if max_iter is not None:
+        monkeypatch.setattr(tproj, "MAX_ITER", max_iter)
+    seen = observe_split(monkeypatch)
+    x = adversarial_rows(n_cols, seed=70 + n_cols)
+    out = tproj.project(x.float().to(DEVICE), kind).cpu()
+    ref = getattr(sparsenorm, kind)(x.float().double())
+    lower = 1.0 if kind == "sparsemax" else 2.0
+    z = x.float().double() - x.float().double().nan_to_num(nan=float("-inf")).amax(-1, keepdim=True)
+    expect = (z > -lower).sum(-1)
+    expect[[6, 7]] = 0
+    assert torch.equal(seen[0]["candidates"], expect.int())
+    done = seen[0]["done"].bool()
+    assert torch.equal(done, expect <= 8)
+    assert not done[:4].any() and done[6:].all()  # the adversarial rows took the finish
+    assert torch.isnan(out[7]).all() and (out[6] == 0).all()
+    torch.testing.assert_close(out[:7], ref[:7].float(), atol=2e-6, rtol=2e-6)
+    torch.testing.assert_close(out[:6].sum(-1), torch.ones(6), atol=1e-5, rtol=0)
+
+
+@in_process
+@pytest.mark.parametrize("kind", ["sparsemax", "entmax15"])
+@pytest.mark.parametrize("layout,dtype", [(layout, torch.float32) for layout in SPLIT_LAYOUTS]
+                         + [("three-ragged", torch.float16)])
+def test_projection_split_rows_backward(kind, layout, dtype, monkeypatch):
+    """The split backward (per-segment sums of w and w g, then dx: two launches) against the
+    reference's float64 autograd, error model of test_projection_backward_matches_autograd."""
+    n_cols = split_rows(tproj, layout, monkeypatch, limit="MAX_COLS")
+    g = torch.Generator().manual_seed(80 + n_cols)
+    x = torch.randn(6, n_cols, generator=g, dtype=torch.float64) * 2
+    x[1, ::2] = float("-inf")
+    x[2] = float("-inf")  # empty row: zero gradient
+    x[3, n_cols // 2:] = float("-inf")  # whole segments not there
+    xr = x.clone().requires_grad_()
+    p = getattr(sparsenorm, kind)(xr)
+    gr = torch.randn(x.shape, generator=g, dtype=torch.float64)
+    p.backward(gr)
+    dx = tproj.project_backward(p.detach().to(dtype).to(DEVICE), gr.to(dtype).to(DEVICE), kind)
+    assert dx.dtype == dtype
+    tol = 2e-5 if dtype == torch.float32 else 3e-2
+    torch.testing.assert_close(dx.cpu().double(), xr.grad, atol=tol, rtol=tol)
+    assert (dx.cpu()[2] == 0).all()
+    nan_p = p.detach().to(dtype).clone()
+    nan_p[0, -1] = float("nan")  # in the last segment: the whole row NaN
+    assert torch.isnan(tproj.project_backward(nan_p.to(DEVICE), gr.to(dtype).to(DEVICE), kind)[0]).all()
 
 
 @in_process
@@ -403,6 +508,6 @@ def test_cuda_registrations_of_the_ops_call_the_triton_kernels():
         torch.testing.assert_close(ops.projection._project_backward_cuda(p, g, kind),
                                    ref_proj.dense_backward(p, g, kind),
                                    atol=2e-6, rtol=0)
-    assert ops.triton_launchers() is not None
+    assert sparsenorm.kernels.policy.triton_launchers() is not None
     with sparsenorm.kernels.disabled():
-        assert ops.triton_launchers() is None
+        assert sparsenorm.kernels.policy.triton_launchers() is None

@@ -72,6 +72,26 @@ def _row_cases(quick: bool):
             yield (projection._project_bwd_kernel,
                    dict(p_ptr=f"*{dt}", grad_ptr=f"*{dt}", dx_ptr=f"*{dt}", n_rows="i32", n_cols="i32"),
                    dict(ENTMAX=entmax, ROWS=4, BLOCK=512), 4)
+            sizes = dict(SEGMENT=projection.SEGMENT, BLOCK=projection.CHUNK)
+            iters = dict(MAX_ITER=projection.MAX_ITER, BISECT_STEPS=projection.BISECT_STEPS)
+            split = dict(x_ptr=f"*{dt}", mask_ptr="*u8", part_ptr="*fp32", n_cols="i32", n_segments="i32",
+                         level="fp32")
+            yield projection._project_fwd_stats_kernel, split, dict(sizes, HAS_MASK=True), 8
+            yield (projection._project_fwd_gather_kernel, dict(split, count_ptr="*i32", cand_ptr="*fp32"),
+                   dict(sizes, HAS_MASK=True, ENTMAX=entmax, CANDIDATES=projection.SPLIT_CANDIDATES), 8)
+            yield (projection._project_fwd_solve_kernel,
+                   dict(part_ptr="*fp32", count_ptr="*i32", cand_ptr="*fp32", tau_ptr="*fp32", done_ptr="*i32",
+                        n_segments="i32", eps="fp32"),
+                   dict(iters, ENTMAX=entmax, CANDIDATES=projection.SPLIT_CANDIDATES), 8)
+            yield (projection._project_fwd_long_kernel,
+                   dict(x_ptr=f"*{dt}", mask_ptr="*u8", done_ptr="*i32", tau_ptr="*fp32", n_cols="i32", level="fp32",
+                        eps="fp32"),
+                   dict(iters, HAS_MASK=True, ENTMAX=entmax, BLOCK=projection.CHUNK), 8)
+            yield (projection._project_fwd_out_kernel, dict(split, tau_ptr="*fp32", out_ptr=f"*{dt}"),
+                   dict(sizes, HAS_MASK=True, ENTMAX=entmax), 8)
+            grads = dict(p_ptr=f"*{dt}", grad_ptr=f"*{dt}", part_ptr="*fp32", n_cols="i32", n_segments="i32")
+            yield projection._project_bwd_partial_kernel, grads, dict(sizes, ENTMAX=entmax), 8
+            yield projection._project_bwd_split_kernel, dict(grads, dx_ptr=f"*{dt}"), dict(sizes, ENTMAX=entmax), 8
 
 
 _STRIDES = ["stride_qb", "stride_qh", "stride_qm", "stride_kb", "stride_kh", "stride_kn",
