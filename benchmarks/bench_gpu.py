@@ -205,7 +205,8 @@ def attention_methods(with_flex: bool) -> Dict[str, Callable]:
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from sparsenorm.kernels.attention.flex import ev_softmax_flex_attention, flex_available
+    from sparsenorm.kernels.attention.flex import ev_softmax_flex_attention
+    from sparsenorm.kernels.auto_plan import flex_available
     from sparsenorm.kernels.ops.evidential_attention import ev_softmax_attention_flash
 
     def sdpa_with(backend):

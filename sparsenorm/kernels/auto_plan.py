@@ -15,6 +15,7 @@ allowed; the blockwise attention from a number of scores on (below it the dense 
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 from dataclasses import dataclass, field
 from typing import Optional, Tuple
@@ -22,8 +23,7 @@ from typing import Optional, Tuple
 import torch
 
 from . import cpu, cuda_proof
-from .policy import kernels_disabled
-from .ops._common import triton_launchers
+from .policy import kernels_disabled, triton_launchers
 
 # --------------------------------------------------------------------------------------- row-wise
 TRITON_ROW_FAMILIES = ("ev_softmax", "sparsemax", "entmax15")
@@ -116,6 +116,11 @@ def row_backend(name: str, x: torch.Tensor) -> str:
         return "reference"
     return row_choice(name, x.device.type, x.dtype, x.shape[-1])[0]
 
+
+
+def flex_available() -> bool:
+    """Whether this torch has FlexAttention (``torch.nn.attention.flex_attention``, torch >= 2.5)."""
+    return importlib.util.find_spec("torch.nn.attention.flex_attention") is not None
 
 # -------------------------------------------------------------------------------------- attention
 MASK_KINDS = (None, "keys", "general", "float")
@@ -210,10 +215,9 @@ def applies(backend: str, spec: AttentionSpec) -> Optional[str]:
             return f"the flash kernel takes head dims up to {FLASH_MAX_HEAD_DIM}, equal for values"
         return None
     if backend == "flex":
-        from .attention import flex as flex_attention
         if spec.attention_threshold != "known":
             return "the Flex path computes ev-softmax only"
-        if not flex_attention.flex_available():
+        if not flex_available():
             return f"torch {torch.__version__} has no FlexAttention"
         if spec.count_support:
             return "the Flex path returns no support counts"
@@ -268,4 +272,4 @@ def choose_attention(spec: AttentionSpec) -> AttentionPlan:
 
 __all__ = ["RowPlan", "plan_rows", "row_backend", "row_choice", "AttentionSpec", "AttentionPlan", "choose_attention",
            "applies", "AUTO_ORDER", "MASK_KINDS", "BLOCKWISE_MIN_SCORES", "KNOWN_BLOCKWISE_MIN_SCORES",
-           "DECODE_MAX_QUERIES", "DEVICE_KERNELS", "TRITON_ROW_FAMILIES", "CPP_ROW_FAMILIES"]
+           "DECODE_MAX_QUERIES", "DEVICE_KERNELS", "TRITON_ROW_FAMILIES", "CPP_ROW_FAMILIES", "flex_available"]

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from knife_edge import band
+from sparsenorm.kernels.auto_plan import flex_available
 from sparsenorm import kernels
 from sparsenorm.attention import sparse_attention
-from sparsenorm.kernels.attention import flex as flex_attention
 from sparsenorm.kernels.ops.evidential_attention import ev_softmax_attention_blockwise
 from sparsenorm.kernels.ops.projection_attention import projection_attention
 
@@ -137,7 +137,7 @@ def test_searched_blockwise_bottom_right(L, S, normalizer):
         torch.testing.assert_close(a, b, **tol)
 
 
-@pytest.mark.skipif(not flex_attention.flex_available(), reason="this torch has no FlexAttention")
+@pytest.mark.skipif(not flex_available(), reason="this torch has no FlexAttention")
 @pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")  # eager is the CPU test path
 @pytest.mark.parametrize("L,S", [(5, 13), (1, 13), (13, 13)])
 def test_ev_softmax_flex_bottom_right(L, S):

@@ -3,6 +3,7 @@ table keyed by registry capability, ``key_lengths=``, and masks split without re
 import pytest
 import torch
 
+from sparsenorm.kernels.auto_plan import flex_available
 import sparsenorm
 from sparsenorm import registry
 from sparsenorm.attention import MultiheadAttention, sparse_attention
@@ -255,7 +256,7 @@ def test_auto_takes_the_searched_blockwise_kernel_for_long_sequences_and_dense_w
         sparse_attention(q, k, v, "entmax15", attn_mask=torch.zeros(1024, 1024), backend="blockwise")
 
 
-@pytest.mark.skipif(not attention_ops.flex_attention.flex_available(), reason="this torch has no flex_attention")
+@pytest.mark.skipif(not flex_available(), reason="this torch has no flex_attention")
 @pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 def test_flex_route_equals_dense_without_grad_on_cpu_and_refuses_grad():
     q, k, v = (t.detach() for t in qkv(B=2, H=2, L=6, S=9))

@@ -2,11 +2,12 @@
 import pytest
 import torch
 
+from sparsenorm.kernels.auto_plan import flex_available
 from sparsenorm.attention import sparse_attention
 from sparsenorm.kernels.attention import flex
 
 pytestmark = [
-    pytest.mark.skipif(not flex.flex_available(), reason="this torch has no flex_attention"),
+    pytest.mark.skipif(not flex_available(), reason="this torch has no flex_attention"),
     # On CPU the function calls eager flex_attention on purpose (see sparsenorm.kernels.attention.flex).
     pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile"),
 ]

@@ -13,7 +13,7 @@ from sparsenorm.attention import plan as attention_plan
 from sparsenorm.attention import sparse_attention
 from sparsenorm.kernels import cuda_proof
 from sparsenorm.kernels.attention import dispatch as attention_dispatch
-from sparsenorm.kernels.ops._common import triton_launchers
+from sparsenorm.kernels.policy import triton_launchers
 from sparsenorm.kernels.auto_plan import choose_attention, plan_rows
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,5 +1,7 @@
-"""The import graph of the library and the benchmarks: no cycle anywhere (function-level imports
-included) and no private name imported across packages. Read from the source with ``ast`` (nothing is
+"""The import graph of the whole repository's code -- the library (experiments included), the
+benchmarks and the scripts: no cycle anywhere (function-level imports included), no import that
+points up a floor (``FLOORS``: every room of the house on its floor; an import goes to a lower one),
+and no private name imported across packages. Read from the source with ``ast`` (nothing is
 imported, so optional dependencies do not matter), which sees the imports that lazy loading hides
 from a run."""
 import ast
@@ -9,7 +11,8 @@ from typing import Dict, List, Set
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "sparsenorm"
-PACKAGES = (PACKAGE, PACKAGE.parent / "benchmarks")  # the library, and the benchmarks that import it
+PACKAGES = (PACKAGE, PACKAGE.parent / "benchmarks", PACKAGE.parent / "scripts")
+SCRIPT_FOLDERS = ("scripts",)  # plain folders (no __init__): a script imports a sibling by its bare name
 
 
 def _modules() -> Dict[str, Path]:
@@ -58,8 +61,12 @@ def _source(module: str, node: ast.ImportFrom) -> str:
     return ".".join(base + ([node.module] if node.module else []))
 
 
-def _known(name: str) -> str:
-    """The longest prefix of ``name`` that is a module of the package ('' if none)."""
+def _known(name: str, importer: str = "") -> str:
+    """The longest prefix of ``name`` that is a module of the package ('' if none); a script's bare
+    import of a sibling script (``from gpu_check import ...``, the folder on ``sys.path``) is that script."""
+    folder = importer.partition(".")[0]
+    if folder in SCRIPT_FOLDERS and f"{folder}.{name.partition('.')[0]}" in MODULES:
+        name = f"{folder}.{name}"
     while name and name not in MODULES:
         name = name.rpartition(".")[0]
     return name
@@ -76,7 +83,7 @@ def import_edges(module: str) -> Set[str]:
             source = _source(module, node)
             targets = [f"{source}.{alias.name}" if f"{source}.{alias.name}" in MODULES else source
                        for alias in node.names]
-        edges.update(t for t in map(_known, targets) if t and t != module)
+        edges.update(t for t in (_known(target, module) for target in targets) if t and t != module)
     return edges
 
 
@@ -159,3 +166,66 @@ def test_the_shared_experiment_code_imports_no_experiment():
     upward = {m: sorted(e for e in import_edges(m) if e.startswith("sparsenorm.experiments")
                         and not e.startswith("sparsenorm.experiments._shared")) for m in shared}
     assert {m: e for m, e in upward.items() if e} == {}
+
+
+def room(module: str) -> str:
+    """The room a module lives in: a kernels subpackage or top-level kernels module, the attention
+    and losses packages, the shared experiment code, the experiments, the benchmarks, the scripts;
+    else the module itself."""
+    parts = module.split(".")
+    if parts[0] in ("benchmarks", "scripts"):
+        return parts[0]
+    if parts[:2] == ["sparsenorm", "kernels"] and len(parts) > 2:
+        return ".".join(parts[:3])
+    if parts[:3] == ["sparsenorm", "experiments", "_shared"]:
+        return "sparsenorm.experiments._shared"
+    if parts[:2] in (["sparsenorm", "experiments"], ["sparsenorm", "attention"], ["sparsenorm", "losses"]):
+        return ".".join(parts[:2])
+    return module
+
+
+# The house, floor by floor (0 = the ground): a room imports only rooms on lower floors. A new room
+# (a new module at the library's top level, a new kernels file) must be given its floor here.
+FLOORS = {
+    0: ("sparsenorm._cache", "sparsenorm._text", "sparsenorm._validation", "sparsenorm.kernels.cuda_record"),
+    1: ("sparsenorm.kernels.cuda_proof", "sparsenorm.kernels.reference", "sparsenorm.kernels.triton",
+        "sparsenorm.marginalize", "sparsenorm.softmax"),
+    2: ("sparsenorm.kernels.policy",),
+    3: ("sparsenorm.kernels.cpu",),
+    4: ("sparsenorm.kernels.auto_plan",),
+    5: ("sparsenorm.kernels", "sparsenorm.kernels.ops"),
+    6: ("sparsenorm.entmax", "sparsenorm.evidential", "sparsenorm.hourglass", "sparsenorm.rsoftmax",
+        "sparsenorm.kernels.attention"),
+    7: ("sparsenorm.losses",),
+    8: ("sparsenorm.registry",),
+    9: ("sparsenorm.attention", "sparsenorm.demo", "sparsenorm.experiments._shared", "sparsenorm.linear_loss"),
+    10: ("sparsenorm", "sparsenorm.hf"),
+    11: ("benchmarks", "sparsenorm.experiments"),
+    12: ("sparsenorm.cli", "scripts"),  # the scripts use the experiments' data and models
+}
+FLOOR_OF = {r: floor for floor, rooms in FLOORS.items() for r in rooms}
+
+
+def test_every_room_has_a_floor():
+    assert sorted({room(m) for m in MODULES} - set(FLOOR_OF)) == []
+    assert sorted(set(FLOOR_OF) - {room(m) for m in MODULES}) == []  # no floor kept for a room that is gone
+
+
+def test_the_scripts_are_read():
+    graph = {m: import_edges(m) for m in MODULES}
+    assert "scripts.gpu_check" in graph["scripts.gpu_record"]  # a bare sibling import
+    assert "sparsenorm.kernels.cuda_proof" in graph["scripts.gpu_record"]
+
+
+def test_no_import_points_up():
+    upward = sorted(f"{m} (floor {FLOOR_OF[room(m)]}) -> {e} (floor {FLOOR_OF[room(e)]})"
+                    for m in MODULES for e in import_edges(m)
+                    if room(m) != room(e) and FLOOR_OF.get(room(e), -1) >= FLOOR_OF.get(room(m), -1))
+    assert upward == []
+
+
+def test_the_floor_checker_finds_an_upward_import():
+    assert room("sparsenorm.kernels.ops.evidential") == "sparsenorm.kernels.ops"
+    assert FLOOR_OF[room("sparsenorm.kernels.policy")] < FLOOR_OF[room("sparsenorm.kernels.ops._common")]
+    # ops/_common imported triton_launchers, which auto_plan (below the ops) needed: that edge pointed up
+    assert FLOOR_OF["sparsenorm.kernels.auto_plan"] < FLOOR_OF["sparsenorm.kernels.ops"]

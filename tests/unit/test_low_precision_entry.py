@@ -58,7 +58,7 @@ def test_ev_softmax_takes_16_bit_rows_on_cuda_only_where_its_triton_kernel_is_pr
     monkeypatch.setattr(cuda_proof, "RECORD", {})
     assert not takes("cuda", torch.bfloat16, 100)
     monkeypatch.setattr(cuda_proof, "RECORD", {("rows", "ev_softmax", "bfloat16"): ("triton", "results/gpu/x", 1)})
-    from sparsenorm.kernels.ops._common import triton_launchers
+    from sparsenorm.kernels.policy import triton_launchers
     assert takes("cuda", torch.bfloat16, 100) == (triton_launchers() is not None)
 
 

@@ -46,11 +46,6 @@ except ImportError:  # torch < 2.5
     create_block_mask = flex_attention = None
 
 
-def flex_available() -> bool:
-    """Whether this torch has ``torch.nn.attention.flex_attention``."""
-    return flex_attention is not None
-
-
 def _require_flex() -> None:
     if flex_attention is None:
         raise RuntimeError(f"backend='flex' needs torch.nn.attention.flex_attention (torch >= 2.5); torch "
@@ -220,4 +215,4 @@ def _block_mask(valid: Optional[Tensor], is_causal: bool, causal_offset: int, B:
     return create_block_mask(mask_mod, B, H, L, S, device=device)
 
 
-__all__ = ["ev_softmax_flex_attention", "flex_available", "off_support_drop", "key_padding_threshold"]
+__all__ = ["ev_softmax_flex_attention", "off_support_drop", "key_padding_threshold"]

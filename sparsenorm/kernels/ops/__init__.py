@@ -31,7 +31,7 @@ kernel runs or how it differentiates.
 from __future__ import annotations
 
 from . import evidential, hourglass, projection, rsoftmax
-from ._common import register_rowwise_vmap, triton_launchers
+from ._common import register_rowwise_vmap
 from .evidential import ev_softmax, ev_softmax_backward, ev_softmax_log_backward
 from .hourglass import hourglass_backward, hourglass_forward
 from .projection import _bisect_backward_reference  # noqa: F401  (kernels/cpu/projection.cpp calls it by this path)
@@ -42,4 +42,4 @@ register_rowwise_vmap(*evidential.OPS, *projection.OPS, *hourglass.OPS, *rsoftma
 
 __all__ = ["ev_softmax", "ev_softmax_backward", "ev_softmax_log_backward", "project", "project_backward",
            "entmax_bisect", "entmax_bisect_backward", "hourglass_forward", "hourglass_backward", "r_softmax_threshold",
-           "r_softmax_forward", "t_softmax_forward", "r_softmax_backward", "triton_launchers"]
+           "r_softmax_forward", "t_softmax_forward", "r_softmax_backward"]

@@ -5,7 +5,6 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..policy import kernels_disabled
 
 
 def rows(x: Tensor) -> Tensor:
@@ -43,26 +42,6 @@ def fresh_outputs(outs, inputs):
 def empty_like_contiguous(x: Tensor) -> Tensor:
     """A fake (shape) implementation's output of ``x``'s shape and dtype."""
     return torch.empty_like(x, memory_format=torch.contiguous_format)
-
-
-_TRITON = None  # the Triton launchers once looked up: a module, or False where triton is missing
-
-
-def triton_launchers():
-    """The Triton launchers for CUDA tensors, or None (triton not installed, or kernels disabled).
-
-    Imported on the first CUDA call only, so CPU-only use never imports triton.
-    """
-    global _TRITON
-    if _TRITON is None:
-        try:
-            from .. import triton as launchers
-        except ImportError:
-            launchers = False
-        _TRITON = launchers
-    if not _TRITON or kernels_disabled():
-        return None
-    return _TRITON
 
 
 # vmap: every row-wise op works row by row along the last dim, and each tensor argument has the

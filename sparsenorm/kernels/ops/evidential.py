@@ -12,7 +12,8 @@ from torch import Tensor
 from .. import cpu
 from ..reference import evidential as ref_evidential
 from ._autograd import closed_form_backward
-from ._common import empty_like_contiguous, grad_as, rows, triton_launchers, unrows
+from ..policy import triton_launchers
+from ._common import empty_like_contiguous, grad_as, rows, unrows
 
 _NEG_INF = float("-inf")
 

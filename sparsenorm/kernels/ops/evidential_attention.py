@@ -20,7 +20,7 @@ from torch import Tensor
 
 from .. import cpu
 from ..reference import evidential_attention as ref_attention
-from ._common import triton_launchers
+from ..policy import triton_launchers
 
 
 # ---------------------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from ..reference import linear_loss as ref
-from ._common import triton_launchers
+from ..policy import triton_launchers
 from .projection import entmax_bisect, project
 
 _EMPTY = (0,)

@@ -30,7 +30,8 @@ from ..._validation import mark_not_there
 from .. import cpu
 from ..reference import projection as ref_projection
 from ._autograd import closed_form_backward
-from ._common import empty_like_contiguous, grad_as, rows, triton_launchers, unrows
+from ..policy import triton_launchers
+from ._common import empty_like_contiguous, grad_as, rows, unrows
 
 
 # ---------------------------------------------------------------------------------------------
