@@ -17,7 +17,7 @@ from sparsenorm import registry
 from sparsenorm.linear_loss import streamable_normalizers
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
-from test_linear_loss import _tol as float32_error_model  # noqa: E402  (the unit tests' float32 bound)
+from linear_loss_checks import error_bound as float32_error_model  # noqa: E402  (the unit tests' float32 bound)
 
 pytestmark = [pytest.mark.cuda]
 
