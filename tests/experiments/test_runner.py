@@ -295,3 +295,11 @@ def test_a_cached_model_round_trips_and_a_bad_cache_is_retrained(tmp_path, capsy
     blocked.write_text("")
     assert cache_model(blocked / "m.pt", model, {}, "toy") is None  # its folder is a file
     assert "could not cache the toy" in capsys.readouterr().err
+
+
+def test_a_decisive_report_names_a_seed_count_that_overrides_the_default(tmp_path):
+    """The decisive note states the mode's default seeds; a run with --seeds says how many it had."""
+    out = runner.run_experiment(ToyExperiment(), RunConfig(out=tmp_path / "ten", decisive=True, device="cpu", seeds=3))
+    assert "**This run: 3 seeds** (`--seeds 3`), not the default." in (out / "report.md").read_text()
+    out = runner.run_experiment(ToyExperiment(), RunConfig(out=tmp_path / "default", decisive=True, device="cpu"))
+    assert "This run:" not in (out / "report.md").read_text()

@@ -448,6 +448,8 @@ def _write_report(out: Path, experiment: Experiment, config: RunConfig, settings
     elif config.decisive:
         # every experiment's note begins "Decisive mode: ..."; an experiment without one still names the mode
         mode = getattr(experiment, "decisive_note", "") or "Decisive mode."
+        if config.seeds is not None:  # the note states the mode's default seed count; --seeds overrides it
+            mode += f" **This run: {config.seeds} seeds** (`--seeds {config.seeds}`), not the default."
     else:
         mode = f"Full mode. {experiment.full_runtime}"
     if ran["missing"]:
