@@ -67,14 +67,17 @@ OBLIGATIONS: Tuple[Obligation, ...] = (
     )),
     Obligation("rows", "ev_softmax", "triton", (
         _ROWS + r"test_ev_softmax_kernels_against_float64\[.*-{dtype_id}-\d+\]",
+        _ROWS + r"test_ev_softmax_split_rows_against_float64\[.*-{dtype_id}-[a-z0-9-]+\]",
         _ROWS + r"test_public_functions_dispatch_equals_reference_path\[(log_)?ev_softmax(_train)?-{dtype_id}-\d+\]",
     )),
     Obligation("rows", "sparsemax", "triton", (
         _ROWS + r"test_projection_kernels_against_float64\[sparsemax-{dtype_id}-\d+\]",
+        _ROWS + r"test_projection_split_rows_against_float64\[sparsemax-{dtype_id}-[a-z0-9-]+\]",
         _ROWS + r"test_public_functions_dispatch_equals_reference_path\[sparsemax-{dtype_id}-\d+\]",
     )),
     Obligation("rows", "entmax15", "triton", (
         _ROWS + r"test_projection_kernels_against_float64\[entmax15-{dtype_id}-\d+\]",
+        _ROWS + r"test_projection_split_rows_against_float64\[entmax15-{dtype_id}-[a-z0-9-]+\]",
         _ROWS + r"test_public_functions_dispatch_equals_reference_path\[entmax15-{dtype_id}-\d+\]",
     )),
 )

@@ -6,6 +6,8 @@ kernels), every not-there form (-inf, ``finfo.min``, boolean masks of every broa
 empty rows and NaN/+inf rows. Bounds: ``cuda_helpers`` (ulps x operation counts)."""
 from __future__ import annotations
 
+from typing import Optional
+
 import pytest
 import torch
 
@@ -54,10 +56,13 @@ def skip_long_on_cpu(device, n_cols):
         pytest.skip("long rows are run on the GPU only (the CPU interpreter is too slow)")
 
 
-def ev_bound(ref: torch.Tensor, dtype: torch.dtype, n_cols: int, log: bool) -> torch.Tensor:
+def ev_bound(ref: torch.Tensor, dtype: torch.dtype, n_cols: int, log: bool, chunk: int = CHUNK,
+             tile: int = TILE_COLS) -> torch.Tensor:
     """Output rounding plus float32 error: the exponent's argument (|x| < 8, the shift of Eq. 10)
-    and the normalizer's reduction; probabilities relative to themselves, log form absolute."""
-    fp32 = (16 + reduction_ops(n_cols, CHUNK if n_cols > TILE_COLS else None)) * ULP32
+    and the normalizer's reduction; probabilities relative to themselves, log form absolute. (A
+    split row's reductions -- a tree per chunk, chunks per segment, segments in order -- collect
+    fewer roundings than the chunked count.)"""
+    fp32 = (16 + reduction_ops(n_cols, chunk if n_cols > tile else None)) * ULP32
     mag = ref.abs().nan_to_num(posinf=0.0)
     return rounding(dtype, mag) + (fp32 * (1 + mag) if log else fp32 * mag)
 
@@ -67,12 +72,17 @@ def ev_bound(ref: torch.Tensor, dtype: torch.dtype, n_cols: int, log: bool) -> t
 @pytest.mark.parametrize("eps,log", EV_VARIANTS)
 def test_ev_softmax_kernels_against_float64(device, launchers, dtype, n_cols, eps, log):
     skip_long_on_cpu(device, n_cols)
-    x, mask = special_rows(n_rows_for(n_cols), n_cols, dtype, seed=n_cols)
+    check_ev_kernels(launchers, device, dtype, n_cols, eps, log)
+
+
+def check_ev_kernels(launchers, device, dtype, n_cols, eps, log, chunk=CHUNK, tile=TILE_COLS, n_rows=None):
+    """Forward on special_rows and backward from the oracle's rounded output, against float64."""
+    x, mask = special_rows(n_rows or n_rows_for(n_cols), n_cols, dtype, seed=n_cols)
     xd, md = x.to(dtype).to(device), mask.to(device)
     out = launchers.ev_softmax_forward(xd, eps, log, mask=md)
     assert out.dtype == dtype and out.shape == xd.shape
     ref = ref_ev.ev_softmax_forward(oracle_input(x, mask, dtype), eps, log)
-    assert_within(out, ref, ev_bound(ref, dtype, n_cols, log), f"forward {dtype} N={n_cols}")
+    assert_within(out, ref, ev_bound(ref, dtype, n_cols, log, chunk, tile), f"forward {dtype} N={n_cols}")
     assert (out[0] == (float("-inf") if log else 0.0)).all()  # empty row
 
     # Backward from the oracle's output rounded to the dtype (what the kernel would have saved).
@@ -90,19 +100,21 @@ def test_ev_softmax_kernels_against_float64(device, launchers, dtype, n_cols, ep
     else:
         want = o * (gg - (gg * o).sum(-1, keepdim=True))
         scale = o.abs() * (gg.abs() + (gg * o).abs().sum(-1, keepdim=True))
-    fp32 = (4 + reduction_ops(n_cols, CHUNK if n_cols > TILE_COLS else None)) * ULP32
+    fp32 = (4 + reduction_ops(n_cols, chunk if n_cols > tile else None)) * ULP32
     assert_within(dx, want, rounding(dtype, want.abs()) + fp32 * scale, f"backward {dtype} N={n_cols}")
 
 
 PROJECT_LENGTHS = [n for n in LENGTHS if n <= 8192] + [16384]
 
 
-def project_bound(ref: torch.Tensor, dtype: torch.dtype, n_cols: int, kind: str) -> torch.Tensor:
+def project_bound(ref: torch.Tensor, dtype: torch.dtype, n_cols: int, kind: str,
+                  chunk: Optional[int] = None) -> torch.Tensor:
     """Output rounding plus the threshold's float32 error: a sum over the support of entries of
     magnitude < 8 (rows shifted to max 0), divided by the support size, a few closed-form steps
-    (count 8 more), times dp/dtau (1 for sparsemax, sqrt(p) <= 1 for 1.5-entmax)."""
+    (count 8 more), times dp/dtau (1 for sparsemax, sqrt(p) <= 1 for 1.5-entmax). ``chunk``: the
+    rows are split (a row the guarded finish takes sums chunk by chunk)."""
     mag = ref.abs()
-    dtau = (8 + reduction_ops(n_cols)) * 8 * 4 * ULP32
+    dtau = (8 + reduction_ops(n_cols, chunk)) * 8 * 4 * ULP32
     slope = 1.0 if kind == "sparsemax" else mag.sqrt()
     return rounding(dtype, mag) + dtau * slope
 
@@ -112,11 +124,16 @@ def project_bound(ref: torch.Tensor, dtype: torch.dtype, n_cols: int, kind: str)
 @pytest.mark.parametrize("kind", ["sparsemax", "entmax15"])
 def test_projection_kernels_against_float64(device, launchers, dtype, n_cols, kind):
     skip_long_on_cpu(device, n_cols)
-    x, mask = special_rows(n_rows_for(n_cols), n_cols, dtype, seed=3 * n_cols)
+    check_projection_kernels(launchers, device, dtype, n_cols, kind)
+
+
+def check_projection_kernels(launchers, device, dtype, n_cols, kind, chunk=None, n_rows=None):
+    """Forward on special_rows and the backward from the oracle's rounded output, against float64."""
+    x, mask = special_rows(n_rows or n_rows_for(n_cols), n_cols, dtype, seed=3 * n_cols)
     out = launchers.project(x.to(dtype).to(device), kind, mask=mask.to(device))
     assert out.dtype == dtype
     ref = getattr(sparsenorm, kind)(oracle_input(x, mask, dtype))  # float64; NaN/+inf rows NaN
-    assert_within(out, ref, project_bound(ref, dtype, n_cols, kind), f"{kind} {dtype} N={n_cols}")
+    assert_within(out, ref, project_bound(ref, dtype, n_cols, kind, chunk), f"{kind} {dtype} N={n_cols}")
     assert (out[0] == 0).all()
 
     good = torch.ones(x.shape[0], dtype=torch.bool)
@@ -130,8 +147,62 @@ def test_projection_kernels_against_float64(device, launchers, dtype, n_cols, ki
     q = (w * gg).sum(-1, keepdim=True) / total.where(total > 0, torch.ones_like(total))
     want = w * (gg - q)
     scale = w * (gg.abs() + (w * gg).abs().sum(-1, keepdim=True) / total.where(total > 0, torch.ones_like(total)))
-    fp32 = (4 + reduction_ops(n_cols)) * ULP32
+    fp32 = (4 + reduction_ops(n_cols, chunk)) * ULP32
     assert_within(dx, want, rounding(dtype, want.abs()) + fp32 * scale, f"{kind} backward {dtype} N={n_cols}")
+
+
+# --------------------------------------------------------------------------- split long rows
+# Rows past the register tile are split over several programs per row (kernels/triton/evidential.py,
+# projection.py). Lengths that cross every branch, from the kernels' own sizes: just past the tile
+# (a last segment of one entry), a ragged number of segments, many segments (131,079 on the GPU:
+# the benchmark's 128k, ragged), four tiles. On the CPU interpreter the sizes are lowered
+# (SPLIT_ON_CPU), and the lengths with them.
+SPLIT_LENGTHS = {
+    "just-above-tile": lambda tile, seg: tile + 1,
+    "ragged": lambda tile, seg: tile + 2 * seg + seg // 2 + 3,
+    "many-segments": lambda tile, seg: 16 * seg + 7,
+    "four-tiles": lambda tile, seg: 4 * tile,
+}
+SPLIT_ON_CPU = dict(TILE_COLS=32, MAX_COLS=64, SEGMENT=16, CHUNK=8)
+SPLIT_ROWS_ON_CPU = 8  # special_rows' cases and two random rows: the interpreter runs program after program
+
+
+@pytest.fixture
+def split_sizes(device, launchers, monkeypatch):
+    """The split kernels' modules with their sizes (lowered on the CPU interpreter)."""
+    from sparsenorm.kernels.triton import evidential, projection
+
+    if device == "cpu":
+        for module in (evidential, projection):
+            for name, value in SPLIT_ON_CPU.items():
+                if hasattr(module, name):
+                    monkeypatch.setattr(module, name, value)
+    return evidential, projection
+
+
+@pytest.mark.parametrize("case", list(SPLIT_LENGTHS))
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("eps,log", EV_VARIANTS)
+def test_ev_softmax_split_rows_against_float64(device, launchers, split_sizes, dtype, case, eps, log):
+    """ev-softmax rows split over several programs (three launches forward, two backward)."""
+    ev = split_sizes[0]
+    n_cols = SPLIT_LENGTHS[case](ev.TILE_COLS, ev.SEGMENT)
+    assert n_cols > ev.TILE_COLS
+    check_ev_kernels(launchers, device, dtype, n_cols, eps, log, chunk=ev.CHUNK, tile=ev.TILE_COLS,
+                     n_rows=SPLIT_ROWS_ON_CPU if device == "cpu" else None)
+
+
+@pytest.mark.parametrize("case", list(SPLIT_LENGTHS))
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kind", ["sparsemax", "entmax15"])
+def test_projection_split_rows_against_float64(device, launchers, split_sizes, dtype, case, kind):
+    """sparsemax / 1.5-entmax rows split over several programs (gather and solve; the guarded
+    finish for rows with too many candidates), and the split backward."""
+    proj = split_sizes[1]
+    n_cols = SPLIT_LENGTHS[case](proj.MAX_COLS, proj.SEGMENT)
+    assert n_cols > proj.MAX_COLS
+    check_projection_kernels(launchers, device, dtype, n_cols, kind, chunk=proj.CHUNK,
+                             n_rows=SPLIT_ROWS_ON_CPU if device == "cpu" else None)
 
 
 # --------------------------------------------------------------------------- the public functions
