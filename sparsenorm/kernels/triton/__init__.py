@@ -7,10 +7,11 @@ row NaN; float16/bfloat16/float32 in, float32 compute, output in ``out_dtype``, 
 
 * :func:`ev_softmax_forward` ``(x, eps=None, log=False, mask=None, out_dtype=None)`` and
   :func:`ev_softmax_backward` ``(grad, out, log=False)``: Eq. 7 (``eps`` None or 0), Eq. 10 (``eps > 0``)
-  and their log; rows of any length (longer than 8192 entries streamed in chunks);
+  and their log; rows of any length (longer than 8192 entries split over several programs per row);
 * :func:`project` ``(x, kind, mask=None, out_dtype=None)`` and :func:`project_backward`
   ``(p, grad, kind)``: sparsemax / 1.5-entmax with the exact threshold, rows of any length (longer
-  than 16384 entries streamed in chunks; :func:`project_supports` says whether a tensor qualifies);
+  than 16384 entries split over several programs per row; :func:`project_supports` says whether a
+  tensor qualifies);
 * :func:`linear_loss_block_rows` ``(z, thr, y, w, wy, ev, shift, grad)``: the fused linear + loss's
   block step for softmax / ev-softmax (loss, ``log Z``, threshold, and the gradient in place), float32
   rows of any length (:func:`linear_loss_supports`);
