@@ -7,7 +7,7 @@ multi-label (target distribution / multi-hot) targets, and its capabilities (``c
 ``linear_loss``; the post-hoc switch ``trains_as``/``evaluates_as`` behind
 :meth:`Normalizer.for_mode`), which is what the benchmark, the experiments and the attention layer
 select by. Code elsewhere takes normalizers from here rather
-than listing names (the experiments are being moved onto these fields).
+than listing names.
 
 All callables take logits first and normalize over ``dim=-1`` (functions) or classes on dim 1
 (losses, as ``torch.nn.CrossEntropyLoss``). Parameters such as ``alpha``, ``t``, ``r`` and ``q``

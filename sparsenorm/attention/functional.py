@@ -271,7 +271,3 @@ def sparse_attention_from_parts(
     out = out.to(query.dtype)
     return (out, weights.to(query.dtype)) if return_weights else out
 
-
-attend = sparse_attention_from_parts
-"""The former name of :func:`sparse_attention_from_parts`, which ``experiments/evsoftmax_translation``
-still imports (pending its move to the new name)."""

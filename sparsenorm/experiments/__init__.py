@@ -12,7 +12,7 @@ flash-attention keeps ``training/`` and transformers ``examples/``):
   would need a source checkout, and the claims index would point at code a user cannot run.
 * They cost a library user nothing: ``import sparsenorm`` imports no experiment; the CLI imports only the
   experiment it runs (:func:`load`, after checking its extras), so their optional dependencies (scipy,
-  scikit-learn, matplotlib, rdata, sacrebleu, transformers) stay optional. The wheel carries ~10k lines of
+  scikit-learn, matplotlib, rdata, sacrebleu, transformers) stay optional. The wheel carries about 15k lines of
   pure Python (no data, no weights: those are downloaded into the cache on first use).
 * The dependency direction is one-way: experiments import the library (the registry, losses, attention,
   ``marginalize``), never the reverse (``tests/unit/test_import_graph.py`` checks it has no cycle, which

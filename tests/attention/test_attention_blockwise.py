@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from sparsenorm.attention import ev_softmax_attention_blockwise, sparse_attention
-from sparsenorm.kernels.attention import dispatch as attention_ops
+from sparsenorm.kernels.attention import dispatch
 from sparsenorm.attention.masks import split_mask
 
 from knife_edge import assert_agree_by_contract, softmax_on
@@ -130,7 +130,7 @@ def test_automatic_choice(monkeypatch):
     monkeypatch.setattr("sparsenorm.kernels.auto_plan.BLOCKWISE_MIN_SCORES", 401)
     assert "ev_softmax_attention_blockwise" not in type(sparse_attention(q, k, v).grad_fn).__name__
     monkeypatch.setattr("sparsenorm.kernels.auto_plan.BLOCKWISE_MIN_SCORES", 1)
-    few = qkv(1, 2, L=attention_ops.DECODE_MAX_QUERIES, S=20)  # a few queries: the "decode" kernel, any size
+    few = qkv(1, 2, L=dispatch.DECODE_MAX_QUERIES, S=20)  # a few queries: the "decode" kernel, any size
     assert "ev_softmax_attention_blockwise" not in type(sparse_attention(*few).grad_fn).__name__
 
 

@@ -8,7 +8,7 @@ import sparsenorm
 from sparsenorm import registry
 from sparsenorm.attention import MultiheadAttention, sparse_attention
 from sparsenorm.attention.masks import merge, split_mask
-from sparsenorm.kernels.attention import dispatch as attention_ops
+from sparsenorm.kernels.attention import dispatch
 from sparsenorm.kernels.ops import evidential_attention
 
 NORMALIZERS = registry.names()
@@ -61,7 +61,7 @@ def test_every_backend_that_exists_equals_dense(name):
     keep = torch.arange(9) < torch.tensor([9, 4]).view(2, 1, 1, 1)
     dense = sparse_attention(q, k, v, name, attn_mask=keep, is_causal=True, backend="dense")
     threshold = registry.get(name).for_mode(False).attention_threshold
-    for backend in attention_ops.KERNELS.get(threshold, {}):
+    for backend in dispatch.KERNELS.get(threshold, {}):
         try:
             out = sparse_attention(q, k, v, name, attn_mask=keep, is_causal=True, backend=backend)
         except ValueError as err:  # a kernel that does not apply on this machine (triton: no GPU)
@@ -78,7 +78,7 @@ def test_every_backend_gives_sdpas_answer_without_keys_or_queries(name, L, S):
     q, k, v = qkv(L=L, S=S)
     expected = torch.nn.functional.scaled_dot_product_attention(q, k, v)
     threshold = registry.get(name).for_mode(False).attention_threshold
-    for backend in ("auto", "dense", *attention_ops.KERNELS.get(threshold, {})):
+    for backend in ("auto", "dense", *dispatch.KERNELS.get(threshold, {})):
         out = sparse_attention(q, k, v, name, backend=backend)
         assert out.shape == expected.shape and torch.equal(out, expected), backend
         grads = torch.autograd.grad(out.sum(), (q, k, v), allow_unused=True)
@@ -92,11 +92,11 @@ def test_a_kernel_is_one_table_entry(monkeypatch):
 
     def kernel(call):
         calls.append(call.alpha)
-        out, _, support, valid = attention_ops.dense_attention(sparsenorm.sparsemax, call)
+        out, _, support, valid = dispatch.dense_attention(sparsenorm.sparsemax, call)
         return out, support, valid
 
-    monkeypatch.setitem(attention_ops.KERNELS, "searched", {})
-    attention_ops.register_attention_kernel("searched", "blockwise", kernel)
+    monkeypatch.setitem(dispatch.KERNELS, "searched", {})
+    dispatch.register_attention_kernel("searched", "blockwise", kernel)
     q, k, v = qkv()
     sparse_attention(q, k, v, "sparsemax", backend="blockwise")
     sparse_attention(q, k, v, "entmax_bisect", alpha=1.7, backend="blockwise")
@@ -105,7 +105,7 @@ def test_a_kernel_is_one_table_entry(monkeypatch):
     sparse_attention(q, k, v, "entmax15")
     assert calls == [2.0, 1.7, 1.5]
     with pytest.raises(ValueError, match="backend must be one of"):
-        attention_ops.register_attention_kernel("searched", "auto", kernel)
+        dispatch.register_attention_kernel("searched", "auto", kernel)
 
 
 # ---------------------------------------------------------------------------------------------- key_lengths
@@ -272,7 +272,7 @@ def test_flex_route_equals_dense_without_grad_on_cpu_and_refuses_grad():
 def test_searched_query_block_shrinks_for_long_key_sequences_and_results_still_equal_dense():
     """The searched kernel's query block keeps block_q x S within SEARCHED_SCORES_PER_BLOCK (down to
     64 queries); with S = 8192 keys (block 128) the route still equals the dense path."""
-    block = attention_ops.searched_block_q
+    block = dispatch.searched_block_q
     assert [block(s) for s in (512, 4096, 8192, 16384, 10**6)] == [256, 256, 128, 64, 64]
     q, k, v = qkv(B=1, H=1, L=130, S=8192, E=4, Ev=3)
     for name in ("sparsemax", "entmax15"):

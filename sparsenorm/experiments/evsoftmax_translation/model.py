@@ -18,7 +18,7 @@ from typing import Dict, List, Optional, Tuple
 import torch
 from torch import Tensor, nn
 
-from ...attention.functional import attend, resolve_normalizer
+from ...attention.functional import resolve_normalizer, sparse_attention_from_parts
 from ...attention.masks import split_mask
 
 SITES = ("encoder", "decoder", "cross")
@@ -67,9 +67,9 @@ class Attention(nn.Module):
         return self.split(self.k(memory)), self.split(self.v(memory))
 
     def forward(self, x: Tensor, kv: Tuple[Tensor, Tensor], keep: Optional[Tensor], is_causal: bool = False) -> Tensor:
-        result = attend(self.form(), self.split(self.q(x)), *kv, *split_mask(keep),
-                        is_causal=is_causal, dropout_p=self.dropout if self.training else 0.0,
-                        return_weights=self.capture, stats_module=self)
+        result = sparse_attention_from_parts(self.form(), self.split(self.q(x)), *kv, *split_mask(keep),
+                                             is_causal=is_causal, dropout_p=self.dropout if self.training else 0.0,
+                                             return_weights=self.capture, stats_module=self)
         if self.capture:
             result, self.weights = result[0], result[1].detach()
         b, h, n, dh = result.shape
