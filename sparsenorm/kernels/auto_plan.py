@@ -24,9 +24,10 @@ import torch
 
 from . import cpu, cuda_proof
 from .policy import kernels_disabled, triton_launchers
+from .tiles import TRITON_TILE_COLS
 
 # --------------------------------------------------------------------------------------- row-wise
-TRITON_ROW_FAMILIES = ("ev_softmax", "sparsemax", "entmax15")
+TRITON_ROW_FAMILIES = tuple(TRITON_TILE_COLS)
 """The row-wise families with a Triton kernel (CUDA)."""
 
 CPP_ROW_FAMILIES = {"ev_softmax": cpu.EVIDENTIAL, "sparsemax": cpu.PROJECTION, "entmax15": cpu.PROJECTION,
@@ -94,9 +95,13 @@ def row_choice(name: str, kind: str, dtype, row_len: int) -> Tuple[str, str, Opt
             return "reference", "triton is not installed (pip install 'sparsenorm[gpu]') or kernels are disabled", None
         if kind == "cpu":
             return "triton", "Triton's interpreter (TRITON_INTERPRET=1)", None
-        proof = cuda_proof.proven("rows", name, dtype, "triton")
+        regime = "long_rows" if row_len > TRITON_TILE_COLS[name] else "rows"  # tile or split kernels
+        proof = cuda_proof.proven(regime, name, dtype, "triton")
         if proof is None and not cuda_proof.trusted():
-            return "reference", f"no committed GPU run proves the Triton {name} kernel in {str(dtype)[6:]}", None
+            which = "split" if regime == "long_rows" else "tile"
+            return ("reference", f"no committed GPU run proves the Triton {name} {which} kernel (rows of "
+                    f"{'more than' if regime == 'long_rows' else 'at most'} {TRITON_TILE_COLS[name]} entries) in "
+                    f"{str(dtype)[6:]}", None)
         return "triton", "passed the CUDA suite" if proof else "unproven, allowed by cuda_proof.trusting()", proof
     if kind == "cpu":
         ext = CPP_ROW_FAMILIES.get(name)

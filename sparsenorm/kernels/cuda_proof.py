@@ -10,7 +10,9 @@ obligation whose tests all passed there. ``tests/unit/test_cuda_proof.py`` check
 against that run's log.
 
 ``kind`` is ``"attention"`` (``name`` a registry normalizer, the backend ``sparse_attention``'s
-``backend=``) or ``"rows"`` (``name`` the row-wise op family, the backend ``"triton"``). The
+``backend=``), ``"rows"`` (``name`` the row-wise op family, the backend ``"triton"``: rows up to the
+tile kernels' length, :data:`.tiles.TRITON_TILE_COLS`) or ``"long_rows"`` (longer rows: the split
+kernels, other code, proven by their own tests). The
 pure-PyTorch paths (the dense and blockwise attention, ``decode``, every op's reference) are the
 fallback and need no record: they are the same code on every device, the suite's oracle.
 
@@ -67,18 +69,25 @@ OBLIGATIONS: Tuple[Obligation, ...] = (
     )),
     Obligation("rows", "ev_softmax", "triton", (
         _ROWS + r"test_ev_softmax_kernels_against_float64\[.*-{dtype_id}-\d+\]",
-        _ROWS + r"test_ev_softmax_split_rows_against_float64\[.*-{dtype_id}-[a-z0-9-]+\]",
         _ROWS + r"test_public_functions_dispatch_equals_reference_path\[(log_)?ev_softmax(_train)?-{dtype_id}-\d+\]",
     )),
     Obligation("rows", "sparsemax", "triton", (
         _ROWS + r"test_projection_kernels_against_float64\[sparsemax-{dtype_id}-\d+\]",
-        _ROWS + r"test_projection_split_rows_against_float64\[sparsemax-{dtype_id}-[a-z0-9-]+\]",
         _ROWS + r"test_public_functions_dispatch_equals_reference_path\[sparsemax-{dtype_id}-\d+\]",
     )),
     Obligation("rows", "entmax15", "triton", (
         _ROWS + r"test_projection_kernels_against_float64\[entmax15-{dtype_id}-\d+\]",
-        _ROWS + r"test_projection_split_rows_against_float64\[entmax15-{dtype_id}-[a-z0-9-]+\]",
         _ROWS + r"test_public_functions_dispatch_equals_reference_path\[entmax15-{dtype_id}-\d+\]",
+    )),
+    # Rows past the tile (kernels/tiles.py) run the split kernels: other code, proven apart.
+    Obligation("long_rows", "ev_softmax", "triton", (
+        _ROWS + r"test_ev_softmax_split_rows_against_float64\[.*-{dtype_id}-[a-z0-9-]+\]",
+    )),
+    Obligation("long_rows", "sparsemax", "triton", (
+        _ROWS + r"test_projection_split_rows_against_float64\[sparsemax-{dtype_id}-[a-z0-9-]+\]",
+    )),
+    Obligation("long_rows", "entmax15", "triton", (
+        _ROWS + r"test_projection_split_rows_against_float64\[entmax15-{dtype_id}-[a-z0-9-]+\]",
     )),
 )
 """Every CUDA path ``auto`` may run and the CUDA-suite tests it must pass first, in order of

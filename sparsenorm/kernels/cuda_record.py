@@ -8,4 +8,6 @@ RECORD = {
     ('attention', 'softmax', 'bfloat16'): ('sdpa', 'results/gpu/h200-2026-11-28-window2', 1),
     ('attention', 'softmax', 'float16'): ('sdpa', 'results/gpu/h200-2026-11-28-window2', 1),
     ('attention', 'softmax', 'float32'): ('sdpa', 'results/gpu/h200-2026-11-28-window2', 1),
+    ('rows', 'ev_softmax', 'bfloat16'): ('triton', 'results/gpu/h200-2026-11-28-window1', 44),
+    ('rows', 'ev_softmax', 'float32'): ('triton', 'results/gpu/h200-2026-11-28-window1', 44),
 }

@@ -110,6 +110,24 @@ def test_row_plans_follow_the_record(monkeypatch):
         assert plan_rows("sparsemax", device="cuda", dtype=torch.float32, row_len=1000).backend == "reference"
 
 
+def test_long_rows_need_their_own_proof(monkeypatch):
+    """The split kernels (rows past the tile, kernels/tiles.py) are other code than the tile kernels:
+    a record that proves the tile kernel leaves long rows on the reference path, and the reverse."""
+    from sparsenorm.kernels.tiles import TRITON_TILE_COLS
+
+    tile = TRITON_TILE_COLS["ev_softmax"]
+    monkeypatch.setattr(cuda_proof, "RECORD", fake_record(("rows", "ev_softmax", "float32", "triton")))
+    short = plan_rows("ev_softmax", device="cuda", dtype=torch.float32, row_len=tile)
+    long = plan_rows("ev_softmax", device="cuda", dtype=torch.float32, row_len=tile + 1)
+    assert long.backend == "reference"
+    if triton_launchers() is not None:
+        assert short.backend == "triton" and "split kernel" in long.reason
+    monkeypatch.setattr(cuda_proof, "RECORD", fake_record(("long_rows", "ev_softmax", "float32", "triton")))
+    assert plan_rows("ev_softmax", device="cuda", dtype=torch.float32, row_len=tile).backend == "reference"
+    if triton_launchers() is not None:
+        assert plan_rows("ev_softmax", device="cuda", dtype=torch.float32, row_len=tile + 1).backend == "triton"
+
+
 def test_plans_reject_bad_arguments_naming_them():
     with pytest.raises(ValueError, match="normalizer"):
         attention_plan("evsoftmax", q_len=1, k_len=1, head_dim=8)

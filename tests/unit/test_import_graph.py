@@ -187,7 +187,8 @@ def room(module: str) -> str:
 # The house, floor by floor (0 = the ground): a room imports only rooms on lower floors. A new room
 # (a new module at the library's top level, a new kernels file) must be given its floor here.
 FLOORS = {
-    0: ("sparsenorm._cache", "sparsenorm._text", "sparsenorm._validation", "sparsenorm.kernels.cuda_record"),
+    0: ("sparsenorm._cache", "sparsenorm._text", "sparsenorm._validation", "sparsenorm.kernels.cuda_record",
+        "sparsenorm.kernels.tiles"),
     1: ("sparsenorm.kernels.cuda_proof", "sparsenorm.kernels.reference", "sparsenorm.kernels.triton",
         "sparsenorm.marginalize", "sparsenorm.softmax"),
     2: ("sparsenorm.kernels.policy",),

@@ -49,9 +49,10 @@ import triton.language as tl
 from torch import Tensor
 
 from ._common import check_tensor, not_there_level
+from ..tiles import TRITON_TILE_COLS
 from ._rows import as_rows, row_launch, row_tile, segment_chunk, split_grid, split_program
 
-TILE_COLS = 8192
+TILE_COLS = TRITON_TILE_COLS["ev_softmax"]
 """Rows up to this length are held in registers; longer rows are split into segments."""
 CHUNK = 4096
 SEGMENT = 8192

@@ -52,9 +52,10 @@ import triton.language as tl
 from torch import Tensor
 
 from ._common import INTERPRET, check_tensor, not_there_level
+from ..tiles import TRITON_TILE_COLS
 from ._rows import as_rows, row_launch, row_tile, segment_chunk, split_grid, split_program
 
-MAX_COLS = 1 << 14
+MAX_COLS = TRITON_TILE_COLS["sparsemax"]  # the same for 1.5-entmax (one kernel)
 """The longest row a program holds in registers; longer rows (a vocabulary) are split into
 segments of ``SEGMENT`` entries, each streamed in chunks of ``CHUNK``."""
 CHUNK = 4096
