@@ -14,7 +14,7 @@ def test_tiny_run_writes_the_json_and_the_report(tmp_path, capsys):
     labels = bench_linear_loss.labels_for(["softmax", "ev_softmax", "entmax15"])
     assert set(results["time_s"]) == set(labels)
     # the memory figure of one candidate, in this process (the benchmark runs each in a fresh one)
-    assert bench_linear_loss.measure_peak_here("fused entmax15", 16, 8, 64, 1.0, 1) >= 0
+    assert bench_linear_loss.loss_peak_here(bench_linear_loss.loss_fn("fused entmax15"), 16, 8, 64, 1.0, 1) >= 0
     results["peak_bytes"] = {label: 1000 for label in labels}
     out.write_text(json.dumps(results))
     capsys.readouterr()
