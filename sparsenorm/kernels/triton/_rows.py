@@ -85,3 +85,15 @@ def segment_chunk(seg, start, n_cols, SEGMENT: tl.constexpr, BLOCK: tl.constexpr
     offs = start + tl.arange(0, BLOCK)
     cols = seg * SEGMENT + offs
     return cols, (cols < n_cols) & (offs < SEGMENT)
+
+
+@triton.jit
+def load_there(x_ptr, mask_ptr, offs, inb, level, HAS_MASK: tl.constexpr):
+    """``(x, there)`` at ``offs``: the entries in float32 (``-inf`` out of bounds) and whether each is
+    there -- in bounds, above the not-there ``level`` (``finfo(input dtype).min / 2``; NaN is there,
+    so it reaches its row's output) and kept by the mask (uint8, read only with ``HAS_MASK``)."""
+    x = tl.load(x_ptr + offs, mask=inb, other=float("-inf")).to(tl.float32)
+    there = inb & ~(x <= level)
+    if HAS_MASK:
+        there = there & (tl.load(mask_ptr + offs, mask=inb, other=0) != 0)
+    return x, there

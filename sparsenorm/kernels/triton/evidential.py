@@ -50,7 +50,7 @@ from torch import Tensor
 
 from ._common import check_tensor, not_there_level
 from ..tiles import TRITON_TILE_COLS
-from ._rows import as_rows, row_launch, row_tile, segment_chunk, split_grid, split_program
+from ._rows import as_rows, load_there, row_launch, row_tile, segment_chunk, split_grid, split_program
 
 TILE_COLS = TRITON_TILE_COLS["ev_softmax"]
 """Rows up to this length are held in registers; longer rows are split into segments."""
@@ -67,10 +67,7 @@ def _ev_softmax_fwd_kernel(
     ROWS: tl.constexpr, BLOCK: tl.constexpr,
 ):
     offs, inb = row_tile(n_rows, n_cols, ROWS, BLOCK)
-    x = tl.load(x_ptr + offs, mask=inb, other=float("-inf")).to(tl.float32)
-    there = inb & ~(x <= level)  # NaN is there, so it reaches its row's output
-    if HAS_MASK:
-        there = there & (tl.load(mask_ptr + offs, mask=inb, other=0) != 0)
+    x, there = load_there(x_ptr, mask_ptr, offs, inb, level, HAS_MASK)  # NaN is there, so it reaches its row's output
     count = tl.sum(there.to(tl.float32), axis=1)
     total = tl.sum(tl.where(there, x, 0.0), axis=1)
     xt = tl.where(there, x, float("-inf"))
@@ -125,10 +122,7 @@ def _ev_fwd_stats_kernel(
     n_bad = tl.zeros((BLOCK,), tl.float32)
     for start in range(0, SEGMENT, BLOCK):
         cols, inb = segment_chunk(seg, start, n_cols, SEGMENT, BLOCK)
-        x = tl.load(x_ptr + base + cols, mask=inb, other=float("-inf")).to(tl.float32)
-        there = inb & ~(x <= level)
-        if HAS_MASK:
-            there = there & (tl.load(mask_ptr + base + cols, mask=inb, other=0) != 0)
+        x, there = load_there(x_ptr, mask_ptr, base + cols, inb, level, HAS_MASK)
         count += there.to(tl.float32)
         total += tl.where(there, x, 0.0)
         top = tl.maximum(top, tl.where(there, x, float("-inf")))
@@ -202,10 +196,7 @@ def _ev_support_logits(x_ptr, mask_ptr, base, cols, inb, level, shift, threshold
                        HAS_MASK: tl.constexpr, TRAIN: tl.constexpr):
     """A chunk's logits with the support rule applied: off the support -inf (Eq. 7) or shifted
     by ``log(eps / (1 + eps))`` (Eq. 10); not there -inf."""
-    x = tl.load(x_ptr + base + cols, mask=inb, other=float("-inf")).to(tl.float32)
-    there = inb & ~(x <= level)
-    if HAS_MASK:
-        there = there & (tl.load(mask_ptr + base + cols, mask=inb, other=0) != 0)
+    x, there = load_there(x_ptr, mask_ptr, base + cols, inb, level, HAS_MASK)
     xt = tl.where(there, x, float("-inf"))
     if TRAIN:
         z = tl.where(xt >= threshold, xt, xt + shift)

@@ -53,7 +53,7 @@ from torch import Tensor
 
 from ._common import INTERPRET, check_tensor, not_there_level
 from ..tiles import TRITON_TILE_COLS
-from ._rows import as_rows, row_launch, row_tile, segment_chunk, split_grid, split_program
+from ._rows import as_rows, load_there, row_launch, row_tile, segment_chunk, split_grid, split_program
 
 MAX_COLS = TRITON_TILE_COLS["sparsemax"]  # the same for 1.5-entmax (one kernel)
 """The longest row a program holds in registers; longer rows (a vocabulary) are split into
@@ -162,10 +162,7 @@ def _project_fwd_kernel(
     ROWS: tl.constexpr, BLOCK: tl.constexpr,
 ):
     offs, inb = row_tile(n_rows, n_cols, ROWS, BLOCK)
-    x = tl.load(x_ptr + offs, mask=inb, other=float("-inf")).to(tl.float32)
-    there = inb & ~(x <= level)
-    if HAS_MASK:
-        there = there & (tl.load(mask_ptr + offs, mask=inb, other=0) != 0)
+    x, there = load_there(x_ptr, mask_ptr, offs, inb, level, HAS_MASK)
     bad = tl.sum((there & ((x != x) | (x == float("inf")))).to(tl.int32), axis=1) > 0
     empty = tl.sum(there.to(tl.int32), axis=1) == 0
     xt = tl.where(there & ~bad[:, None], x, float("-inf"))
@@ -201,10 +198,7 @@ def _project_bwd_kernel(
 @triton.jit
 def _long_z(x_ptr, mask_ptr, base, cols, inb, level, shift, HAS_MASK: tl.constexpr):
     """A chunk of a long row shifted by ``shift`` (its max): not there (or out of bounds) ``-inf``."""
-    x = tl.load(x_ptr + base + cols, mask=inb, other=float("-inf")).to(tl.float32)
-    there = inb & ~(x <= level)
-    if HAS_MASK:
-        there = there & (tl.load(mask_ptr + base + cols, mask=inb, other=0) != 0)
+    x, there = load_there(x_ptr, mask_ptr, base + cols, inb, level, HAS_MASK)
     return tl.where(there, x - shift, float("-inf"))
 
 
@@ -252,10 +246,7 @@ def _project_fwd_long_kernel(
     for start in range(0, n_cols, BLOCK):  # the max, the count of entries there, NaN/+inf
         cols = start + tl.arange(0, BLOCK)
         inb = cols < n_cols
-        x = tl.load(x_ptr + base + cols, mask=inb, other=float("-inf")).to(tl.float32)
-        there = inb & ~(x <= level)
-        if HAS_MASK:
-            there = there & (tl.load(mask_ptr + base + cols, mask=inb, other=0) != 0)
+        x, there = load_there(x_ptr, mask_ptr, base + cols, inb, level, HAS_MASK)
         top = tl.maximum(top, tl.where(there, x, float("-inf")))
         count += there.to(tl.int32)
         n_bad += (there & ((x != x) | (x == float("inf")))).to(tl.int32)
@@ -323,10 +314,7 @@ def _project_fwd_stats_kernel(x_ptr, mask_ptr, part_ptr, n_cols, n_segments, lev
     n_bad = tl.zeros((BLOCK,), tl.float32)
     for start in range(0, SEGMENT, BLOCK):
         cols, inb = segment_chunk(seg, start, n_cols, SEGMENT, BLOCK)
-        x = tl.load(x_ptr + base + cols, mask=inb, other=float("-inf")).to(tl.float32)
-        there = inb & ~(x <= level)
-        if HAS_MASK:
-            there = there & (tl.load(mask_ptr + base + cols, mask=inb, other=0) != 0)
+        x, there = load_there(x_ptr, mask_ptr, base + cols, inb, level, HAS_MASK)
         top = tl.maximum(top, tl.where(there, x, float("-inf")))
         count += there.to(tl.float32)
         n_bad += (there & ((x != x) | (x == float("inf")))).to(tl.float32)
