@@ -239,18 +239,24 @@ def test_projection_backward_matches_autograd(dtype, kind):
     x = (torch.randn(6, 40, dtype=torch.float64) * 2)
     x[1, ::2] = float("-inf")
     x[2] = float("-inf")  # empty row: zero gradient
+    assert_projection_backward(x, torch.randn_like(x), kind, dtype, nan_col=0)
+
+
+def assert_projection_backward(x, grad, kind, dtype, nan_col):
+    """The Triton backward of ``kind`` at ``x`` (float64; row 2 all not there) against the reference's
+    float64 autograd: ``dtype`` out, within the error model, zero gradient on the empty row 2, and a NaN
+    at ``p[0, nan_col]`` makes row 0's whole gradient NaN."""
     xr = x.clone().requires_grad_()
     p = getattr(sparsenorm, kind)(xr)
-    g = torch.randn_like(x)
-    p.backward(g)
-    dx = tproj.project_backward(p.detach().to(dtype).to(DEVICE), g.to(dtype).to(DEVICE), kind)
+    p.backward(grad)
+    dx = tproj.project_backward(p.detach().to(dtype).to(DEVICE), grad.to(dtype).to(DEVICE), kind)
     assert dx.dtype == dtype
     tol = 2e-5 if dtype == torch.float32 else 3e-2
     torch.testing.assert_close(dx.cpu().double(), xr.grad, atol=tol, rtol=tol)
     assert (dx.cpu()[2] == 0).all()
     nan_p = p.detach().to(dtype).clone()
-    nan_p[0, 0] = float("nan")
-    assert torch.isnan(tproj.project_backward(nan_p.to(DEVICE), g.to(dtype).to(DEVICE), kind)[0]).all()
+    nan_p[0, nan_col] = float("nan")
+    assert torch.isnan(tproj.project_backward(nan_p.to(DEVICE), grad.to(dtype).to(DEVICE), kind)[0]).all()
 
 
 @in_process
@@ -369,18 +375,8 @@ def test_projection_split_rows_backward(kind, layout, dtype, monkeypatch):
     x[1, ::2] = float("-inf")
     x[2] = float("-inf")  # empty row: zero gradient
     x[3, n_cols // 2:] = float("-inf")  # whole segments not there
-    xr = x.clone().requires_grad_()
-    p = getattr(sparsenorm, kind)(xr)
     gr = torch.randn(x.shape, generator=g, dtype=torch.float64)
-    p.backward(gr)
-    dx = tproj.project_backward(p.detach().to(dtype).to(DEVICE), gr.to(dtype).to(DEVICE), kind)
-    assert dx.dtype == dtype
-    tol = 2e-5 if dtype == torch.float32 else 3e-2
-    torch.testing.assert_close(dx.cpu().double(), xr.grad, atol=tol, rtol=tol)
-    assert (dx.cpu()[2] == 0).all()
-    nan_p = p.detach().to(dtype).clone()
-    nan_p[0, -1] = float("nan")  # in the last segment: the whole row NaN
-    assert torch.isnan(tproj.project_backward(nan_p.to(DEVICE), gr.to(dtype).to(DEVICE), kind)[0]).all()
+    assert_projection_backward(x, gr, kind, dtype, nan_col=-1)  # a NaN in the last segment: the whole row NaN
 
 
 @in_process
