@@ -94,6 +94,18 @@ def test_index_prefers_the_most_decisive_run_and_lists_unrun_claims(tmp_path):
     catalogue.write_paper_index(tmp_path)
     row = _row(tmp_path, "ev.cvae.five_modes")
     assert "**inconclusive**" in row and "decisive/b/report.md" in row
+    assert "Another run of equal standing" not in row  # run a tested less of the claim: not its equal
+    # equal standing (the same experiment on a second data set, say) and another verdict: the row names it
+    _results(tmp_path / "decisive" / "c", "decisive", [dict(claim(verdict.NOT_REPRODUCED, 12),
+                                                            evidence="primary: a; secondary: b")])
+    catalogue.write_paper_index(tmp_path)
+    row = _row(tmp_path, "ev.cvae.five_modes")
+    assert "**inconclusive**" in row and "decisive/b/report.md" in row
+    assert "Another run of equal standing, [decisive/c](decisive/c/report.md), reads **not reproduced**" in row
+    _results(tmp_path / "decisive" / "d", "decisive", [dict(claim(verdict.INCONCLUSIVE, 12),
+                                                            evidence="primary: a; secondary: b")])
+    catalogue.write_paper_index(tmp_path)
+    assert "decisive/d/report.md" not in _row(tmp_path, "ev.cvae.five_modes")  # agreeing peers are not listed
     quick_only = tmp_path / "q"
     _results(quick_only / "quick" / "cvae", "quick", [claim(verdict.REPRODUCED, 3)])
     catalogue.write_paper_index(quick_only)

@@ -6,7 +6,8 @@ gathered by :mod:`sparsenorm.experiments.catalogue` from each experiment's ``pap
 :mod:`.paper_claims`, which this module cannot import: ``_shared`` imports no experiment): each catalogued
 claim gets the verdict of the run that judged it on the most paired units (a full or decisive run
 before any quick one, whose verdicts are indicative; on equal units full before decisive),
-its seeds, mode and a link to the report; a claim no run judged says why and what running it would
+its seeds, mode and a link to the report (and, when another run of equal standing reached another verdict, that
+run's verdict beside it); a claim no run judged says why and what running it would
 take; claims the runs made that the papers do not (new comparisons) follow in their own table.
 
 Re-judging a committed run (and reusing its job records) loads the experiment, so it lives above
@@ -77,7 +78,14 @@ def _parts(evidence: str) -> int:
     return evidence.count("primary: ") + evidence.count("secondary: ")
 
 
-def _best_judgement(entry: PaperClaim, runs: List[Dict[str, Any]]) -> Optional[Tuple[Dict[str, Any], Dict[str, Any]]]:
+def _standing(run: Dict[str, Any], claim: Dict[str, Any]) -> Tuple[Any, ...]:
+    """How strong a run's judgement of a claim is; smaller sorts first (see :func:`_judgements`)."""
+    return (run["base_mode"] == "quick", claim["verdict"] == NOT_TESTABLE, regime.is_out_of_regime(claim["verdict"]),
+            -(claim.get("seeds") or 0), MODE_RANK.get(run["base_mode"], 9), -_parts(claim.get("evidence", "")))
+
+
+def _judgements(entry: PaperClaim, runs: List[Dict[str, Any]]) -> List[Tuple[Dict[str, Any], Dict[str, Any]]]:
+    """Every run's judgement of ``entry``, the strongest first."""
     found = [(run, c) for run in runs for c in run["claims"] if c.get("key") == entry.key]
     # More paired units is more evidence (e.g. a decisive run's 6 seeds per setting over a full run's 3);
     # a quick run is indicative whatever its count, so it only stands in when nothing else judged the claim.
@@ -85,11 +93,19 @@ def _best_judgement(entry: PaperClaim, runs: List[Dict[str, Any]]) -> Optional[T
     # tested more of the claim (more parts) is kept: a run that ran only some of a claim's rivals (e.g. one of the
     # Monte-Carlo estimators) does not stand for it.
     # A run that could not test the claim comes after every run that did, in the regime or not.
-    found.sort(key=lambda rc: (rc[0]["base_mode"] == "quick", rc[1]["verdict"] == NOT_TESTABLE,
-                               regime.is_out_of_regime(rc[1]["verdict"]),
-                               -(rc[1].get("seeds") or 0), MODE_RANK.get(rc[0]["base_mode"], 9),
-                               -_parts(rc[1].get("evidence", ""))))
-    return found[0] if found else None
+    found.sort(key=lambda rc: _standing(*rc))  # stable: on equal standing, the folders' order
+    return found
+
+
+def _disagreeing_peers(judgements: List[Tuple[Dict[str, Any], Dict[str, Any]]]) -> str:
+    """The runs that judged a claim with as much evidence as the one shown (e.g. the same experiment on a second
+    data set) and reached another verdict, named in the row: the index shows one run per claim, and must not hide
+    that another of equal standing disagrees."""
+    run, claim = judgements[0]
+    peers = [(r, c) for r, c in judgements[1:]
+             if _standing(r, c) == _standing(run, claim) and c["verdict"] != claim["verdict"]]
+    return "".join(f" *Another run of equal standing, [{r['folder']}]({r['folder']}/report.md), reads "
+                   f"**{label_mode(c['verdict'], r['base_mode'] == 'quick')}**.*" for r, c in peers)
 
 
 def index_rows(root: Path, claims: Sequence[PaperClaim]
@@ -99,12 +115,13 @@ def index_rows(root: Path, claims: Sequence[PaperClaim]
     rows, verdicts = [], []
     for entry in claims:
         gate = "–"
-        judged = _best_judgement(entry, runs)
-        if judged is not None:
-            run, c = judged
+        judgements = _judgements(entry, runs)
+        if judgements:
+            run, c = judgements[0]
             verdict = label_mode(c["verdict"], run["base_mode"] == "quick")
             seeds = c.get("units") or (c.get("seeds") if c.get("seeds") is not None else run["seeds"])
-            ours = (f"*Caveat: {entry.caveat}.* " if entry.caveat else "") + _short(c["evidence"])
+            ours = ((f"*Caveat: {entry.caveat}.* " if entry.caveat else "") + _short(c["evidence"])
+                    + _disagreeing_peers(judgements))
             link = f"[{run['folder']}]({run['folder']}/report.md)"
             mode = run["mode"]
             gate = regime.status(run.get("regime"))
