@@ -116,6 +116,12 @@ def test_full_settings_sweep_and_jobs():
     assert prior.lead.label == "sgd-lr0.001-kl0.00015625-prior-adam0.001" and len(prior.training_settings()) == 5
     off = EXPERIMENT.settings(replace(config, extra={"sweep": "off"}))
     assert off.training_settings() == [off.lead]
+    # the report's note on this run names what the mode's note cannot: the lead, the sweep, the trainings
+    note = EXPERIMENT.run_note(prior)
+    assert "prior by ADAM lr 0.001 (not the authors')" in note and "10 seeds" in note
+    assert "4 other setting(s), 3 seeds each" in note and f"{len(EXPERIMENT.jobs(prior, config))} trainings" in note
+    assert "(not the authors')" not in EXPERIMENT.run_note(settings)
+    assert "no sweep; 20 trainings" in EXPERIMENT.run_note(off)
     with pytest.raises(UserFacingError, match="--eval-every"):
         EXPERIMENT.settings(replace(config, extra={"eval_every": 0}))
 

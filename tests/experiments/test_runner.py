@@ -303,3 +303,14 @@ def test_a_decisive_report_names_a_seed_count_that_overrides_the_default(tmp_pat
     assert "**This run: 3 seeds** (`--seeds 3`), not the default." in (out / "report.md").read_text()
     out = runner.run_experiment(ToyExperiment(), RunConfig(out=tmp_path / "default", decisive=True, device="cpu"))
     assert "This run:" not in (out / "report.md").read_text()
+    out = runner.run_experiment(ToyExperiment(), RunConfig(out=tmp_path / "full", device="cpu", seeds=3))
+    assert "Full mode. instant **This run: 3 seeds** (`--seeds 3`)" in (out / "report.md").read_text()
+
+
+def test_an_experiments_run_note_follows_the_mode_note(tmp_path):
+    """An experiment's ``run_note(settings)`` names this run's departures from the mode's defaults."""
+    class Noted(ToyExperiment):
+        def run_note(self, settings):
+            return f"**This run:** {settings.seeds} seeds, noted."
+    out = runner.run_experiment(Noted(), RunConfig(out=tmp_path / "noted", device="cpu", seeds=2))
+    assert "**This run:** 2 seeds, noted." in (out / "report.md").read_text()

@@ -116,6 +116,8 @@ class Experiment(Protocol):
     # rounding, since the cache does not tell them apart). ``more_jobs(settings, config, records) -> [Job]``:
     # jobs that depend on finished ones (e.g. the other seeds of the setting chosen on a validation split),
     # asked for after each round with the records so far, until it names no job not yet known.
+    # ``run_note(settings) -> str``: a sentence naming what this run's settings change from the mode's defaults
+    # (which its note states), e.g. another lead setting; the report prints it after the mode's note ("" for none).
 
     def add_arguments(self, parser) -> None:
         """Add the experiment's own CLI options; their values arrive in ``config.extra``."""
@@ -452,6 +454,11 @@ def _write_report(out: Path, experiment: Experiment, config: RunConfig, settings
             mode += f" **This run: {config.seeds} seeds** (`--seeds {config.seeds}`), not the default."
     else:
         mode = f"Full mode. {experiment.full_runtime}"
+        if config.seeds is not None:
+            mode += f" **This run: {config.seeds} seeds** (`--seeds {config.seeds}`), not the default."
+    run_note = getattr(experiment, "run_note", None)
+    if run_note is not None and run_note(settings):
+        mode += f" {run_note(settings)}"
     if ran["missing"]:
         mode += (f"\n\n**Partial report: {len(ran['jobs'])} of {len(ran['jobs']) + len(ran['missing'])} jobs of "
                  "this configuration had finished; every number below covers only those** (the missing ones are "

@@ -82,19 +82,21 @@ class CVAEExperiment(Experiment):
                    "Fig. 2-3)")
     paper = PAPER
     default_normalizers = list(DEFAULT_NORMALIZERS)
-    full_runtime = ("Its defaults: 20 epochs (15.6k SGD steps) per run; the lead setting with 10 seeds and three more "
-                    "settings of the KL-weight / optimizer sweep with 3 seeds each, 4 trainings per seed (softmax and "
-                    "post-hoc evidential share one), 76 trainings of about 150 s of one core each (measured: the "
-                    "last 4 took 601 CPU-s, 5 min 14 s on 2 idle cores): about 3.2 h of CPU, 1 h 40 min on 2 cores "
-                    "with the default 2 workers; each (setting, normalizer, seed) is cached in `runs/`, so it can be "
-                    "run in parts.")
-    decisive_note = ("Decisive mode: the authors' setting only (no KL-weight / optimizer sweep), 8 seeds, 10 epochs "
-                     "(7.8k steps; the paper's Fig. 3 window is ~5.1k), the five normalizers: 32 trainings of ~75 "
-                     "CPU-s, about 40 min on 2 cores (estimated from full mode's measured 150 CPU-s per 20-epoch "
-                     "training). Leaves out: the last half of full mode's training and the sweep.")
+    full_runtime = ("Its defaults: 20 epochs (15.6k SGD steps) per run; the lead setting (the authors') with 10 "
+                    "seeds and the sweep's other KL-weight / optimizer settings with 3 seeds each (this run's are "
+                    "named below), softmax and post-hoc evidential sharing one training per seed. A training costs "
+                    "about 150 s of one core (measured: the last 4 of the first full run took 601 CPU-s, 5 min 14 s "
+                    "on 2 idle cores; `--stack-seeds` trains several seeds as one network, for less); that first "
+                    "run's 76 trainings took about 3.2 h of CPU. Each (setting, normalizer, seed) is cached in "
+                    "`runs/`, so it can be run in parts.")
+    decisive_note = ("Decisive mode: the lead setting only (the authors' by default; no KL-weight / optimizer "
+                     "sweep), 8 seeds, 10 epochs (7.8k steps; the paper's Fig. 3 window is ~5.1k), the five "
+                     "normalizers: 32 trainings of ~75 CPU-s, about 40 min on 2 cores (estimated from full mode's "
+                     "measured 150 CPU-s per 20-epoch training). Leaves out: the last half of full mode's training "
+                     "and the sweep.")
     quick_note = ("Quick mode trains 3 epochs (2.3k steps, inside the paper's ~5.1k-step figure window) with 3 seeds "
-                  "in the authors' setting only: no KL-weight / optimizer sweep, and the prior has barely moved from "
-                  "its initialisation.")
+                  "in the lead setting only (the authors' by default): no KL-weight / optimizer sweep, and the "
+                  "prior has barely moved from its initialisation.")
     # Job.params carries the training setting and the normalizers, so these do not change a job's record.
     # Stacking seeds changes a record by float rounding only (tested), so a seed trained alone or stacked is one job.
     fingerprint_exclude = ("normalizers", "optimizer", "learning_rate", "kl_weight", "sweep", "sweep_seeds",
@@ -122,6 +124,17 @@ class CVAEExperiment(Experiment):
         parser.add_argument("--stack-seeds", type=int,
                             help="train up to N seeds of one setting and normalizer group as one stacked network per "
                                  "step (the same per-seed records up to float rounding; default 1: each seed alone)")
+
+    def run_note(self, settings: Settings) -> str:
+        """This run's training settings, seeds and trainings, where the report's mode note gives only defaults."""
+        groups = len(training_groups(settings.normalizers))
+        others = settings.training_settings()[1:]
+        trainings = groups * (settings.seeds + len(others) * settings.sweep_seeds)
+        lead = "" if settings.lead == FULL_SWEEP[0] else " (not the authors')"
+        sweep = (f"; the sweep's {len(others)} other setting(s), {settings.sweep_seeds} seeds each: "
+                 + "; ".join(s.title for s in others) if others else "; no sweep")
+        return (f"**This run:** lead setting {settings.lead.title}{lead}, {settings.seeds} seeds{sweep}; "
+                f"{trainings} trainings ({groups} per seed and setting).")
 
     def settings(self, config: RunConfig) -> Settings:
         # Jobs are independent single-thread trainings: one per core (at most 2, the machine's own).
