@@ -102,8 +102,8 @@ def _disagreeing_peers(judgements: List[Tuple[Dict[str, Any], Dict[str, Any]]]) 
     data set) and reached another verdict, named in the row: the index shows one run per claim, and must not hide
     that another of equal standing disagrees."""
     run, claim = judgements[0]
-    peers = [(r, c) for r, c in judgements[1:]
-             if _standing(r, c) == _standing(run, claim) and c["verdict"] != claim["verdict"]]
+    shown = _standing(run, claim)
+    peers = [(r, c) for r, c in judgements[1:] if _standing(r, c) == shown and c["verdict"] != claim["verdict"]]
     return "".join(f" *Another run of equal standing, [{r['folder']}]({r['folder']}/report.md), reads "
                    f"**{label_mode(c['verdict'], r['base_mode'] == 'quick')}**.*" for r, c in peers)
 

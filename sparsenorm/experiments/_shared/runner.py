@@ -447,18 +447,15 @@ def _write_report(out: Path, experiment: Experiment, config: RunConfig, settings
                   device: torch.device, read: Sequence[Dict[str, Any]] = ()) -> Path:
     if config.quick:
         mode = f"**Quick mode — indicative only, not a verdict on the paper.** {experiment.quick_note}"
-    elif config.decisive:
-        # every experiment's note begins "Decisive mode: ..."; an experiment without one still names the mode
-        mode = getattr(experiment, "decisive_note", "") or "Decisive mode."
+    else:
+        # every experiment's decisive note begins "Decisive mode: ..."; one without a note still names the mode
+        mode = ((getattr(experiment, "decisive_note", "") or "Decisive mode.") if config.decisive
+                else f"Full mode. {experiment.full_runtime}")
         if config.seeds is not None:  # the note states the mode's default seed count; --seeds overrides it
             mode += f" **This run: {config.seeds} seeds** (`--seeds {config.seeds}`), not the default."
-    else:
-        mode = f"Full mode. {experiment.full_runtime}"
-        if config.seeds is not None:
-            mode += f" **This run: {config.seeds} seeds** (`--seeds {config.seeds}`), not the default."
-    run_note = getattr(experiment, "run_note", None)
-    if run_note is not None and run_note(settings):
-        mode += f" {run_note(settings)}"
+    run_note = getattr(experiment, "run_note", lambda settings: "")(settings)
+    if run_note:
+        mode += f" {run_note}"
     if ran["missing"]:
         mode += (f"\n\n**Partial report: {len(ran['jobs'])} of {len(ran['jobs']) + len(ran['missing'])} jobs of "
                  "this configuration had finished; every number below covers only those** (the missing ones are "
